@@ -1,0 +1,129 @@
+"""Per-testbed state on disk: the write-ahead ledger, a description, and a global lock.
+
+``<state dir>/<name>/ledger.jsonl``
+    One JSON object per line, appended and fsync'd *before* the kernel object it names is
+    created. ``down`` undoes exactly what is listed, in reverse, tolerating "already gone".
+    A torn last line (crash mid-write) is ignored: its object was never created.
+``<state dir>/<name>/state.json``
+    What ``status``, ``link`` and ``exec`` need from another process: topology, node
+    table (namespace, interface, address), egress map, current shapes, ``ready`` flag.
+    Replaced atomically.
+
+The state dir is ``$TESTBED_STATE_DIR`` or ``/run/testbed``: on tmpfs, like ``/run/netns``,
+so it vanishes at reboot together with the namespaces it describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .errors import StateError, TestbedError
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+
+
+@contextlib.contextmanager
+def global_lock(timeout: float = 120.0) -> Iterator[None]:
+    """Serialise mutations (up, down, link set) across processes."""
+    root = state_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except PermissionError:
+        raise TestbedError(f"cannot write the state directory {root}", "run as root (sudo testbed ...)") from None
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StateError("another testbed command holds the lock", "wait for it to finish") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+class Ledger:
+    def __init__(self, name: str):
+        self.name = name
+        self.dir = state_root() / name
+        self.path = self.dir / "ledger.jsonl"
+        self.state_path = self.dir / "state.json"
+        self._fd: int | None = None
+
+    # ----------------------------------------------------------- discovery
+    @staticmethod
+    def all_names() -> list[str]:
+        root = state_root()
+        if not root.is_dir():
+            return []
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "ledger.jsonl").exists())
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    # ----------------------------------------------------------- writing
+    def create(self) -> None:
+        """Start a new ledger; refuses if one exists (the name is up or half up)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except FileExistsError:
+            raise StateError(f"testbed '{self.name}' is already up (or a previous up did not finish)",
+                             f"run `testbed down {self.name}` first, or use another name") from None
+
+    def record(self, entry: dict) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # ----------------------------------------------------------- reading
+    def entries(self) -> list[dict]:
+        out = []
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # torn write at a crash: that action never ran
+        return out
+
+    def read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def write_state(self, state: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    def remove(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""Network namespaces without forking.
+
+pyroute2 forks a helper process for every namespace it creates or opens a socket in
+(~10 ms each). Here one helper *thread* does the namespace switch instead: ``unshare``
+and ``setns`` of the network namespace act on the calling thread only, and a netlink
+socket stays bound to the namespace it was opened in, so the thread opens the socket and
+hands its file descriptor to pyroute2's ``IPRoute(fileno=...)`` for use from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pyroute2 import netns as _pr_netns
+
+from ..errors import KernelError
+
+NETNS_DIR = Path("/run/netns")
+CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+NETLINK_ROUTE = 0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="testbed-netns")
+
+
+def _oserror(what: str, name: str, err: int) -> KernelError:
+    hint = "run as root (or with CAP_NET_ADMIN and CAP_SYS_ADMIN)" if err in (errno.EPERM, errno.EACCES) else None
+    return KernelError(f"{what} '{name}' failed: {os.strerror(err)}", hint)
+
+
+def path(name: str) -> Path:
+    return NETNS_DIR / name
+
+
+def exists(name: str) -> bool:
+    return path(name).exists()
+
+
+def list_all() -> list[str]:
+    try:
+        return sorted(p.name for p in NETNS_DIR.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _netlink_socket_fd() -> int:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+    return s.detach()
+
+
+def _create_in_thread(name: str) -> int:
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        raise _oserror("creating network namespace", name, ctypes.get_errno())
+    try:
+        _pr_netns.attach(name, "thread-self")
+    except FileExistsError:
+        raise KernelError(f"network namespace '{name}' already exists",
+                          f"something else created it; remove it with `ip netns del {name}` if it is stale") from None
+    except OSError as e:
+        try:
+            os.unlink(path(name))
+        except OSError:
+            pass
+        raise _oserror("mounting network namespace", name, e.errno or errno.EIO) from None
+    return _netlink_socket_fd()
+
+
+def _open_in_thread(name: str) -> int:
+    try:
+        fd = os.open(path(name), os.O_RDONLY)
+    except FileNotFoundError:
+        raise KernelError(f"network namespace '{name}' does not exist", "is the testbed up? see `testbed status`") from None
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            raise _oserror("entering network namespace", name, ctypes.get_errno())
+        return _netlink_socket_fd()
+    finally:
+        os.close(fd)
+
+
+def create(name: str) -> int:
+    """Create namespace ``name``; return a netlink (route) socket fd inside it."""
+    return _thread.submit(_create_in_thread, name).result()
+
+
+def open_netlink(name: str) -> int:
+    """A netlink (route) socket fd inside existing namespace ``name``."""
+    return _thread.submit(_open_in_thread, name).result()
+
+
+def remove(name: str) -> bool:
+    """Unmount and delete; False when it was already gone."""
+    p = path(name)
+    if not p.exists():
+        return False
+    _libc.umount2(str(p).encode(), MNT_DETACH)
+    try:
+        p.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise _oserror("removing network namespace", name, e.errno or errno.EIO) from None
+    return True
+
+
+def inode(name: str) -> int | None:
+    try:
+        return os.stat(path(name)).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def pids_in(names: list[str]) -> dict[int, str]:
+    """Processes whose network namespace is one of ``names`` (pid -> namespace name)."""
+    by_inode = {ino: n for n in names if (ino := inode(n)) is not None}
+    out: dict[int, str] = {}
+    if not by_inode:
+        return out
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            ino = os.stat(f"/proc/{entry.name}/ns/net").st_ino
+        except OSError:
+            continue
+        if ino in by_inode:
+            out[int(entry.name)] = by_inode[ino]
+    return out
+
+
+def kill_processes(names: list[str], grace: float = 2.0) -> list[int]:
+    """SIGTERM every process inside the namespaces, SIGKILL what remains after ``grace``."""
+    pids = pids_in(names)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if _alive(p)}
+        if alive:
+            time.sleep(0.02)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return list(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def enter(name: str) -> None:
+    """Move the *calling process* into namespace ``name``, as ``ip netns exec`` does.
+
+    Also gives the process a private mount namespace with ``/sys`` remounted, so that
+    ``/sys/class/net`` shows the namespace's interfaces. Call only while single-threaded.
+    """
+    try:
+        fd = os.open(path(name), os.O_RDONLY)
+    except FileNotFoundError:
+        raise KernelError(f"network namespace '{name}' does not exist", "is the testbed up? see `testbed status`") from None
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            raise _oserror("entering network namespace", name, ctypes.get_errno())
+    finally:
+        os.close(fd)
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        raise _oserror("creating mount namespace for", name, ctypes.get_errno())
+    if _libc.mount(b"", b"/", b"none", MS_SLAVE | MS_REC, None) != 0:
+        raise _oserror("making / a slave mount for", name, ctypes.get_errno())
+    _libc.umount2(b"/sys", MNT_DETACH)
+    if _libc.mount(name.encode(), b"/sys", b"sysfs", 0, None) != 0:
+        raise _oserror("mounting /sys for", name, ctypes.get_errno())

@@ -1,0 +1,123 @@
+"""A netlink (rtnetlink) handle bound to one network namespace, with errors translated."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ..errors import KernelError
+from . import netns
+
+_HINTS = {
+    errno.EPERM: "run as root (or with CAP_NET_ADMIN)",
+    errno.EEXIST: "a stale object from an earlier run? `testbed down --all` removes testbed leftovers",
+    errno.EOPNOTSUPP: "this kernel lacks the feature; `testbed doctor` lists what is available",
+}
+
+
+def translate(e: NetlinkError, what: str, ns: str) -> KernelError:
+    code = e.code if isinstance(e.code, int) else errno.EIO
+    return KernelError(f"[{ns}] {what} failed: {os.strerror(code)} (errno {code})", _HINTS.get(code))
+
+
+class Rtnl:
+    """``IPRoute`` for one namespace; interface indexes cached by name."""
+
+    def __init__(self, ns: str, fd: int):
+        self.ns = ns
+        self.ipr = IPRoute(fileno=fd)
+        self._index: dict[str, int] = {}
+
+    @classmethod
+    def create_netns(cls, ns: str) -> "Rtnl":
+        return cls(ns, netns.create(ns))
+
+    @classmethod
+    def open(cls, ns: str) -> "Rtnl":
+        return cls(ns, netns.open_netlink(ns))
+
+    def close(self) -> None:
+        try:
+            self.ipr.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Rtnl":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, what: str, method: str, *args, **kwargs):
+        try:
+            return getattr(self.ipr, method)(*args, **kwargs)
+        except NetlinkError as e:
+            raise translate(e, what, self.ns) from None
+
+    def index(self, ifname: str) -> int:
+        idx = self._index.get(ifname)
+        if idx is None:
+            found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)
+            if not found:
+                raise KernelError(f"[{self.ns}] interface {ifname} does not exist")
+            idx = self._index[ifname] = found[0]
+        return idx
+
+    # ------------------------------------------------------------- links
+    def init_namespace(self, tag: str) -> None:
+        """Loopback up and the ownership tag on it."""
+        self.call("setting lo up", "link", "set", index=1, state="up", ifalias=tag)
+
+    def lo_alias(self) -> str | None:
+        for msg in self.call("reading lo", "link", "get", index=1):
+            return msg.get("ifalias") or msg.get_attr("IFLA_IFALIAS")
+        return None
+
+    def add_bridge(self, ifname: str, stp: bool) -> None:
+        kw = {"br_stp_state": 1, "br_forward_delay": 400} if stp else {}
+        self.call(f"creating bridge {ifname}", "link", "add", ifname=ifname, kind="bridge", state="up", **kw)
+
+    def add_veth(self, ifname: str, peer_ns: str, peer_ifname: str, master: str | None) -> None:
+        peer: dict = {"ifname": peer_ifname}
+        fd = None
+        if peer_ns != self.ns:
+            try:
+                fd = os.open(netns.path(peer_ns), os.O_RDONLY)
+            except FileNotFoundError:
+                raise KernelError(f"network namespace '{peer_ns}' does not exist") from None
+            peer["net_ns_fd"] = fd
+        kw = {"master": self.index(master)} if master else {}
+        try:
+            self.call(f"creating veth {ifname} <-> {peer_ns}/{peer_ifname}", "link", "add",
+                      ifname=ifname, kind="veth", state="up", peer=peer, **kw)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def set_master_up(self, ifname: str, master: str) -> None:
+        self.call(f"attaching {ifname} to {master}", "link", "set", index=self.index(ifname),
+                  master=self.index(master), state="up")
+
+    def add_address_up(self, ifname: str, address: str, prefixlen: int) -> None:
+        idx = self.index(ifname)
+        self.call(f"adding {address}/{prefixlen} to {ifname}", "addr", "add", index=idx,
+                  address=address, prefixlen=prefixlen)
+        self.call(f"setting {ifname} up", "link", "set", index=idx, state="up")
+
+    def delete_link(self, ifname: str) -> bool:
+        found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)
+        if not found:
+            return False
+        try:
+            self.ipr.link("del", index=found[0])
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                return False
+            raise translate(e, f"deleting {ifname}", self.ns) from None
+        return True
+
+    def ifnames(self) -> dict[int, str]:
+        return {m["index"]: m.get_attr("IFLA_IFNAME") for m in self.call("listing links", "get_links")}

@@ -1,0 +1,430 @@
+"""Topology files: YAML -> :class:`Topology` (frozen data, no I/O beyond reading the file).
+
+The format is close to containerlab's (``nodes:`` mapping, ``links: - endpoints: [a, b]``).
+Every error names the YAML path of the offending value (``links[3].rate``) and says how
+to fix it. Checks that need the running kernel (netem present, subnet free of the host's
+routes) happen in :mod:`testbed.plan`'s preflight, still before anything is created.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from .errors import TopologyError
+from .units import Duration, Loss, Rate, UnitError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+MAX_NODE_NAME = 63
+MAX_TESTBED_NAME = 32
+DEFAULT_RATE = Rate(10 * 10**9)
+BACKENDS = ("netns",)  # docker and ssh arrive with their own issues; the registry lists what exists
+NODE_KINDS = ("worker", "switch")
+
+_SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
+_LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", *_SHAPE_KEYS)
+_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet")
+_DEFAULT_KEYS = ("backend", "link")
+_NODE_KEYS = {"worker": ("kind", "backend", "gpu"), "switch": ("kind", "stp")}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one direction of a link treats traffic."""
+
+    rate: Rate = DEFAULT_RATE
+    """Layer-2 rate cap (HTB rate = ceil). TCP goodput is about 0.956 of it at MTU 1500."""
+    delay: Duration = Duration(0)
+    """One-way added delay (netem)."""
+    jitter: Duration = Duration(0)
+    """Delay variation (netem; needs a delay)."""
+    loss: Loss = Loss(0.0)
+    """Random packet loss (netem)."""
+    limit: int | None = None
+    """Queue limit in packets; default: 1000, or 2x the bandwidth-delay product with netem."""
+
+    @property
+    def needs_netem(self) -> bool:
+        return bool(self.delay or self.jitter or self.loss)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"rate": str(self.rate)}
+        if self.delay:
+            d["delay"] = str(self.delay)
+        if self.jitter:
+            d["jitter"] = str(self.jitter)
+        if self.loss:
+            d["loss"] = str(self.loss)
+        if self.limit is not None:
+            d["limit"] = self.limit
+        return d
+
+    def describe(self) -> str:
+        parts = [str(self.rate)]
+        if self.delay:
+            parts.append(f"delay {self.delay}" + (f"±{self.jitter}" if self.jitter else ""))
+        if self.loss:
+            parts.append(f"loss {self.loss}")
+        if self.limit is not None:
+            parts.append(f"limit {self.limit}p")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A worker (runs one rank) or a switch (an L2 bridge)."""
+
+    name: str
+    kind: str
+    backend: str | None = None
+    gpu: int | None = None
+    stp: bool = False
+
+    @property
+    def is_worker(self) -> bool:
+        return self.kind == "worker"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point connection; ``forward`` shapes a->b, ``reverse`` b->a."""
+
+    index: int
+    a: str
+    b: str
+    forward: Shape
+    reverse: Shape
+    bottleneck: bool = False
+    name: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"links[{self.index}]"
+
+    @property
+    def endpoints(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    def shape(self, direction: str) -> Shape:
+        return self.forward if direction == "forward" else self.reverse
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated topology. Pure data; :mod:`testbed.plan` turns it into actions."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+    subnet: ipaddress.IPv4Network | None = None
+    """Data-plane subnet; None means 'choose one clear of the host's routes at up time'."""
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        """Workers in topology order: rank r runs on workers[r]."""
+        return tuple(n for n in self.nodes if n.is_worker)
+
+    @property
+    def switches(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if not n.is_worker)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def needs_netem(self) -> bool:
+        return any(l.forward.needs_netem or l.reverse.needs_netem for l in self.links)
+
+    def worker_link(self, worker: str) -> Link:
+        for l in self.links:
+            if worker in l.endpoints:
+                return l
+        raise KeyError(worker)
+
+    def with_links(self, links: Iterable[Link]) -> "Topology":
+        return replace(self, links=tuple(links))
+
+    def to_dict(self) -> dict:
+        """The canonical YAML/JSON form; ``load_topology_dict(t.to_dict()) == t``."""
+        nodes: dict[str, dict] = {}
+        for n in self.nodes:
+            d: dict[str, Any] = {"kind": n.kind}
+            if n.is_worker:
+                d["backend"] = n.backend
+                if n.gpu is not None:
+                    d["gpu"] = n.gpu
+            elif n.stp:
+                d["stp"] = True
+            nodes[n.name] = d
+        links = []
+        for l in self.links:
+            d = {"endpoints": [l.a, l.b], "name": l.name}
+            if l.bottleneck:
+                d["bottleneck"] = True
+            d["forward"] = l.forward.to_dict()
+            d["reverse"] = l.reverse.to_dict()
+            links.append(d)
+        out: dict[str, Any] = {"name": self.name, "nodes": nodes, "links": links}
+        if self.subnet is not None:
+            out["subnet"] = str(self.subnet)
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise TopologyError("", f"topology file '{path}' does not exist",
+                            "give the path of a YAML file, e.g. topologies/three_switch.yaml") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise TopologyError("", f"cannot read topology file '{path}': {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise TopologyError("", f"'{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}",
+                            "check indentation and quoting") from None
+    return load_topology_dict(data, source=str(p))
+
+
+def _unknown_keys(d: dict, allowed: Iterable[str], path: str) -> None:
+    allowed = tuple(allowed)
+    for k in d:
+        if k not in allowed:
+            raise TopologyError(f"{path}.{k}" if path else str(k), f"unknown key '{k}'",
+                                f"allowed keys here: {', '.join(allowed)}")
+
+
+def _mapping(value: Any, path: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise TopologyError(path, f"expected a mapping ({what}), got {type(value).__name__}")
+    for k in value:
+        if not isinstance(k, str):
+            raise TopologyError(path, f"key {k!r} is not a string", "quote it in the YAML file")
+    return value
+
+
+def _name(value: Any, path: str, maxlen: int, what: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value) or len(value) > maxlen:
+        raise TopologyError(path, f"invalid {what} {value!r}",
+                            f"use 1-{maxlen} letters, digits, '-' or '_', starting with a letter or digit")
+    return value
+
+
+def _shape_fields(d: dict, path: str) -> dict:
+    """Parse the shape keys present in ``d`` into Shape constructor kwargs."""
+    out: dict[str, Any] = {}
+    parsers = {"rate": Rate.parse, "delay": Duration.parse, "jitter": Duration.parse, "loss": Loss.parse}
+    for key in _SHAPE_KEYS:
+        if key not in d:
+            continue
+        v = d[key]
+        if key == "limit":
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**7:
+                raise TopologyError(f"{path}.limit", f"limit must be a number of packets (1..10000000), got {v!r}")
+            out["limit"] = v
+            continue
+        try:
+            out[key] = parsers[key](v)
+        except UnitError as e:
+            raise TopologyError(f"{path}.{key}", str(e)) from None
+    return out
+
+
+def _check_shape(shape: Shape, path: str) -> Shape:
+    if shape.jitter and not shape.delay:
+        raise TopologyError(f"{path}.jitter", f"jitter {shape.jitter} needs a delay",
+                            "set delay too, e.g. delay: 10ms, jitter: 1ms")
+    return shape
+
+
+def load_topology_dict(data: Any, source: str | None = None) -> Topology:
+    """Validate an already-parsed topology mapping (the YAML document)."""
+    top = _mapping(data, "", "the topology document")
+    _unknown_keys(top, _TOP_KEYS, "")
+    for required in ("name", "nodes", "links"):
+        if required not in top:
+            raise TopologyError(required, "missing", f"every topology needs '{required}:'")
+    name = _name(top["name"], "name", MAX_TESTBED_NAME, "testbed name")
+
+    defaults = _mapping(top.get("defaults") or {}, "defaults", "backend and link defaults")
+    _unknown_keys(defaults, _DEFAULT_KEYS, "defaults")
+    default_backend = defaults.get("backend", "netns")
+    if default_backend not in BACKENDS:
+        raise TopologyError("defaults.backend", f"unknown backend {default_backend!r}",
+                            f"choose one of: {', '.join(BACKENDS)}")
+    dlink = _mapping(defaults.get("link") or {}, "defaults.link", "a link shape")
+    _unknown_keys(dlink, _SHAPE_KEYS, "defaults.link")
+    default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
+
+    nodes_in = _mapping(top["nodes"], "nodes", "node name -> node")
+    if not nodes_in:
+        raise TopologyError("nodes", "no nodes", "define at least two workers and the switches between them")
+    nodes: list[Node] = []
+    for nname, spec in nodes_in.items():
+        path = f"nodes.{nname}"
+        _name(nname, path, MAX_NODE_NAME, "node name")
+        spec = _mapping(spec if spec is not None else {}, path, "kind: worker|switch")
+        kind = spec.get("kind")
+        if kind not in NODE_KINDS:
+            raise TopologyError(f"{path}.kind", f"unknown or missing kind {kind!r}",
+                                f"choose one of: {', '.join(NODE_KINDS)}")
+        _unknown_keys(spec, _NODE_KEYS[kind], path)
+        if kind == "worker":
+            backend = spec.get("backend", default_backend)
+            if backend not in BACKENDS:
+                raise TopologyError(f"{path}.backend", f"unknown backend {backend!r}",
+                                    f"choose one of: {', '.join(BACKENDS)}")
+            gpu = spec.get("gpu")
+            if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
+                raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
+            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu))
+        else:
+            stp = spec.get("stp", False)
+            if not isinstance(stp, bool):
+                raise TopologyError(f"{path}.stp", f"stp must be true or false, got {stp!r}")
+            nodes.append(Node(nname, "switch", stp=stp))
+    by_name = {n.name: n for n in nodes}
+    workers = [n for n in nodes if n.is_worker]
+    if not workers:
+        raise TopologyError("nodes", "no workers", "add nodes with kind: worker")
+
+    links_in = top["links"]
+    if not isinstance(links_in, list):
+        raise TopologyError("links", f"expected a list of links, got {type(links_in).__name__}",
+                            "write links as '- endpoints: [a, b]' items")
+    links: list[Link] = []
+    seen_pairs: dict[frozenset, int] = {}
+    names: dict[str, int] = {}
+    for i, spec in enumerate(links_in):
+        path = f"links[{i}]"
+        spec = _mapping(spec, path, "endpoints and shape")
+        _unknown_keys(spec, _LINK_KEYS, path)
+        eps = spec.get("endpoints")
+        if not isinstance(eps, list) or len(eps) != 2 or not all(isinstance(e, str) for e in eps):
+            raise TopologyError(f"{path}.endpoints", f"expected two node names, got {eps!r}",
+                                "write endpoints: [w0, s1]")
+        a, b = eps
+        for j, e in enumerate(eps):
+            if e not in by_name:
+                raise TopologyError(f"{path}.endpoints[{j}]", f"node '{e}' is not defined",
+                                    f"define it under nodes:, or use one of: {', '.join(list(by_name)[:12])}")
+        if a == b:
+            raise TopologyError(f"{path}.endpoints", f"link from '{a}' to itself")
+        pair = frozenset((a, b))
+        if pair in seen_pairs:
+            raise TopologyError(f"{path}.endpoints", f"duplicate link {a}-{b} (same as links[{seen_pairs[pair]}])",
+                                "remove one; to change its shape, edit the first")
+        seen_pairs[pair] = i
+        bottleneck = spec.get("bottleneck", False)
+        if not isinstance(bottleneck, bool):
+            raise TopologyError(f"{path}.bottleneck", f"must be true or false, got {bottleneck!r}")
+        lname = spec.get("name", f"{a}-{b}")
+        if not isinstance(lname, str) or not lname or len(lname) > 2 * MAX_NODE_NAME + 1:
+            raise TopologyError(f"{path}.name", f"invalid link name {lname!r}")
+        if lname in names:
+            raise TopologyError(f"{path}.name", f"link name '{lname}' is used by links[{names[lname]}] too",
+                                "give one of them a distinct name:")
+        names[lname] = i
+        both = _shape_fields(spec, path)
+        dirs = {}
+        for d in ("forward", "reverse"):
+            dspec = _mapping(spec.get(d) or {}, f"{path}.{d}", "a link shape")
+            _unknown_keys(dspec, _SHAPE_KEYS, f"{path}.{d}")
+            fields = {**default_shape.__dict__, **both, **_shape_fields(dspec, f"{path}.{d}")}
+            dirs[d] = _check_shape(Shape(**fields), f"{path}.{d}" if dspec else path)
+        links.append(Link(i, a, b, dirs["forward"], dirs["reverse"], bottleneck, lname))
+
+    _check_graph(by_name, links)
+
+    subnet = None
+    if "subnet" in top:
+        s = top["subnet"]
+        try:
+            subnet = ipaddress.ip_network(s, strict=True) if isinstance(s, str) else None
+        except ValueError as e:
+            raise TopologyError("subnet", f"{s!r} is not a network: {e}", "write e.g. subnet: 10.77.0.0/24") from None
+        if not isinstance(subnet, ipaddress.IPv4Network):
+            raise TopologyError("subnet", f"{s!r} is not an IPv4 network", "write e.g. subnet: 10.77.0.0/24")
+        if subnet.num_addresses - 2 < len(workers):
+            raise TopologyError("subnet", f"{subnet} has room for {max(subnet.num_addresses - 2, 0)} "
+                                f"addresses but there are {len(workers)} workers", "use a shorter prefix")
+        if subnet.is_loopback or subnet.is_multicast or subnet.is_link_local:
+            raise TopologyError("subnet", f"{subnet} is a loopback/multicast/link-local range",
+                                "use a private range such as 10.77.0.0/16")
+    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source)
+
+
+def _check_graph(by_name: dict[str, Node], links: list[Link]) -> None:
+    """Workers have exactly one link; the graph is connected; loops only through STP switches."""
+    degree = {n: 0 for n in by_name}
+    adj: dict[str, list[str]] = {n: [] for n in by_name}
+    for l in links:
+        degree[l.a] += 1
+        degree[l.b] += 1
+    for name, node in by_name.items():
+        if node.is_worker and degree[name] != 1:
+            raise TopologyError(f"nodes.{name}",
+                                f"worker '{name}' has {degree[name]} links; a worker has exactly one data-plane interface",
+                                "connect each worker to one switch (or, for two workers, to each other)")
+    parent = {n: n for n in by_name}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for l in links:
+        ra, rb = find(l.a), find(l.b)
+        if ra == rb:
+            cycle = _path(adj, l.b, l.a) + [l.b]
+            if not all(by_name[n].stp for n in cycle if not by_name[n].is_worker):
+                raise TopologyError(f"{l.path}.endpoints",
+                                    f"link {l.a}-{l.b} closes the loop {' - '.join(cycle)}; "
+                                    "Linux bridges forward broadcasts around a loop forever",
+                                    "remove a link, or set 'stp: true' on every switch of the loop")
+        else:
+            parent[ra] = rb
+        adj[l.a].append(l.b)
+        adj[l.b].append(l.a)
+    roots = {find(n) for n in by_name}
+    if len(roots) > 1:
+        comps: dict[str, list[str]] = {}
+        for n in by_name:
+            comps.setdefault(find(n), []).append(n)
+        parts = sorted(comps.values(), key=len)
+        raise TopologyError("links", f"the topology is not connected: {', '.join(parts[0][:6])} "
+                            f"cannot reach {', '.join(parts[-1][:6])}", "add a link between the parts")
+
+
+def _path(adj: dict[str, list[str]], src: str, dst: str) -> list[str]:
+    """BFS path src->dst in the graph built so far (exists when a link closes a loop)."""
+    prev = {src: src}
+    queue = [src]
+    for x in queue:
+        if x == dst:
+            break
+        for y in adj[x]:
+            if y not in prev:
+                prev[y] = x
+                queue.append(y)
+    out = [dst]
+    while out[-1] != src:
+        out.append(prev[out[-1]])
+    return out
