@@ -22,7 +22,7 @@ from . import __version__
 from .errors import TestbedError
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Emulated networks for distributed training: namespaces, bridges, shaped links.")

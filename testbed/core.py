@@ -132,6 +132,8 @@ def _ignore_interrupts():
 class Testbed:
     """A running testbed (built by :meth:`up`, or found by :meth:`attach`)."""
 
+    __test__ = False
+
     def __init__(self, state: dict):
         self._state = state
         self.name: str = state["name"]

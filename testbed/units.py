@@ -46,6 +46,8 @@ class Rate:
                 f"{value!r} has no unit; write a rate such as '100mbit', '1gbit' or '500kbit'"
             )
         s = value.strip().lower()
+        if re.fullmatch(_NUM, s):
+            raise UnitError(f"'{value}' has no unit; write e.g. '{s}mbit' (tc units: bit, kbit, mbit, gbit, tbit)")
         m = re.fullmatch(_NUM + r"\s*([a-z]+)", s)
         if not m:
             raise UnitError(f"'{value}' is not a rate; write e.g. '100mbit', '1gbit', '500kbit'")
@@ -91,6 +93,8 @@ class Duration:
         s = value.strip().lower()
         if s == "0":
             return cls(0)
+        if re.fullmatch(_NUM, s):
+            raise UnitError(f"'{value}' has no unit; write e.g. '{s}ms' (units: us, ms, s)")
         m = re.fullmatch(_NUM + r"\s*(us|ms|s)", s)
         if not m:
             raise UnitError(f"'{value}' is not a duration; write e.g. '5ms', '250us', '1s'")

@@ -1,0 +1,76 @@
+"""`kill -9` of `testbed up` at any point, Ctrl-C and SIGTERM: nothing may be left behind."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.core import FAULT_ENV
+from tests.helpers import star
+from tests.kernel.conftest import cli, cli_json, run
+
+ROOT = Path(__file__).resolve().parents[2]
+THREE = str(ROOT / "topologies" / "three_switch.yaml")
+
+
+def ours() -> list[str]:
+    return [n for n in run(["ip", "netns", "list"]).stdout.split() if n.startswith("three_switch")]
+
+
+# three_switch's plan has 50 steps: 0 fabric netns, 1-3 bridges, 4-43 workers, 44-49 uplinks.
+@pytest.mark.parametrize("step", [0, 1, 4, 5, 6, 7, 23, 44, 49])
+def test_kill9_during_up_then_down_all(clean_kernel, step):
+    r = cli("up", THREE, env={FAULT_ENV: str(step)})
+    assert r.returncode == -signal.SIGKILL
+    if step > 0:
+        assert ours(), "the crash should have left objects for down to find"
+    st = cli_json("status")["testbeds"]
+    assert st[0]["name"] == "three_switch" and not st[0]["ready"]
+    again = cli("up", THREE)
+    assert again.returncode == 1 and "did not finish" in again.stderr
+    assert not cli_json("down", "--all")["removed"] == []
+    assert ours() == []
+
+
+def test_kill9_at_a_random_moment_of_a_big_up(clean_kernel, tmp_path):
+    topo = tmp_path / "big.yaml"
+    topo.write_text(json.dumps(star(200, name="big")))
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(topo)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len([n for n in os.listdir("/run/netns") if n.startswith("big")]) < 40:
+        time.sleep(0.01)
+    p.kill()
+    p.wait()
+    assert [n for n in os.listdir("/run/netns") if n.startswith("big")], "killed before it started"
+    cli_json("down", "--all")
+
+
+def test_lost_ledger_is_recovered_from_ownership_tags(clean_kernel):
+    r = cli("up", THREE, env={FAULT_ENV: "30"})
+    assert r.returncode == -signal.SIGKILL and ours()
+    shutil.rmtree(os.environ["TESTBED_STATE_DIR"])
+    assert cli_json("down", "--all")["removed"] == ["three_switch"]
+    assert ours() == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_during_up_rolls_back_by_itself(clean_kernel, tmp_path, sig):
+    topo = tmp_path / "big.yaml"
+    topo.write_text(json.dumps(star(300, name="intr")))
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(topo)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len([n for n in os.listdir("/run/netns") if n.startswith("intr")]) < 30:
+        time.sleep(0.01)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert "interrupted" in err and "removed" in err and "Traceback" not in err
+    assert not [n for n in os.listdir("/run/netns") if n.startswith("intr")]

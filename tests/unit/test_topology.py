@@ -1,0 +1,137 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.errors import TopologyError
+from testbed.topology import load_topology, load_topology_dict
+from tests.helpers import dumbbell, star
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_topologies_load_and_roundtrip(path):
+    t = load_topology(path)
+    assert t.workers
+    assert load_topology_dict(t.to_dict()) == t
+
+
+def test_three_switch_matches_the_paper():
+    t = load_topology(ROOT / "topologies" / "three_switch.yaml")
+    assert [w.name for w in t.workers] == [f"w{i}" for i in range(8)]
+    bn = [l for l in t.links if l.bottleneck]
+    assert {frozenset(l.endpoints) for l in bn} == {frozenset(("s1", "s0")), frozenset(("s2", "s0"))}
+    assert all(l.forward.rate.bps == 10**9 == l.reverse.rate.bps for l in bn)
+    for i in range(8):
+        assert t.worker_link(f"w{i}").b == ("s1" if i < 4 else "s2")
+
+
+def test_per_direction_shape_overrides_link_shape():
+    d = dumbbell(rate="200mbit")
+    d["links"][2]["reverse"] = {"rate": "50mbit"}
+    t = load_topology_dict(d)
+    assert t.links[2].forward.rate.bps == 200 * 10**6
+    assert t.links[2].reverse.rate.bps == 50 * 10**6
+
+
+def test_defaults_apply_to_links_without_shape():
+    d = star(3, rate="300mbit")
+    t = load_topology_dict(d)
+    assert {l.forward.rate.bps for l in t.links} == {300 * 10**6}
+
+
+def _err(d) -> TopologyError:
+    with pytest.raises(TopologyError) as ei:
+        load_topology_dict(d)
+    return ei.value
+
+
+def mutate(fn, base=None):
+    d = copy.deepcopy(base or dumbbell())
+    fn(d)
+    return d
+
+
+@pytest.mark.parametrize("fn,path,words", [
+    (lambda d: d.update(colour="red"), "colour", "unknown key"),
+    (lambda d: d["nodes"]["w0"].update(image="x"), "nodes.w0.image", "unknown key"),
+    (lambda d: d["links"][2].update(bandwidth="1gbit"), "links[2].bandwidth", "unknown key"),
+    (lambda d: d.update(defaults={"link": {"rat": "1gbit"}}), "defaults.link.rat", "unknown key"),
+    (lambda d: d["links"][2].update(rate="100mbps"), "links[2].rate", "ambiguous"),
+    (lambda d: d["links"][2].update(delay="10"), "links[2].delay", "no unit"),
+    (lambda d: d["links"][2].update(loss=0.5), "links[2].loss", "percentage"),
+    (lambda d: d["links"][2].update(jitter="1ms"), "links[2].jitter", "needs a delay"),
+    (lambda d: d["links"][2].update(limit=0), "links[2].limit", "packets"),
+    (lambda d: d["links"][2].update(reverse={"rate": "fast"}), "links[2].reverse.rate", "not a rate"),
+    (lambda d: d["links"][0].update(endpoints=["w0", "s9"]), "links[0].endpoints[1]", "not defined"),
+    (lambda d: d["links"][0].update(endpoints=["w0"]), "links[0].endpoints", "two node names"),
+    (lambda d: d["links"].append({"endpoints": ["s1", "s0"]}), "links[3].endpoints", "duplicate link"),
+    (lambda d: d["links"].append({"endpoints": ["s0", "s0"]}), "links[3].endpoints", "itself"),
+    (lambda d: d["nodes"]["w0"].update(kind="router"), "nodes.w0.kind", "choose one of: worker, switch"),
+    (lambda d: d["nodes"]["w0"].update(backend="kvm"), "nodes.w0.backend", "choose one of: netns"),
+    (lambda d: d["nodes"]["w0"].update(gpu=-1), "nodes.w0.gpu", "device index"),
+    (lambda d: d.update(name="bad name"), "name", "invalid testbed name"),
+    (lambda d: d.update(name="x" * 33), "name", "invalid testbed name"),
+    (lambda d: d["nodes"].update({"a.b": {"kind": "switch"}}), "nodes.a.b", "invalid node name"),
+    (lambda d: d.update(subnet="10.0.0.0/33"), "subnet", "not a network"),
+    (lambda d: d.update(subnet="10.0.0.1/24"), "subnet", "not a network"),
+    (lambda d: d.update(subnet="10.0.0.0/31"), "subnet", "room for"),
+    (lambda d: d.update(subnet="fd00::/64"), "subnet", "IPv4"),
+    (lambda d: d.pop("links"), "links", "missing"),
+    (lambda d: d.update(links={"a": 1}), "links", "list"),
+    (lambda d: d["links"].pop(0), "nodes.w0", "has 0 links"),
+    (lambda d: d["links"].append({"endpoints": ["w0", "s1"]}), "nodes.w0", "has 2 links"),
+])
+def test_errors_name_the_yaml_path(fn, path, words):
+    e = _err(mutate(fn))
+    assert e.path == path, str(e)
+    assert words in str(e)
+
+
+def test_duplicate_link_names_are_refused():
+    d = star(2)
+    d["nodes"]["s1"] = {"kind": "switch"}
+    d["links"].append({"endpoints": ["s1", "s0"], "name": "w0-s0"})
+    e = _err(d)
+    assert e.path == "links[2].name" and "used by links[0]" in e.message
+
+
+def test_switch_loop_is_refused_unless_stp():
+    d = {"name": "tri", "nodes": {"a": {"kind": "switch"}, "b": {"kind": "switch"}, "c": {"kind": "switch"},
+                                  "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
+         "links": [{"endpoints": ["w0", "a"]}, {"endpoints": ["w1", "b"]}, {"endpoints": ["a", "b"]},
+                   {"endpoints": ["b", "c"]}, {"endpoints": ["c", "a"]}]}
+    e = _err(d)
+    assert e.path == "links[4].endpoints" and "loop" in e.message and "stp" in e.hint
+    for s in "abc":
+        d["nodes"][s]["stp"] = True
+    assert len(load_topology_dict(d).links) == 5
+
+
+def test_disconnected_topology_is_refused():
+    d = star(2)
+    d["nodes"].update({"s9": {"kind": "switch"}, "x": {"kind": "worker"}})
+    d["links"].append({"endpoints": ["x", "s9"]})
+    e = _err(d)
+    assert e.path == "links" and "not connected" in e.message
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(TopologyError, match="does not exist"):
+        load_topology(tmp_path / "nope.yaml")
+    p = tmp_path / "t.yaml"
+    p.write_text("name: x\nnodes: [\n")
+    with pytest.raises(TopologyError, match="not valid YAML at line"):
+        load_topology(p)
+    p.write_text(yaml.safe_dump(dumbbell()))
+    assert load_topology(p).name == "db"
+
+
+def test_two_workers_directly_linked():
+    d = {"name": "pair", "nodes": {"a": {"kind": "worker"}, "b": {"kind": "worker"}},
+         "links": [{"endpoints": ["a", "b"], "rate": "1gbit"}]}
+    t = load_topology_dict(d)
+    assert not t.switches and len(t.workers) == 2
