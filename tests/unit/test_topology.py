@@ -135,3 +135,17 @@ def test_two_workers_directly_linked():
          "links": [{"endpoints": ["a", "b"], "rate": "1gbit"}]}
     t = load_topology_dict(d)
     assert not t.switches and len(t.workers) == 2
+
+
+def test_json_schema_accepts_shipped_and_rejects_typos():
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+
+    schema = json.loads((ROOT / "topologies" / "schema.json").read_text())
+    for path in SHIPPED:
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    for bad in (mutate(lambda d: d["links"][2].update(rate="100mbps")),
+                mutate(lambda d: d["nodes"]["w0"].update(image="x")),
+                mutate(lambda d: d.update(colour="red"))):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
