@@ -36,6 +36,7 @@ from .units import Duration, Loss, Rate
 Progress = Callable[[int, int, str], None]
 DIRECTIONS = ("forward", "reverse")
 FAULT_ENV = "TESTBED_FAULT_STEP"  # test hook: SIGKILL ourselves before executing plan step N
+LEDGER_CHUNK = 64  # actions recorded per fsync; down treats recorded-but-never-made as already gone
 
 
 def require_root() -> None:
@@ -87,10 +88,10 @@ def _execute(action, handles: _Handles) -> None:
         rt = handles.put(Rtnl.create_netns(action.ns))
         rt.init_namespace(action.tag)
     elif isinstance(action, CreateBridge):
-        handles.get(action.ns).add_bridge(action.ifname, action.stp)
+        handles.get(action.ns).add_bridge(action.ifname, action.stp, action.index)
     elif isinstance(action, CreateVeth):
         rt = handles.get(action.ns)
-        rt.add_veth(action.ifname, action.peer_ns, action.peer_ifname, action.master)
+        rt.add_veth(action.ifname, action.peer_ns, action.peer_ifname, action.master, action.index)
         if action.peer_master:
             handles.get(action.peer_ns).set_master_up(action.peer_ifname, action.peer_master)
     elif isinstance(action, AddAddress):
@@ -182,10 +183,13 @@ class Testbed:
             handles = _Handles()
             fault = int(os.environ.get(FAULT_ENV, "-1"))
             total = len(plan.actions)
+            recorded = 0
             try:
                 with _Signals():
                     for i, action in enumerate(plan.actions):
-                        ledger.record(action_to_dict(action))
+                        if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
+                            recorded = min(total, i + LEDGER_CHUNK)
+                            ledger.record(*(action_to_dict(a) for a in plan.actions[i:recorded]))
                         if i == fault:
                             os.kill(os.getpid(), signal.SIGKILL)
                         _execute(action, handles)

@@ -84,10 +84,11 @@ class Ledger:
             raise StateError(f"testbed '{self.name}' is already up (or a previous up did not finish)",
                              f"run `testbed down {self.name}` first, or use another name") from None
 
-    def record(self, entry: dict) -> None:
+    def record(self, *entries: dict) -> None:
+        """Append entries durably (one write, one fsync) before the objects exist."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        os.write(self._fd, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode())
         os.fsync(self._fd)
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from . import naming
 from .errors import TopologyError
 from .topology import Shape, Topology
 
+PINNED_INDEX_BASE = 1 << 20
 DEFAULT_SUBNETS = tuple(ipaddress.ip_network(f"10.{b}.0.0/16") for b in range(200, 255)) + tuple(
     ipaddress.ip_network(f"172.{b}.0.0/16") for b in range(24, 32)
 )
@@ -36,6 +37,7 @@ class CreateBridge:
     ifname: str
     switch: str
     stp: bool = False
+    index: int | None = None
 
     def describe(self) -> str:
         return f"[{self.ns}] bridge {self.ifname} for switch {self.switch}" + (" stp on" if self.stp else "")
@@ -50,6 +52,7 @@ class CreateVeth:
     master: str | None = None
     peer_master: str | None = None
     link: int = -1
+    index: int | None = None
 
     def describe(self) -> str:
         m = f" master {self.master}" if self.master else ""
@@ -147,10 +150,20 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
     for s in topology.switches:
         plan.nodes[s.name] = NodeInfo(s.name, "switch", None, fabric, naming.bridge_ifname(switch_index[s.name]), None)
 
+    # Interfaces created locally get their index from the plan, so applying it needs no
+    # lookup by name. The range starts far above what the kernel hands out by itself
+    # (veth peers, fallback tunnel devices some modules add to every new namespace), so
+    # pinned and automatic indexes never collide. pyroute2 cannot pin a veth peer's index.
+    next_index: dict[str, int] = {}
+
+    def alloc(ns: str) -> int:
+        next_index[ns] = next_index.get(ns, PINNED_INDEX_BASE - 1) + 1
+        return next_index[ns]
+
     if topology.switches:
         acts.append(CreateNetns(fabric, naming.tag(name)))
         for s in topology.switches:
-            acts.append(CreateBridge(fabric, naming.bridge_ifname(switch_index[s.name]), s.name, s.stp))
+            acts.append(CreateBridge(fabric, naming.bridge_ifname(switch_index[s.name]), s.name, s.stp, alloc(fabric)))
 
     created: set[str] = set()
     for link in topology.links:
@@ -167,9 +180,9 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
         (na, ia, ma), (nb, ib, mb) = ends["a"], ends["b"]
         # Create from the switch side when there is one: the bridge lives there.
         if ma is None and mb is not None:
-            acts.append(CreateVeth(nb, ib, na, ia, master=mb, link=link.index))
+            acts.append(CreateVeth(nb, ib, na, ia, master=mb, link=link.index, index=alloc(nb)))
         else:
-            acts.append(CreateVeth(na, ia, nb, ib, master=ma, peer_master=mb, link=link.index))
+            acts.append(CreateVeth(na, ia, nb, ib, master=ma, peer_master=mb, link=link.index, index=alloc(na)))
         for end, node_name in (("a", link.a), ("b", link.b)):
             info = plan.nodes[node_name]
             if info.kind == "worker":

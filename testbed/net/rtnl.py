@@ -76,11 +76,17 @@ class Rtnl:
             return msg.get("ifalias") or msg.get_attr("IFLA_IFALIAS")
         return None
 
-    def add_bridge(self, ifname: str, stp: bool) -> None:
+    def add_bridge(self, ifname: str, stp: bool, index: int | None = None) -> None:
         kw = {"br_stp_state": 1, "br_forward_delay": 400} if stp else {}
+        if index is not None:
+            kw["index"] = index
         self.call(f"creating bridge {ifname}", "link", "add", ifname=ifname, kind="bridge", state="up", **kw)
+        if index is not None:
+            self._index[ifname] = index
 
-    def add_veth(self, ifname: str, peer_ns: str, peer_ifname: str, master: str | None) -> None:
+    def add_veth(self, ifname: str, peer_ns: str, peer_ifname: str, master: str | None,
+                 index: int | None = None) -> None:
+        """Create a veth pair; ``index`` pins the local end's interface index (no lookup later)."""
         peer: dict = {"ifname": peer_ifname}
         fd = None
         if peer_ns != self.ns:
@@ -90,12 +96,16 @@ class Rtnl:
                 raise KernelError(f"network namespace '{peer_ns}' does not exist") from None
             peer["net_ns_fd"] = fd
         kw = {"master": self.index(master)} if master else {}
+        if index is not None:
+            kw["index"] = index
         try:
             self.call(f"creating veth {ifname} <-> {peer_ns}/{peer_ifname}", "link", "add",
                       ifname=ifname, kind="veth", state="up", peer=peer, **kw)
         finally:
             if fd is not None:
                 os.close(fd)
+        if index is not None:
+            self._index[ifname] = index
 
     def set_master_up(self, ifname: str, master: str) -> None:
         self.call(f"attaching {ifname} to {master}", "link", "set", index=self.index(ifname),

@@ -70,3 +70,13 @@ def test_subnet_choice_avoids_host_routes():
     assert ei.value.path == "subnet"
     # the default route does not count
     assert choose_subnet(t, [ipaddress.ip_network("0.0.0.0/0")]) == ipaddress.ip_network("10.200.0.0/16")
+
+
+def test_pinned_interface_indexes_are_unique_and_clear_of_automatic_ones():
+    from testbed.plan import PINNED_INDEX_BASE
+
+    t = load_topology_dict(dumbbell())
+    plan = make_plan(t, ipaddress.ip_network("10.9.0.0/24"))
+    pinned = [(a.ns, a.index) for a in plan.actions if getattr(a, "index", None) is not None]
+    assert len(pinned) == len(set(pinned)) == 2 + 3  # two bridges, three locally created veth ends
+    assert all(idx >= PINNED_INDEX_BASE for _, idx in pinned)
