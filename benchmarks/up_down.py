@@ -1,10 +1,10 @@
 """`testbed up` / `down` wall time for stars of N workers, next to the batched-iproute2 floor.
 
-The floor creates the same kernel objects (a switches namespace with one bridge, N worker
-namespaces with lo up, an address and eth0 up, N veth pairs, HTB qdisc+class on both ends)
-with the fewest processes iproute2 allows: one `ip -batch` for the namespaces, one
-`ip -n SWITCHES -batch` for bridge and veths, and one `ip -n NS -batch` plus one
-`tc -n NS -batch` per namespace (batch lines cannot switch namespace). Both are measured
+A star of N workers on one switch; above 1023 workers (a Linux bridge's port limit) leaf
+switches of 512 under a core switch. The floor creates the same kernel objects, read
+from testbed's own plan, with the fewest processes iproute2 allows: one `ip -batch` for
+the namespaces, then one `ip -n NS -batch` and one `tc -n NS -batch` per namespace
+(batch lines cannot switch namespace). Both are measured
 in the same run, since these machines are noisy. Needs root.
 
     sudo python -m benchmarks.up_down [--sizes 8,64,256,1024]
@@ -20,15 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import ipaddress
+
 from testbed import Testbed, load_topology_dict
 from testbed.core import down
+from testbed.plan import AddAddress, CreateBridge, CreateNetns, CreateVeth, ShapeEgress, make_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.helpers import star  # noqa: E402
+from tests.helpers import star, star_of_stars  # noqa: E402
 
-RATE = "1Gbit"
 HTB = "root handle 1: htb default 1"
-CLS = "parent 1: classid 1:1 htb rate {r} ceil {r} burst 125000 cburst 125000 quantum 60000"
+CLS = "parent 1: classid 1:1 htb rate {r}bit ceil {r}bit burst {b} cburst {b} quantum 60000"
 
 
 def _batch(tool: str, lines: list[str], ns: str | None = None) -> None:
@@ -36,32 +38,55 @@ def _batch(tool: str, lines: list[str], ns: str | None = None) -> None:
         f.write("\n".join(lines) + "\n")
     argv = [tool] + (["-n", ns] if ns else []) + ["-batch", f.name]
     try:
-        subprocess.run(argv, check=True, capture_output=True)
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
     finally:
         os.unlink(f.name)
 
 
+def topology(n: int, name: str) -> dict:
+    # a Linux bridge holds at most 1023 ports: beyond that, leaves of 512 under a core switch
+    return star(n, name=name, rate="1gbit") if n <= 1023 else star_of_stars(n, name=name, rate="1gbit")
+
+
 def floor(n: int) -> tuple[float, float]:
-    fab = "flr"
-    workers = [f"flr.w{i}" for i in range(n)]
+    """The same kernel objects as testbed's plan, made by batched iproute2."""
+    plan = make_plan(load_topology_dict(topology(n, "flr")), ipaddress.ip_network("10.9.0.0/16"))
+    ip: dict[str, list[str]] = {}
+    tc: dict[str, list[str]] = {}
+    for a in plan.actions:
+        if isinstance(a, CreateNetns):
+            ip.setdefault(a.ns, []).append("link set lo up")
+        elif isinstance(a, CreateBridge):
+            ip[a.ns] += [f"link add {a.ifname} type bridge", f"link set {a.ifname} up"]
+        elif isinstance(a, CreateVeth):
+            master = f" master {a.master}" if a.master else ""
+            where = f" netns {a.peer_ns}" if a.peer_ns != a.ns else ""
+            ip[a.ns].append(f"link add {a.ifname}{master} up type veth peer name {a.peer_ifname}{where}")
+            if a.peer_master:
+                ip[a.ns].append(f"link set {a.peer_ifname} master {a.peer_master} up")
+        elif isinstance(a, AddAddress):
+            ip[a.ns] += [f"addr add {a.address}/{a.prefixlen} dev {a.ifname}", f"link set {a.ifname} up"]
+        elif isinstance(a, ShapeEgress):
+            cls = CLS.format(r=a.shape.rate.bps, b=max(15000, a.shape.rate.bytes_per_second // 1000))
+            tc.setdefault(a.ns, []).extend([f"qdisc add dev {a.ifname} {HTB}", f"class add dev {a.ifname} {cls}"])
+    fabric = plan.namespaces[0]
     t0 = time.perf_counter()
-    _batch("ip", [f"netns add {fab}"] + [f"netns add {w}" for w in workers])
-    _batch("ip", ["link set lo up", "link add sw0 type bridge", "link set sw0 up"]
-           + [f"link add l{i}b master sw0 up type veth peer name eth0 netns {w}" for i, w in enumerate(workers)], ns=fab)
-    for i, w in enumerate(workers):
-        _batch("ip", ["link set lo up", f"addr add 10.9.{i // 250}.{i % 250 + 1}/16 dev eth0", "link set eth0 up"], ns=w)
-        _batch("tc", [f"qdisc add dev eth0 {HTB}", f"class add dev eth0 {CLS.format(r=RATE)}"], ns=w)
-    _batch("tc", [l for i in range(n) for l in (f"qdisc add dev l{i}b {HTB}", f"class add dev l{i}b {CLS.format(r=RATE)}")],
-           ns=fab)
+    _batch("ip", [f"netns add {ns}" for ns in plan.namespaces])
+    _batch("ip", ip[fabric], ns=fabric)  # veths first: worker batches configure their ends
+    for ns in plan.namespaces[1:]:
+        _batch("ip", ip[ns], ns=ns)
+        _batch("tc", tc[ns], ns=ns)
+    _batch("tc", tc[fabric], ns=fabric)
     t_up = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _batch("ip", [f"netns del {w}" for w in workers] + [f"netns del {fab}"])
-    t_down = time.perf_counter() - t0
-    return t_up, t_down
+    _batch("ip", [f"netns del {ns}" for ns in reversed(plan.namespaces)])
+    return t_up, time.perf_counter() - t0
 
 
 def testbed_times(n: int) -> tuple[float, float]:
-    topo = load_topology_dict(star(n, name="bench", rate="1gbit"))
+    topo = load_topology_dict(topology(n, "bench"))
     t0 = time.perf_counter()
     tb = Testbed.up(topo)
     t_up = time.perf_counter() - t0

@@ -25,6 +25,7 @@ MAX_TESTBED_NAME = 32
 DEFAULT_RATE = Rate(10 * 10**9)
 BACKENDS = ("netns",)  # docker and ssh arrive with their own issues; the registry lists what exists
 NODE_KINDS = ("worker", "switch")
+MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
 
 _SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
 _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", *_SHAPE_KEYS)
@@ -378,6 +379,9 @@ def _check_graph(by_name: dict[str, Node], links: list[Link]) -> None:
         degree[l.a] += 1
         degree[l.b] += 1
     for name, node in by_name.items():
+        if not node.is_worker and degree[name] > MAX_BRIDGE_PORTS:
+            raise TopologyError(f"nodes.{name}", f"switch '{name}' has {degree[name]} links; a Linux bridge holds at "
+                                f"most {MAX_BRIDGE_PORTS} ports", "split its workers over several switches joined by a core switch")
         if node.is_worker and degree[name] != 1:
             raise TopologyError(f"nodes.{name}",
                                 f"worker '{name}' has {degree[name]} links; a worker has exactly one data-plane interface",

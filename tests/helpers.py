@@ -15,3 +15,15 @@ def dumbbell(name: str = "db", rate: str = "100mbit", **shape) -> dict:
                                     "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
             "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]},
                       {"endpoints": ["s0", "s1"], "rate": rate, "bottleneck": True, **shape}]}
+
+
+def star_of_stars(n: int, name: str = "stars", rate: str = "1gbit", per_leaf: int = 512) -> dict:
+    """n workers on leaf switches of at most per_leaf ports, leaves joined by a core switch
+    (a Linux bridge holds at most 1023 ports, so a flat star stops at 1023 workers)."""
+    leaves = (n + per_leaf - 1) // per_leaf
+    nodes = {"core": {"kind": "switch"}}
+    nodes.update({f"leaf{j}": {"kind": "switch"} for j in range(leaves)})
+    nodes.update({f"w{i}": {"kind": "worker"} for i in range(n)})
+    links = [{"endpoints": [f"w{i}", f"leaf{i // per_leaf}"]} for i in range(n)]
+    links += [{"endpoints": [f"leaf{j}", "core"], "bottleneck": True} for j in range(leaves)]
+    return {"name": name, "defaults": {"link": {"rate": rate}}, "nodes": nodes, "links": links}

@@ -6,11 +6,18 @@ from testbed import naming
 from testbed.errors import TopologyError
 from testbed.plan import AddAddress, CreateNetns, CreateVeth, ShapeEgress, choose_subnet, make_plan
 from testbed.topology import load_topology_dict
-from tests.helpers import dumbbell, star
+from tests.helpers import dumbbell, star, star_of_stars
+
+
+def test_a_switch_holds_at_most_1023_ports():
+    with pytest.raises(TopologyError, match="at most 1023 ports") as ei:
+        load_topology_dict(star(1024))
+    assert ei.value.path == "nodes.s0"
+    assert len(load_topology_dict(star(1023)).workers) == 1023
 
 
 def test_kernel_names_fit_at_1024_workers_with_long_user_names():
-    t = load_topology_dict(star(1024, name="x" * 32, prefix="worker-with-a-very-long-name-" + "y" * 25))
+    t = load_topology_dict(star(1023, name="x" * 32, prefix="worker-with-a-very-long-name-" + "y" * 25))
     plan = make_plan(t, ipaddress.ip_network("10.50.0.0/16"))
     ifnames = set()
     for a in plan.actions:
@@ -19,10 +26,10 @@ def test_kernel_names_fit_at_1024_workers_with_long_user_names():
             if v:
                 assert len(v) <= naming.IFNAMSIZ, v
                 ifnames.add((a.ns, v) if attr != "peer_ifname" else (a.peer_ns, v))
-    assert len(plan.namespaces) == 1025
-    assert len(set(plan.namespaces)) == 1025
+    assert len(plan.namespaces) == 1024
+    assert len(set(plan.namespaces)) == 1024
     addrs = [n.address for n in plan.nodes.values() if n.address]
-    assert len(set(addrs)) == 1024
+    assert len(set(addrs)) == 1023
 
 
 def test_every_direction_is_shaped_on_its_own_egress():
@@ -80,3 +87,8 @@ def test_pinned_interface_indexes_are_unique_and_clear_of_automatic_ones():
     pinned = [(a.ns, a.index) for a in plan.actions if getattr(a, "index", None) is not None]
     assert len(pinned) == len(set(pinned)) == 2 + 3  # two bridges, three locally created veth ends
     assert all(idx >= PINNED_INDEX_BASE for _, idx in pinned)
+
+
+def test_star_of_stars_1024():
+    t = load_topology_dict(star_of_stars(1024))
+    assert len(t.workers) == 1024 and len(t.switches) == 3
