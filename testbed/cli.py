@@ -6,6 +6,7 @@ object (errors too: {"error": ..., "hint": ...}); progress goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -55,19 +56,13 @@ def _resolve_name(name: Optional[str]) -> str:
     raise TestbedError(f"several testbeds are up ({', '.join(up)})", "choose one with --testbed NAME")
 
 
+@contextlib.contextmanager
 def _guard(as_json: bool):
-    """Decorator body: run, translating TestbedError into a clean exit 1."""
-
-    class _G:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, et, ev, tb):
-            if et is not None and issubclass(et, TestbedError):
-                raise _Fail(ev, as_json)
-            return False
-
-    return _G()
+    """Turn a TestbedError into a clean exit 1 (message + hint, or JSON) in main()."""
+    try:
+        yield
+    except TestbedError as e:
+        raise _Fail(e, as_json) from None
 
 
 # --------------------------------------------------------------------------- up

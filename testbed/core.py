@@ -103,20 +103,31 @@ def _execute(action, handles: _Handles) -> None:
 
 
 class _Signals:
-    """Turn SIGTERM/SIGHUP into KeyboardInterrupt while building, so rollback runs."""
+    """While building: SIGINT, SIGTERM and SIGHUP only set a flag, checked between actions.
+
+    Raising KeyboardInterrupt asynchronously could land inside a pyroute2 call and leave
+    its event loop half-run (a noisy "Event loop is closed" at exit); an action takes a few
+    milliseconds, so checking between actions is just as prompt.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __enter__(self):
+        self.received: int | None = None
         self._old = {}
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in self.SIGNALS:
             try:
-                self._old[sig] = signal.signal(sig, self._raise)
-            except ValueError:  # not the main thread
+                self._old[sig] = signal.signal(sig, self._note)
+            except ValueError:  # not the main thread: signals cannot be caught here anyway
                 pass
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def _note(self, signum, frame):
+        self.received = signum
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt(f"signal {self.received}")
 
     def __exit__(self, *exc):
         for sig, h in self._old.items():
@@ -185,8 +196,9 @@ class Testbed:
             total = len(plan.actions)
             recorded = 0
             try:
-                with _Signals():
+                with _Signals() as signals:
                     for i, action in enumerate(plan.actions):
+                        signals.check()
                         if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
                             recorded = min(total, i + LEDGER_CHUNK)
                             ledger.record(*(action_to_dict(a) for a in plan.actions[i:recorded]))
@@ -310,27 +322,30 @@ class Testbed:
         if not changes:
             raise TestbedError("nothing to change", "give --bw, --delay, --jitter, --loss or --limit")
         dirs = DIRECTIONS if direction == "both" else (direction,)
-        links = list(links)
-        new_links = {}
-        for l in links:
-            shapes = {d: l.shape(d) for d in DIRECTIONS}
-            for d in dirs:
-                s = replace(shapes[d], **changes)
-                if s.jitter and not s.delay:
-                    raise TestbedError(f"link {l.name}: jitter {s.jitter} needs a delay", "also pass --delay")
-                shapes[d] = s
-            new_links[l.index] = replace(l, forward=shapes["forward"], reverse=shapes["reverse"])
-        if any(s.needs_netem for l in new_links.values() for s in (l.forward, l.reverse)):
-            from .net.probe import probe
-
-            ok, detail = probe()["netem"]
-            if not ok:
-                raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
-                                   tc.NETEM_MISSING_HINT)
+        wanted = [l.index for l in links]
         with global_lock():
+            # Re-read under the lock: another process may have changed other links meanwhile.
             state = Ledger(self.name).read_state()
             if state is None:
                 raise StateError(f"testbed '{self.name}' is no longer up")
+            current = load_topology_dict(state["topology"], source=state.get("source"))
+            new_links = {}
+            for idx in wanted:
+                l = current.links[idx]
+                shapes = {d: l.shape(d) for d in DIRECTIONS}
+                for d in dirs:
+                    s = replace(shapes[d], **changes)
+                    if s.jitter and not s.delay:
+                        raise TestbedError(f"link {l.name}: jitter {s.jitter} needs a delay", "also pass --delay")
+                    shapes[d] = s
+                new_links[idx] = replace(l, forward=shapes["forward"], reverse=shapes["reverse"])
+            if any(s.needs_netem for l in new_links.values() for s in (l.forward, l.reverse)):
+                from .net.probe import probe
+
+                ok, detail = probe()["netem"]
+                if not ok:
+                    raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
+                                       tc.NETEM_MISSING_HINT)
             handles = _Handles()
             try:
                 for idx, l in new_links.items():
@@ -339,11 +354,11 @@ class Testbed:
                         tc.change(handles.get(ep.ns), ep.ifname, l.shape(d))
             finally:
                 handles.close()
-            self.topology = self.topology.with_links(new_links.get(l.index, l) for l in self.topology.links)
+            self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
             state["topology"] = self.topology.to_dict()
             self._state = state
             Ledger(self.name).write_state(state)
-        return [new_links[l.index] for l in links]
+        return [new_links[i] for i in wanted]
 
     def link_stats(self) -> list[dict]:
         """Per link and direction: shape in force and live egress counters."""

@@ -76,7 +76,8 @@ def _create_in_thread(name: str) -> int:
     return _netlink_socket_fd()
 
 
-def _open_in_thread(name: str) -> int:
+def _setns(name: str) -> None:
+    """Move the calling thread into network namespace ``name``."""
     try:
         fd = os.open(path(name), os.O_RDONLY)
     except FileNotFoundError:
@@ -84,9 +85,13 @@ def _open_in_thread(name: str) -> int:
     try:
         if _libc.setns(fd, CLONE_NEWNET) != 0:
             raise _oserror("entering network namespace", name, ctypes.get_errno())
-        return _netlink_socket_fd()
     finally:
         os.close(fd)
+
+
+def _open_in_thread(name: str) -> int:
+    _setns(name)
+    return _netlink_socket_fd()
 
 
 def create(name: str) -> int:
@@ -176,15 +181,7 @@ def enter(name: str) -> None:
     Also gives the process a private mount namespace with ``/sys`` remounted, so that
     ``/sys/class/net`` shows the namespace's interfaces. Call only while single-threaded.
     """
-    try:
-        fd = os.open(path(name), os.O_RDONLY)
-    except FileNotFoundError:
-        raise KernelError(f"network namespace '{name}' does not exist", "is the testbed up? see `testbed status`") from None
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            raise _oserror("entering network namespace", name, ctypes.get_errno())
-    finally:
-        os.close(fd)
+    _setns(name)
     if _libc.unshare(CLONE_NEWNS) != 0:
         raise _oserror("creating mount namespace for", name, ctypes.get_errno())
     if _libc.mount(b"", b"/", b"none", MS_SLAVE | MS_REC, None) != 0:
