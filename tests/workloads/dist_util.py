@@ -1,0 +1,29 @@
+"""Run a function in N gloo processes on this machine (for tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(fn, world: int, *args) -> None:
+    """Raise if any rank raises (its traceback is in the exception)."""
+    mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)

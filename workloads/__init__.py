@@ -1,0 +1,1 @@
+"""Training workloads. Runs standalone under torchrun; never imports testbed."""

@@ -1,0 +1,168 @@
+"""PacTrain's communication: gradient sparsity enforcement, mask tracker, compact all-reduce.
+
+Pruning fixes a global mask (identical on all ranks). In DDP's communication hook:
+
+* Gradient sparsity enforcement (GSE): masked gradient entries are zeroed inside the
+  hook, so masked weights (zero after pruning) stay exactly zero through SGD momentum and
+  weight decay, and Adam(W): their update is always zero.
+* Mask tracker: DDP hands the hook a flat bucket. The tracker maps it back to its
+  parameters (``bucket.parameters()``), composes the bucket's flat mask and keys
+  everything by the parameters' identities, because DDP rebuilds buckets after the
+  first iteration (indices, lengths and membership change). A bucket's mask must be
+  unchanged for ``stable_iters`` consecutive iterations and agreed on by all ranks
+  (one all-reduce of a checksum) before it is compacted; until then the dense, masked
+  bucket is all-reduced.
+* Compact all-reduce: the unmasked elements are gathered into a dense tensor with one
+  ``index_select``, all-reduced (no indices travel: the mask is global), and scattered
+  back with one ``index_copy_``: no Python loop over parameters on the hot path.
+* Optional ternary quantisation of the compact tensor (TernGrad: shared scale = max |g|
+  via all-reduce MAX, stochastic rounding to {-1, 0, 1}, int8 sum).
+"""
+
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class PacTrainConfig:
+    """Hyper-parameters of PacTrain's hook."""
+
+    stable_iters: int = 3
+    """K: iterations a bucket's mask must stay unchanged before it is compacted."""
+    ternary: bool = False
+    """Quantise the compact tensor to int8 ternary values with a shared scale."""
+
+    def __post_init__(self):
+        if self.stable_iters < 1:
+            raise ValueError(f"stable_iters must be >= 1, got {self.stable_iters}")
+
+
+@dataclass
+class _Bucket:
+    mask: torch.Tensor  # flat float mask (1 keep, 0 pruned), shaped like the bucket buffer
+    kept: torch.Tensor | None = None  # int64 positions of kept elements, once compact
+    seen: int = 0  # consecutive iterations with an identical mask
+
+
+@dataclass
+class PacTrainState:
+    """Internal state of the hook; masks are keyed by parameter identity."""
+
+    process_group: dist.ProcessGroup | None
+    masks: dict[int, torch.Tensor]
+    """id(parameter) -> bool mask of the same shape (True = kept)."""
+    config: PacTrainConfig = field(default_factory=PacTrainConfig)
+    payload_bytes: int = 0
+    """Bytes this rank handed to collectives since the last ``take_payload_bytes``."""
+    _buckets: dict[tuple[int, ...], _Bucket] = field(default_factory=dict)
+    _generator: torch.Generator | None = None
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, masks: "dict[str, torch.Tensor]", process_group=None,
+                  config: "PacTrainConfig | None" = None) -> "PacTrainState":
+        """``masks`` by parameter name (as from ``named_parameters()``); others are dense."""
+        by_id = {}
+        for name, p in model.named_parameters():
+            m = masks.get(name)
+            by_id[id(p)] = (m.to(device=p.device, dtype=torch.bool) if m is not None
+                            else torch.ones_like(p, dtype=torch.bool))
+        return cls(process_group, by_id, config or PacTrainConfig())
+
+    def take_payload_bytes(self) -> int:
+        b, self.payload_bytes = self.payload_bytes, 0
+        return b
+
+    def compact_buckets(self) -> int:
+        return sum(1 for b in self._buckets.values() if b.kept is not None)
+
+    # ------------------------------------------------------------------ tracker
+    def reset(self, masks: dict[int, torch.Tensor] | None = None) -> None:
+        """Forget every bucket's tracking (call after re-pruning, with the new masks)."""
+        if masks is not None:
+            self.masks = masks
+        self._buckets.clear()
+
+    def _track(self, bucket) -> _Bucket:
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        b = self._buckets.get(key)
+        if b is not None and b.kept is not None:
+            return b  # stable and agreed: the hot path does no mask work (masks change only via reset)
+        flat = torch.cat([self.masks[id(p)].reshape(-1) for p in params]).to(bucket.buffer().dtype)
+        if b is None or not torch.equal(b.mask, flat):
+            b = self._buckets[key] = _Bucket(flat)  # new membership (rebuild) or changed mask
+        b.seen += 1
+        if b.kept is None and b.seen >= self.config.stable_iters and self._agreed(flat):
+            b.kept = flat.nonzero().squeeze(1)
+        return b
+
+    def _agreed(self, flat: torch.Tensor) -> bool:
+        """All ranks hold the same mask: compare a position-weighted checksum, MIN vs MAX."""
+        pos = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
+        s = (flat.double() * pos).sum().reshape(1)
+        lo, hi = s.clone(), s.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.process_group)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.process_group)
+        return bool(lo == hi)
+
+
+def _world(group) -> int:
+    return dist.get_world_size(group)
+
+
+def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: dense masked all-reduce until stable, then compact all-reduce."""
+    buf = bucket.buffer()
+    group = state.process_group
+    world = _world(group)
+    b = state._track(bucket)
+    if b.kept is None:  # not yet stable: dense all-reduce of the masked gradient
+        buf.mul_(b.mask)
+        state.payload_bytes += buf.numel() * buf.element_size()
+        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].div_(world))
+    compact = buf.index_select(0, b.kept)
+    if state.config.ternary:
+        return _ternary_allreduce(state, buf, compact, b.kept, world)
+    state.payload_bytes += compact.numel() * compact.element_size()
+    fut = dist.all_reduce(compact, group=group, async_op=True).get_future()
+
+    def scatter(f):
+        out = f.value()[0].div_(world)
+        buf.zero_()
+        return buf.index_copy_(0, b.kept, out)
+
+    return fut.then(scatter)
+
+
+def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Stochastic ternary quantisation: sign(x) * Bernoulli(|x| / scale), as int8.
+
+    ``scale * ternarize(x, scale)`` is an unbiased estimate of ``x`` when scale >= max |x|.
+    """
+    if float(scale) == 0.0:
+        return torch.zeros_like(x, dtype=torch.int8)
+    p = (x.abs() / scale).clamp_(0, 1)
+    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) < p
+    return (torch.sign(x) * keep).to(torch.int8)
+
+
+def _ternary_allreduce(state: PacTrainState, buf, compact, kept, world):
+    group = state.process_group
+    scale = compact.abs().max().reshape(1)
+    dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)  # 4 bytes, shared scale
+    q = ternarize(compact, scale[0], state._generator)
+    if world > 127:
+        raise RuntimeError("ternary int8 sums overflow beyond 127 ranks")
+    state.payload_bytes += scale.numel() * scale.element_size() + q.numel() * q.element_size()
+    fut = dist.all_reduce(q, group=group, async_op=True).get_future()
+
+    def scatter(f):
+        out = f.value()[0].to(buf.dtype).mul_(scale[0] / world)
+        buf.zero_()
+        return buf.index_copy_(0, kept, out)
+
+    return fut.then(scatter)
