@@ -11,34 +11,23 @@ Needs root and iperf3.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from testbed import Testbed, load_topology_dict
 from testbed.units import Rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.helpers import dumbbell  # noqa: E402
+from tests.helpers import dumbbell, iperf3  # noqa: E402
 
 RATES = "10mbit,35mbit,100mbit,500mbit,1gbit,2500mbit,5gbit,10gbit"
 TARGET = 0.95
 
 
 def goodput(tb: Testbed, seconds: float) -> float:
-    server = tb.spawn("w1", ["iperf3", "-s", "-1", "-B", tb.address("w1")], stdout=subprocess.DEVNULL)
-    time.sleep(0.6)
-    try:
-        r = tb.exec("w0", ["iperf3", "-c", tb.address("w1"), "-t", str(seconds), "-O", "1", "-J"],
-                    capture_output=True, text=True, timeout=seconds + 30)
-        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
-    finally:
-        server.kill()
-        server.wait()
+    return iperf3(tb, seconds, "-O", "1")["end"]["sum_received"]["bits_per_second"]
 
 
 def main() -> None:

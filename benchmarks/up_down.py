@@ -4,8 +4,8 @@ A star of N workers on one switch; above 1023 workers (a Linux bridge's port lim
 switches of 512 under a core switch. The floor creates the same kernel objects, read
 from testbed's own plan, with the fewest processes iproute2 allows: one `ip -batch` for
 the namespaces, then one `ip -n NS -batch` and one `tc -n NS -batch` per namespace
-(batch lines cannot switch namespace). Both are measured
-in the same run, since these machines are noisy. Needs root.
+(batch lines cannot switch namespace). Both are measured in the same run, since these
+machines are noisy. Needs root.
 
     sudo python -m benchmarks.up_down [--sizes 8,64,256,1024]
 """
@@ -18,9 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
-
 import ipaddress
+from pathlib import Path
 
 from testbed import Testbed, load_topology_dict
 from testbed.core import down

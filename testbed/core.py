@@ -30,7 +30,7 @@ from .net import netns, tc
 from .net.rtnl import Rtnl
 from .plan import (AddAddress, CreateBridge, CreateNetns, CreateVeth, Endpoint, NodeInfo, Plan, ShapeEgress,
                    action_to_dict, choose_subnet, make_plan)
-from .topology import Link, Shape, Topology, load_topology_dict
+from .topology import Link, Topology, load_topology_dict
 from .units import Duration, Loss, Rate
 
 Progress = Callable[[int, int, str], None]

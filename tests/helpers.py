@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
+
 
 def star(n: int, name: str = "star", rate: str = "1gbit", prefix: str = "w") -> dict:
     nodes = {"s0": {"kind": "switch"}}
@@ -27,3 +31,18 @@ def star_of_stars(n: int, name: str = "stars", rate: str = "1gbit", per_leaf: in
     links = [{"endpoints": [f"w{i}", f"leaf{i // per_leaf}"]} for i in range(n)]
     links += [{"endpoints": [f"leaf{j}", "core"], "bottleneck": True} for j in range(leaves)]
     return {"name": name, "defaults": {"link": {"rate": rate}}, "nodes": nodes, "links": links}
+
+
+def iperf3(tb, seconds: float, *extra: str, server: str = "w1", client: str = "w0") -> dict:
+    """One iperf3 TCP test client -> server inside a testbed; iperf3's JSON result."""
+    srv = tb.spawn(server, ["iperf3", "-s", "-1", "-B", tb.address(server)], stdout=subprocess.DEVNULL)
+    time.sleep(0.6)
+    try:
+        r = tb.exec(client, ["iperf3", "-c", tb.address(server), "-t", str(seconds), "-J", *extra],
+                    capture_output=True, text=True, timeout=seconds + 30)
+        if r.returncode != 0:
+            raise RuntimeError(f"iperf3 failed: {r.stdout[-2000:]}{r.stderr}")
+        return json.loads(r.stdout)
+    finally:
+        srv.kill()
+        srv.wait()

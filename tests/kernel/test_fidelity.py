@@ -1,8 +1,6 @@
 """Shaping fidelity: TCP goodput across a shaped path, and live rate changes."""
 
-import json
 import shutil
-import subprocess
 import threading
 import time
 
@@ -12,28 +10,15 @@ from testbed import Testbed, load_topology_dict
 from testbed.net import tc
 from testbed.net.rtnl import Rtnl
 from testbed.units import Rate
-from tests.helpers import dumbbell
+from tests.helpers import dumbbell, iperf3
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 not installed (apt-get install iperf3)")
-
-
-def iperf(tb, seconds: float, extra=()) -> dict:
-    server = tb.spawn("w1", ["iperf3", "-s", "-1", "-B", tb.address("w1")], stdout=subprocess.DEVNULL)
-    time.sleep(0.6)
-    try:
-        r = tb.exec("w0", ["iperf3", "-c", tb.address("w1"), "-t", str(seconds), "-J", *extra],
-                    capture_output=True, text=True, timeout=seconds + 30)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-        return json.loads(r.stdout)
-    finally:
-        server.kill()
-        server.wait()
 
 
 @pytest.mark.parametrize("rate", ["100mbit", "500mbit", "1gbit"])
 def test_tcp_goodput_matches_configured_rate(clean_kernel, rate):
     with Testbed.up(load_topology_dict(dumbbell(name="fid", rate=rate))) as tb:
-        res = iperf(tb, 3, ["-O", "1"])
+        res = iperf3(tb, 3, "-O", "1")
         goodput = res["end"]["sum_received"]["bits_per_second"]
         ratio = goodput / Rate.parse(rate).bps
         print(f"{rate}: goodput {goodput / 1e6:.1f} Mbit/s = {ratio:.3f} of the rate")
@@ -55,7 +40,7 @@ def test_link_set_takes_effect_within_a_second_on_a_running_flow(clean_kernel):
                     time.sleep(0.05)
 
         result = {}
-        flow = threading.Thread(target=lambda: result.update(iperf(tb, 6)))
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, 6)))
         flow.start()
         th = threading.Thread(target=sampler)
         th.start()

@@ -8,6 +8,7 @@ import pytest
 
 from testbed import Testbed, load_topology, load_topology_dict
 from testbed.errors import StateError, TestbedError
+from testbed.units import Rate
 from tests.helpers import dumbbell, star
 from tests.kernel.conftest import cli, cli_json, kernel_snapshot, run
 
@@ -88,7 +89,7 @@ def test_two_testbeds_at_once_do_not_interfere(clean_kernel):
         try:
             assert a.address("w1") == b.address("w1"), "same default subnet, separate namespaces"
             assert a.exec("w0", ["ping", "-c1", "-W2", a.address("w1")]).returncode == 0
-            a.set_links(a.find_links(bottleneck=True), rate=__import__("testbed").units.Rate.parse("10mbit"))
+            a.set_links(a.find_links(bottleneck=True), rate=Rate.parse("10mbit"))
             assert tc_rate("tbb", "l2a") == "100Mbit"
         finally:
             b.down()

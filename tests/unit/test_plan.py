@@ -4,7 +4,7 @@ import pytest
 
 from testbed import naming
 from testbed.errors import TopologyError
-from testbed.plan import AddAddress, CreateNetns, CreateVeth, ShapeEgress, choose_subnet, make_plan
+from testbed.plan import AddAddress, CreateNetns, CreateVeth, Endpoint, ShapeEgress, choose_subnet, make_plan
 from testbed.topology import load_topology_dict
 from tests.helpers import dumbbell, star, star_of_stars
 
@@ -42,7 +42,9 @@ def test_every_direction_is_shaped_on_its_own_egress():
     bn = [s for s in shapes if s.link == 2]
     assert {s.direction for s in bn} == {"forward", "reverse"}
     assert all(s.shape.rate.bps == 10**8 for s in bn)
-    assert plan.egress[(2, "forward")] == plan.egress[(2, "forward")]
+    # forward (s0 -> s1) leaves s0's end of the veth, reverse leaves s1's end
+    assert (plan.egress[(2, "forward")].ifname, plan.egress[(2, "reverse")].ifname) == ("l2a", "l2b")
+    assert plan.egress[(0, "forward")] == Endpoint("db.w0", "eth0")  # w0 -> s0 leaves the worker
 
 
 def test_objects_are_created_after_their_namespaces():

@@ -57,8 +57,9 @@ class PacTrainState:
     config: PacTrainConfig = field(default_factory=PacTrainConfig)
     payload_bytes: int = 0
     """Bytes this rank handed to collectives since the last ``take_payload_bytes``."""
+    generator: torch.Generator | None = None
+    """Random source of ternary rounding (None: torch's default generator)."""
     _buckets: dict[tuple[int, ...], _Bucket] = field(default_factory=dict)
-    _generator: torch.Generator | None = None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, masks: "dict[str, torch.Tensor]", process_group=None,
@@ -100,24 +101,28 @@ class PacTrainState:
         return b
 
     def _agreed(self, flat: torch.Tensor) -> bool:
-        """All ranks hold the same mask: compare a position-weighted checksum, MIN vs MAX."""
+        """All ranks hold the same mask: a position-weighted checksum has equal MIN and MAX.
+
+        One all-reduce (MAX) of [s, -s] yields [max s, -min s].
+        """
         pos = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
-        s = (flat.double() * pos).sum().reshape(1)
-        lo, hi = s.clone(), s.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.process_group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.process_group)
-        return bool(lo == hi)
+        s = (flat.double() * pos).sum()
+        t = torch.stack([s, -s])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        return bool(t[0] == -t[1])
 
 
-def _world(group) -> int:
-    return dist.get_world_size(group)
+def _scatter(buf: torch.Tensor, kept: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The bucket buffer with ``values`` at the kept positions and zeros elsewhere."""
+    buf.zero_()
+    return buf.index_copy_(0, kept, values)
 
 
 def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: dense masked all-reduce until stable, then compact all-reduce."""
     buf = bucket.buffer()
     group = state.process_group
-    world = _world(group)
+    world = dist.get_world_size(group)
     b = state._track(bucket)
     if b.kept is None:  # not yet stable: dense all-reduce of the masked gradient
         buf.mul_(b.mask)
@@ -129,13 +134,7 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
         return _ternary_allreduce(state, buf, compact, b.kept, world)
     state.payload_bytes += compact.numel() * compact.element_size()
     fut = dist.all_reduce(compact, group=group, async_op=True).get_future()
-
-    def scatter(f):
-        out = f.value()[0].div_(world)
-        buf.zero_()
-        return buf.index_copy_(0, b.kept, out)
-
-    return fut.then(scatter)
+    return fut.then(lambda f: _scatter(buf, b.kept, f.value()[0].div_(world)))
 
 
 def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -154,15 +153,9 @@ def _ternary_allreduce(state: PacTrainState, buf, compact, kept, world):
     group = state.process_group
     scale = compact.abs().max().reshape(1)
     dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)  # 4 bytes, shared scale
-    q = ternarize(compact, scale[0], state._generator)
+    q = ternarize(compact, scale[0], state.generator)
     if world > 127:
         raise RuntimeError("ternary int8 sums overflow beyond 127 ranks")
     state.payload_bytes += scale.numel() * scale.element_size() + q.numel() * q.element_size()
     fut = dist.all_reduce(q, group=group, async_op=True).get_future()
-
-    def scatter(f):
-        out = f.value()[0].to(buf.dtype).mul_(scale[0] / world)
-        buf.zero_()
-        return buf.index_copy_(0, kept, out)
-
-    return fut.then(scatter)
+    return fut.then(lambda f: _scatter(buf, kept, f.value()[0].to(buf.dtype).mul_(scale[0] / world)))
