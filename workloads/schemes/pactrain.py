@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ._common import Accounting, BucketKeys, ternarize, ternary_allreduce  # noqa: F401 (ternarize re-exported)
+
 
 @dataclass(frozen=True)
 class PacTrainConfig:
@@ -48,7 +50,7 @@ class _Bucket:
 
 
 @dataclass
-class PacTrainState:
+class PacTrainState(Accounting):
     """Internal state of the hook; masks are keyed by parameter identity."""
 
     process_group: dist.ProcessGroup | None
@@ -60,6 +62,7 @@ class PacTrainState:
     generator: torch.Generator | None = None
     """Random source of ternary rounding (None: torch's default generator)."""
     _buckets: dict[tuple[int, ...], _Bucket] = field(default_factory=dict)
+    _keys: BucketKeys = field(default_factory=BucketKeys)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, masks: "dict[str, torch.Tensor]", process_group=None,
@@ -72,10 +75,6 @@ class PacTrainState:
                             else torch.ones_like(p, dtype=torch.bool))
         return cls(process_group, by_id, config or PacTrainConfig())
 
-    def take_payload_bytes(self) -> int:
-        b, self.payload_bytes = self.payload_bytes, 0
-        return b
-
     def compact_buckets(self) -> int:
         return sum(1 for b in self._buckets.values() if b.kept is not None)
 
@@ -87,12 +86,11 @@ class PacTrainState:
         self._buckets.clear()
 
     def _track(self, bucket) -> _Bucket:
-        params = bucket.parameters()
-        key = tuple(id(p) for p in params)
+        key = self._keys(bucket)
         b = self._buckets.get(key)
         if b is not None and b.kept is not None:
             return b  # stable and agreed: the hot path does no mask work (masks change only via reset)
-        flat = torch.cat([self.masks[id(p)].reshape(-1) for p in params]).to(bucket.buffer().dtype)
+        flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()]).to(bucket.buffer().dtype)
         if b is None or not torch.equal(b.mask, flat):
             b = self._buckets[key] = _Bucket(flat)  # new membership (rebuild) or changed mask
         b.seen += 1
@@ -131,31 +129,19 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
         return fut.then(lambda f: f.value()[0].div_(world))
     compact = buf.index_select(0, b.kept)
     if state.config.ternary:
-        return _ternary_allreduce(state, buf, compact, b.kept, world)
+        fut, sent = ternary_allreduce(compact, group, state.generator)
+        state.payload_bytes += sent
+        return fut.then(lambda f: _scatter(buf, b.kept, f.value()))
     state.payload_bytes += compact.numel() * compact.element_size()
     fut = dist.all_reduce(compact, group=group, async_op=True).get_future()
     return fut.then(lambda f: _scatter(buf, b.kept, f.value()[0].div_(world)))
 
 
-def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Stochastic ternary quantisation: sign(x) * Bernoulli(|x| / scale), as int8.
-
-    ``scale * ternarize(x, scale)`` is an unbiased estimate of ``x`` when scale >= max |x|.
-    """
-    if float(scale) == 0.0:
-        return torch.zeros_like(x, dtype=torch.int8)
-    p = (x.abs() / scale).clamp_(0, 1)
-    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) < p
-    return (torch.sign(x) * keep).to(torch.int8)
-
-
-def _ternary_allreduce(state: PacTrainState, buf, compact, kept, world):
-    group = state.process_group
-    scale = compact.abs().max().reshape(1)
-    dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)  # 4 bytes, shared scale
-    q = ternarize(compact, scale[0], state.generator)
-    if world > 127:
-        raise RuntimeError("ternary int8 sums overflow beyond 127 ranks")
-    state.payload_bytes += scale.numel() * scale.element_size() + q.numel() * q.element_size()
-    fut = dist.all_reduce(q, group=group, async_op=True).get_future()
-    return fut.then(lambda f: _scatter(buf, kept, f.value()[0].to(buf.dtype).mul_(scale[0] / world)))
+def attach(ddp, opts, masks=None) -> PacTrainState:
+    """Register the hook on ``ddp``; ``masks`` by parameter name (None: nothing pruned)."""
+    state = PacTrainState.for_model(ddp.module, masks or {}, opts.process_group,
+                                    PacTrainConfig(stable_iters=opts.stable_iters, ternary=opts.ternary))
+    rank = dist.get_rank(opts.process_group)
+    state.generator = torch.Generator(device=opts.device).manual_seed(opts.seed * 1000 + rank)
+    ddp.register_comm_hook(state, pactrain_hook)
+    return state

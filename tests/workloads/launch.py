@@ -1,0 +1,67 @@
+"""Start N ``python -m workloads.train`` processes with torchrun's environment (for tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from workloads.records import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    out: Path
+    returncodes: list[int]
+    logs: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(rc == 0 for rc in self.returncodes)
+
+    def summary(self) -> dict:
+        import json
+        return json.loads((self.out / "summary.json").read_text())
+
+    def iters(self, rank: int = 0) -> list[dict]:
+        return read_jsonl(self.out / f"rank{rank}.jsonl")
+
+    def evals(self) -> list[dict]:
+        return read_jsonl(self.out / "eval.jsonl")
+
+
+def train(world: int, out: Path, *args: str, module: str = "workloads.train", timeout: float = 300,
+          env: dict | None = None) -> Result:
+    port = free_port()
+    procs, logs = [], []
+    for r in range(world):
+        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                 **(env or {}))
+        log = out.parent / f"{out.name}.rank{r}.log"
+        logs.append(log)
+        f = open(log, "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", module, "--out", str(out), *args], cwd=ROOT,
+                                       env=e, stdout=f, stderr=subprocess.STDOUT), f))
+    rcs = []
+    try:
+        for p, f in procs:
+            rcs.append(p.wait(timeout=timeout))
+            f.close()
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return Result(out, rcs, [Path(log).read_text() for log in logs])

@@ -1,0 +1,87 @@
+"""Unstructured pruning of conv/linear weights with one global mask.
+
+* ``magnitude``: keep the largest |w| over all prunable weights together.
+* ``grasp`` (Wang et al., 2020, as PacTrain uses it): score = -w * (H g), with g the
+  loss gradient and H g a Hessian-gradient product (double backward); the weights with
+  the highest scores are removed (those whose removal reduces gradient flow least).
+
+Exactly ``round(ratio * n)`` weights are removed (ties broken by position). The mask is
+computed on rank 0 and broadcast, so all ranks hold the same one whatever the data.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+METHODS = ("magnitude", "grasp")
+
+
+def prunable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Weights of conv and linear layers, by parameter name."""
+    out = {}
+    for mname, m in model.named_modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            out[f"{mname}.weight" if mname else "weight"] = m.weight
+    return out
+
+
+def _grasp_scores(model: nn.Module, batches, names: list[str]) -> list[torch.Tensor]:
+    model = copy.deepcopy(model)  # keep BN statistics and grads of the real model untouched
+    model.train()
+    params = dict(model.named_parameters())
+    ws = [params[n] for n in names]
+    g = [torch.zeros_like(w) for w in ws]
+    for x, y in batches:  # first pass: g, accumulated without a graph
+        grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), ws)
+        for a, b in zip(g, grads):
+            a.add_(b)
+    hg = [torch.zeros_like(w) for w in ws]
+    for x, y in batches:  # second pass: H g = d/dw (grad(loss) . g)
+        grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), ws, create_graph=True)
+        z = sum((a * b.detach()).sum() for a, b in zip(grads, g))
+        for a, b in zip(hg, torch.autograd.grad(z, ws)):
+            a.add_(b)
+    return [-(w.detach() * h) for w, h in zip(ws, hg)]
+
+
+def compute_masks(model: nn.Module, ratio: float, method: str = "magnitude", batches=None,
+                  process_group=None) -> dict[str, torch.Tensor]:
+    """Global masks (True = kept) by parameter name; identical on every rank."""
+    if not 0 <= ratio < 1:
+        raise ValueError(f"--prune-ratio must be in [0, 1), got {ratio}")
+    if method not in METHODS:
+        raise ValueError(f"unknown --prune-method {method!r}; choose one of: {', '.join(METHODS)}")
+    weights = prunable(model)
+    names = list(weights)
+    if method == "magnitude":
+        scores = [-w.detach().abs() for w in weights.values()]  # higher score = removed first
+    else:
+        if not batches:
+            raise ValueError("GraSP pruning needs at least one batch of training data")
+        scores = _grasp_scores(model, batches, names)
+    flat = torch.cat([s.reshape(-1) for s in scores])
+    remove = int(round(ratio * flat.numel()))
+    keep = torch.ones(flat.numel(), dtype=torch.uint8, device=flat.device)
+    if remove:
+        keep[flat.topk(remove, sorted=False).indices] = 0
+    if dist.is_initialized():  # rank 0's mask for everyone
+        dist.broadcast(keep, src=dist.get_global_rank(process_group, 0) if process_group else 0,
+                       group=process_group)
+    masks, off = {}, 0
+    for n in names:
+        w = weights[n]
+        masks[n] = keep[off:off + w.numel()].view_as(w).bool()
+        off += w.numel()
+    return masks
+
+
+@torch.no_grad()
+def apply_masks(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    """Zero the pruned weights in place."""
+    params = dict(model.named_parameters())
+    for n, m in masks.items():
+        params[n].mul_(m)

@@ -1,0 +1,101 @@
+"""Run directory records: per-rank iteration JSONL, evaluation JSONL, summary and config.
+
+Every line is flushed as it is written, so a crash loses at most the iteration in flight.
+
+Layout of ``--out DIR``::
+
+    config.json          arguments, world size, backend, versions (rank 0)
+    rank{R}.jsonl        one record per iteration of rank R (ITER_FIELDS)
+    eval.jsonl           one record per evaluation (EVAL_FIELDS, rank 0)
+    summary.json         the run's outcome (SUMMARY_FIELDS, rank 0, at the end)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ITER_FIELDS = {
+    "rank": "this process's rank",
+    "iter": "iteration number, from 1",
+    "epoch": "epoch number, from 0",
+    "time": "wall-clock time at the end of the iteration (Unix seconds)",
+    "iter_s": "seconds for the whole iteration (data, forward, backward incl. communication, step)",
+    "compute_s": "forward + backward computation seconds (DDP's own timers)",
+    "comm_s": "seconds from the first bucket's collective to the last one's completion (DDP's timers)",
+    "overlap_s": "part of comm_s that overlapped backward computation",
+    "loss": "this rank's training loss on its batch",
+    "payload_bytes": "bytes this rank handed to collectives in this iteration",
+    "tx_bytes": "interface transmit byte counter after the iteration (null without --iface)",
+    "rx_bytes": "interface receive byte counter after the iteration (null without --iface)",
+}
+EVAL_FIELDS = {
+    "iter": "iterations completed",
+    "epoch": "epoch number",
+    "time": "wall-clock time (Unix seconds)",
+    "train_s": "training seconds so far, evaluation excluded",
+    "accuracy": "top-1 test accuracy over the whole test set (all ranks' shards)",
+    "loss": "mean test loss",
+}
+SUMMARY_FIELDS = {
+    "scheme": "", "model": "", "dataset": "", "world_size": "", "backend": "",
+    "iterations": "iterations run", "epochs": "epochs run (fractional if stopped early)",
+    "wall_s": "seconds from the first iteration to the end, evaluations included",
+    "train_s": "training seconds, evaluations excluded",
+    "final_accuracy": "accuracy of the last evaluation",
+    "target_accuracy": "--target-acc or null",
+    "time_to_target_s": "train_s at the first evaluation reaching the target, or null",
+    "mean_iter_s": "mean iteration seconds (rank 0)",
+    "median_iter_s": "median iteration seconds (rank 0)",
+    "mean_payload_bytes": "mean over ranks and iterations of payload bytes per iteration",
+    "final_payload_bytes": "mean over ranks of the last iteration's payload bytes",
+    "dense_bytes": "bytes of all gradients (what allreduce sends per iteration)",
+}
+
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        self._f = open(path, "a", buffering=1, encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def iface_from_env(explicit: str | None) -> str | None:
+    """--iface, else the interface gloo/NCCL are pinned to (first of a list, no =/^ prefix)."""
+    name = explicit or os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+    if not name:
+        return None
+    name = name.split(",")[0].lstrip("=")
+    return None if name.startswith("^") or not name else name
+
+
+class IfaceCounters:
+    """tx/rx byte counters of one interface, from /sys/class/net (the caller's namespace)."""
+
+    def __init__(self, iface: str, sysfs: str = "/sys/class/net"):
+        self.iface = iface
+        base = Path(sysfs) / iface / "statistics"
+        self._tx, self._rx = base / "tx_bytes", base / "rx_bytes"
+        if not self._tx.exists():
+            raise ValueError(f"--iface {iface}: no such interface here ({base} is missing); "
+                             f"name the data-plane interface, e.g. eth0 inside a testbed node")
+
+    def read(self) -> tuple[int, int]:
+        return int(self._tx.read_text()), int(self._rx.read_text())

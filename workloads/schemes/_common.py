@@ -1,0 +1,67 @@
+"""Pieces shared by the hooks: payload accounting, bucket identity, ternary quantisation."""
+
+import torch
+import torch.distributed as dist
+
+
+class Accounting:
+    """Counts the bytes this rank hands to collectives (its input tensors)."""
+
+    payload_bytes: int = 0
+
+    def take_payload_bytes(self) -> int:
+        """Bytes since the last call (the train loop calls it once per iteration)."""
+        b, self.payload_bytes = self.payload_bytes, 0
+        return b
+
+
+class BucketKeys:
+    """Identify a DDP bucket by its parameters' identities, without a Python loop per call.
+
+    DDP rebuilds its buckets once (start of iteration 2): indices, lengths and membership
+    change, so per-bucket state must be keyed by the parameters a bucket holds. Building
+    that key walks the bucket's parameters; it is done once per distinct bucket buffer,
+    recognised afterwards by (index, buffer address, length), which stay fixed for the
+    life of a bucket.
+    """
+
+    def __init__(self):
+        self._keys: dict[tuple[int, int, int], tuple[int, ...]] = {}
+
+    def __call__(self, bucket) -> tuple[int, ...]:
+        buf = bucket.buffer()
+        fast = (bucket.index(), buf.data_ptr(), buf.numel())
+        key = self._keys.get(fast)
+        if key is None:
+            key = self._keys[fast] = tuple(id(p) for p in bucket.parameters())
+        return key
+
+
+def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Stochastic ternary quantisation: sign(x) * Bernoulli(|x| / scale), as int8.
+
+    ``scale * ternarize(x, scale)`` is an unbiased estimate of ``x`` when scale >= max |x|.
+    """
+    if float(scale) == 0.0:
+        return torch.zeros_like(x, dtype=torch.int8)
+    p = (x.abs() / scale).clamp_(0, 1)
+    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) < p
+    return (torch.sign(x) * keep).to(torch.int8)
+
+
+def ternary_allreduce(values: torch.Tensor, group, generator=None) -> tuple[torch.futures.Future, int]:
+    """Average ``values`` over ranks as TernGrad does; returns (future of the average, bytes sent).
+
+    The scale is shared (all-reduce MAX of max |g|, 4 bytes, blocking), every rank
+    quantises to {-1, 0, 1} with it, and the int8 values are summed: exact for up to 127
+    ranks. The future yields ``scale / world * sum`` in ``values``' dtype.
+    """
+    world = dist.get_world_size(group)
+    if world > 127:
+        raise RuntimeError(f"ternary int8 sums overflow beyond 127 ranks (world size {world})")
+    scale = values.abs().max().reshape(1).float()
+    dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
+    q = ternarize(values, scale[0].to(values.dtype), generator)
+    sent = scale.numel() * scale.element_size() + q.numel() * q.element_size()
+    fut = dist.all_reduce(q, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(values.dtype).mul_(scale[0] / world)), sent
