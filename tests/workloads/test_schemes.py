@@ -1,0 +1,141 @@
+"""Schemes' arithmetic across real gloo ranks; pruning masks; the registry."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from tests.workloads.dist_util import run
+from workloads import pruning, schemes
+from workloads.schemes._common import ternary_allreduce
+from workloads.schemes.topk import TopKState, topk_hook
+
+
+class _Bucket:
+    """Stand-in for dist.GradBucket in unit tests of a hook's arithmetic."""
+
+    def __init__(self, buf, params, index=0):
+        self._buf, self._params, self._index = buf, params, index
+
+    def buffer(self):
+        return self._buf
+
+    def parameters(self):
+        return self._params
+
+    def index(self):
+        return self._index
+
+
+def _topk(rank, world):
+    torch.manual_seed(0)
+    n, ratio, k = 1000, 0.01, 10
+    grads = [torch.randn(n) for _ in range(world)]  # every rank knows every rank's gradient
+    params = [nn.Parameter(torch.zeros(n))]
+    state = TopKState(ratio=ratio)
+    residuals = [torch.zeros(n) for _ in range(world)]
+    for it in range(4):
+        buf = grads[rank].clone() * (it + 1)
+        out = topk_hook(state, _Bucket(buf, params)).wait()
+        expected = torch.zeros(n)
+        for r in range(world):
+            acc = residuals[r] + grads[r] * (it + 1)
+            idx = acc.abs().topk(k).indices
+            expected[idx] += acc[idx]
+            acc[idx] = 0
+            residuals[r] = acc
+        torch.testing.assert_close(out, expected / world)
+        torch.testing.assert_close(state.residuals[(id(params[0]),)], residuals[rank])
+        assert state.take_payload_bytes() == k * 8  # fp32 values + int32 positions
+
+
+def test_topk_sends_k_values_and_positions_and_keeps_the_rest_as_error_feedback():
+    run(_topk, 2)
+
+
+def _terngrad_unbiased(rank, world):
+    torch.manual_seed(0)
+    xs = [torch.randn(500) * (r + 1) for r in range(world)]
+    target = sum(xs) / world
+    g = torch.Generator().manual_seed(10 + rank)
+    n, total = 1500, torch.zeros(500)
+    var = torch.zeros(500)
+    scale = max(float(x.abs().max()) for x in xs)
+    for x in xs:  # variance of scale * q for each rank's input, then of the average
+        var += (scale * x.abs() - x * x).clamp_min(0)
+    var /= world ** 2
+    for _ in range(n):
+        fut, sent = ternary_allreduce(xs[rank].clone(), None, g)
+        total += fut.wait()
+    assert sent == 4 + 500  # scale + int8 values
+    z = (total / n - target) / (var / n).sqrt().clamp_min(1e-12)
+    assert z.abs().max() < 5.5 and abs(float(z.mean())) < 0.15, "mean of quantisations converges to the mean"
+
+
+def test_terngrad_average_is_unbiased_across_ranks():
+    run(_terngrad_unbiased, 2)
+
+
+def test_registry_lists_the_choices():
+    assert list(schemes.SCHEMES) == ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain"]
+    with pytest.raises(ValueError, match="unknown scheme 'topk2'; choose one of: allreduce, fp16, topk"):
+        schemes.get("topk2")
+
+
+def _net():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 0.8])
+def test_magnitude_pruning_removes_exactly_the_smallest_weights(ratio):
+    model = _net()
+    masks = pruning.compute_masks(model, ratio, "magnitude")
+    assert set(masks) == {"0.weight", "3.weight"}  # conv and linear weights, not biases
+    w = torch.cat([p.detach().abs().reshape(-1) for n, p in model.named_parameters() if n in masks])
+    m = torch.cat([masks[n].reshape(-1) for n in masks])
+    assert int((~m).sum()) == round(ratio * w.numel())
+    if 0 < ratio:
+        assert w[m].min() >= w[~m].max(), "every kept weight is at least as large as every removed one"
+
+
+def test_grasp_scores_are_minus_weight_times_hessian_gradient_product():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 2, bias=False))
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    names = ["0.weight", "2.weight"]
+    scores = pruning._grasp_scores(model, [(x, y)], names)
+    # brute force: full Hessian of the loss over both weight matrices, times the gradient
+    shapes = [model[0].weight.shape, model[2].weight.shape]
+    flat0 = torch.cat([model[0].weight.detach().reshape(-1), model[2].weight.detach().reshape(-1)])
+
+    def loss(flat):
+        w1 = flat[:12].view(shapes[0])
+        w2 = flat[12:].view(shapes[1])
+        return nn.functional.cross_entropy(torch.tanh(x @ w1.T) @ w2.T, y)
+    g = torch.autograd.grad(loss(flat0.requires_grad_()), flat0)[0]
+    h = torch.autograd.functional.hessian(loss, flat0.detach())
+    expected = -(flat0.detach() * (h @ g))
+    torch.testing.assert_close(torch.cat([s.reshape(-1) for s in scores]), expected, rtol=1e-4, atol=1e-7)
+    masks = pruning.compute_masks(model, 0.5, "grasp", [(x, y)])
+    kept = torch.cat([masks[n].reshape(-1) for n in names])
+    assert int((~kept).sum()) == 9
+    assert expected[~kept].min() >= expected[kept].max(), "the highest scores are removed"
+
+
+def _masks_agree(rank, world):
+    torch.manual_seed(rank)  # different weights on every rank
+    model = _net()
+    masks = pruning.compute_masks(model, 0.5, "magnitude")
+    flat = torch.cat([masks[n].reshape(-1) for n in sorted(masks)]).to(torch.uint8)
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(gathered[0], t) for t in gathered), "rank 0's mask everywhere"
+    if rank == 0:
+        assert math.isclose(float(flat.float().mean()), 0.5, abs_tol=1e-3)
+
+
+def test_pruning_mask_is_identical_on_all_ranks_even_when_weights_differ():
+    run(_masks_agree, 3)

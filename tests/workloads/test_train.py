@@ -1,0 +1,139 @@
+"""End-to-end: python -m workloads.train in several gloo processes, judged by its records."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.workloads.launch import ROOT, free_port, train
+from workloads.records import ITER_FIELDS, SUMMARY_FIELDS, read_jsonl
+from workloads.train import main
+
+pytestmark = pytest.mark.slow
+
+ALL = ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("scheme", ALL)
+def test_every_scheme_reaches_90_percent_on_digits(scheme, world, tmp_path):
+    r = train(world, tmp_path / "run", "--scheme", scheme, "--dataset", "digits", "--model", "cnn",
+              "--epochs", "12", "--target-acc", "0.9", "--stop-at-target", "--log-every", "0")
+    assert r.ok, r.logs
+    s = r.summary()
+    assert set(SUMMARY_FIELDS) <= set(s)
+    assert s["final_accuracy"] >= 0.9 and s["time_to_target_s"] is not None, s
+    assert s["world_size"] == world and s["scheme"] == scheme
+    evals = r.evals()
+    assert evals[-1]["accuracy"] == s["final_accuracy"] and evals[-1]["train_s"] == s["time_to_target_s"]
+    for rank in range(world):
+        recs = r.iters(rank)
+        assert [x["iter"] for x in recs] == list(range(1, s["iterations"] + 1))
+        assert set(recs[0]) == set(ITER_FIELDS)
+        assert all(x["compute_s"] > 0 and x["comm_s"] >= 0 and x["payload_bytes"] > 0 for x in recs)
+
+
+def _last_payload(r, world):
+    """Mean over ranks of the last iteration's payload, from the records."""
+    return sum(r.iters(k)[-1]["payload_bytes"] for k in range(world)) / world
+
+
+def test_payload_bytes_match_what_each_scheme_promises(tmp_path):
+    common = ["--dataset", "digits", "--max-iters", "8", "--log-every", "0", "--iface", "lo"]
+    dense_run = train(2, tmp_path / "allreduce", "--scheme", "allreduce", *common)
+    assert dense_run.ok, dense_run.logs
+    dense = _last_payload(dense_run, 2)
+    assert dense == dense_run.summary()["dense_bytes"]
+    # the interface counters are real: gloo's traffic over lo is at least half of what
+    # the two ranks handed to all-reduce (each must send at least half of its buffer)
+    recs = [dense_run.iters(k) for k in range(2)]
+    tx = [x["tx_bytes"] for x in recs[0]]
+    assert all(b >= a for a, b in zip(tx, tx[1:]))
+    assert tx[-1] - tx[0] >= sum(x["payload_bytes"] for rs in recs for x in rs[1:]) / 2
+
+    ratios = {}
+    for name, args in {"p50": ["--prune-ratio", "0.5"], "p80": ["--prune-ratio", "0.8"],
+                       "p50t": ["--prune-ratio", "0.5", "--ternary"]}.items():
+        r = train(2, tmp_path / name, "--scheme", "pactrain", *args, *common)
+        assert r.ok, r.logs
+        ratios[name] = _last_payload(r, 2) / dense
+        first = r.iters(0)[0]["payload_bytes"]
+        assert first == dense, "dense masked all-reduce until the tracker is stable"
+    # only conv/linear weights are pruned; biases stay dense (0.04 % of this CNN)
+    assert ratios["p50"] == pytest.approx(0.5, rel=0.02)
+    assert ratios["p80"] == pytest.approx(0.2, rel=0.02)
+    assert ratios["p50t"] / ratios["p50"] == pytest.approx(0.25, rel=0.02), "int8 instead of fp32"
+    for ratio in ("0.1", "0.01"):
+        r = train(2, tmp_path / f"topk{ratio}", "--scheme", "topk", "--topk-ratio", ratio, *common)
+        assert r.ok, r.logs
+        assert _last_payload(r, 2) / dense == pytest.approx(2 * float(ratio), rel=0.02), "values + int32 positions"
+    r = train(2, tmp_path / "fp16", "--scheme", "fp16", *common)
+    assert _last_payload(r, 2) / dense == 0.5
+
+
+def test_same_seed_same_losses(tmp_path):
+    args = ["--scheme", "pactrain", "--dataset", "digits", "--max-iters", "6", "--log-every", "0"]
+    a = train(2, tmp_path / "a", *args)
+    b = train(2, tmp_path / "b", *args)
+    c = train(2, tmp_path / "c", *args, "--seed", "1")
+    assert a.ok and b.ok and c.ok
+    la, lb, lc = ([x["loss"] for x in r.iters(1)] for r in (a, b, c))
+    assert la == lb
+    assert la != lc
+
+
+def test_runs_under_plain_torchrun_as_documented(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun) if torchrun.exists() else sys.executable, *([] if torchrun.exists() else ["-m", "torch.distributed.run"]),
+           "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "workloads.train", "--scheme", "pactrain", "--dataset", "digits", "--epochs", "1",
+           "--out", str(tmp_path / "run")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = __import__("json").loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["epochs"] == 1.0
+    assert len(read_jsonl(tmp_path / "run" / "rank1.jsonl")) == s["iterations"]
+    assert "eval: iteration" in p.stdout
+
+
+def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
+    ck = tmp_path / "cnn.pt"
+    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", "--epochs", "2", "--out", str(ck)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    saved = torch.load(ck, weights_only=True)["accuracy"]
+    # lr 0: the weights stay those of the checkpoint, so the accuracy is the checkpoint's
+    r = train(2, tmp_path / "run", "--init", str(ck), "--lr", "0", "--max-iters", "1", "--eval-every", "1")
+    assert r.ok, r.logs
+    assert r.summary()["final_accuracy"] == pytest.approx(saved, abs=1e-9)
+    bad = train(1, tmp_path / "bad", "--init", str(ck), "--model", "resnet18", "--depth", "1", "--width", "0.1")
+    assert bad.returncodes == [2]
+    assert "holds a 'cnn' model, but --model is 'resnet18'" in bad.logs[0] and "Traceback" not in bad.logs[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--scheme", "topk2"], "unknown scheme 'topk2'; choose one of: allreduce"),
+    (["--dataset", "cifar10"], "--dataset cifar10 needs --data-dir"),
+    (["--model", "alexnet"], "unknown model 'alexnet'; choose one of"),
+    (["--init", "/nonexistent.pt"], "--init /nonexistent.pt: no such file"),
+    (["--iface", "nosuch0"], "--iface nosuch0: no such interface"),
+    (["--scheme", "pactrain", "--prune-ratio", "1.5"], "--prune-ratio must be in [0, 1)"),
+])
+def test_bad_input_is_a_clear_error(argv, message, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path), "--max-iters", "1"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the NCCL path cannot run here")
+@pytest.mark.parametrize("scheme", ALL + ["pactrain-ternary"])
+def test_nccl_on_gpu(scheme, tmp_path):
+    world = min(2, torch.cuda.device_count())
+    extra = ["--ternary"] if scheme.endswith("ternary") else []
+    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    r = train(world, tmp_path / "run", "--scheme", scheme.split("-")[0], *extra, "--backend", "nccl",
+              "--dataset", "digits", "--epochs", "12", "--target-acc", "0.9", "--stop-at-target", env=env)
+    assert r.ok, r.logs
+    s = r.summary()
+    assert s["backend"] == "nccl" and s["final_accuracy"] >= 0.9
