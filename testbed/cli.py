@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -301,6 +302,169 @@ def exec(
         os.execv(argv[0], argv)
 
 
+# --------------------------------------------------------------------------- run
+
+# What the plain `testbed run SCHEME` trains: a bundled real dataset and a model that finish
+# in a few minutes on a 2-core CPU machine with eight ranks.
+RUN_DEFAULTS = {"model": "cnn", "dataset": "digits", "epochs": 15.0, "batch_size": 32}
+
+
+def _workload_args(*, model, width, depth, dataset, data_dir, epochs, max_iters, batch_size, lr, target_acc,
+                   stop_at_target, seed, prune_ratio, prune_method, ternary, topk_ratio, init, backend,
+                   eval_every, extra) -> list[str]:
+    """The command line of `python -m workloads.train` (no shell ever sees it)."""
+    args = ["--model", model, "--dataset", dataset, "--epochs", str(epochs), "--batch-size", str(batch_size),
+            "--seed", str(seed), "--backend", backend]
+    for flag, value in (("--width", width), ("--depth", depth), ("--data-dir", data_dir),
+                        ("--max-iters", max_iters), ("--lr", lr), ("--target-acc", target_acc),
+                        ("--prune-ratio", prune_ratio), ("--prune-method", prune_method),
+                        ("--topk-ratio", topk_ratio), ("--init", init), ("--eval-every", eval_every)):
+        if value is not None:
+            args += [flag, str(value)]
+    if ternary:
+        args.append("--ternary")
+    if stop_at_target:
+        args.append("--stop-at-target")
+    return args + list(extra)
+
+
+def _check_workload(scheme: str, args: list[str]) -> None:
+    try:
+        from workloads.train import check
+    except ImportError as e:
+        raise TestbedError(f"the training workloads cannot be imported ({e})",
+                           "install torch first (pip install torch==2.13.0), then pip install '.[train]'") from None
+    try:
+        check(["--scheme", scheme, *args])
+    except ValueError as e:
+        raise TestbedError(f"workload: {e}", "see python -m workloads.train --help") from None
+
+
+def _status_table(st) -> Table:
+    t = Table.grid(padding=(0, 2))
+    it = f"{st.iteration}/{st.total}" if st.total else str(st.iteration)
+    t.add_row("iteration", it, "epoch", str(st.epoch), "loss", "-" if st.loss is None else f"{st.loss:.4f}",
+              "accuracy", "-" if st.accuracy is None else f"{st.accuracy:.4f}")
+    for name, u in sorted(st.utilisation.items()):
+        t.add_row("", "", "", "", "link", name, "utilisation", f"{u:.0%}")
+    return t
+
+
+WorkloadOpts = dict(
+    model=typer.Option(RUN_DEFAULTS["model"], "--model", help="cnn, resnet18, resnet152, vgg19, vit_b16."),
+    width=typer.Option(None, "--width", help="Model width multiplier."),
+    depth=typer.Option(None, "--depth", help="Model depth cap."),
+    dataset=typer.Option(RUN_DEFAULTS["dataset"], "--dataset", help="digits (bundled), cifar10, cifar100, synthetic."),
+    data_dir=typer.Option(None, "--data-dir", help="Directory with the CIFAR python-pickle folders."),
+    epochs=typer.Option(RUN_DEFAULTS["epochs"], "--epochs", help="Epochs (fractions allowed)."),
+    max_iters=typer.Option(None, "--max-iters", help="Stop after this many iterations."),
+    batch_size=typer.Option(RUN_DEFAULTS["batch_size"], "--batch-size", help="Per worker."),
+    lr=typer.Option(None, "--lr", help="Learning rate (workload default 0.05)."),
+    target_acc=typer.Option(None, "--target-acc", help="Accuracy (0-1) for time-to-accuracy."),
+    stop_at_target=typer.Option(False, "--stop-at-target", help="Stop once --target-acc is reached."),
+    seed=typer.Option(0, "--seed"),
+    prune_ratio=typer.Option(None, "--prune-ratio", help="pactrain: fraction pruned (0.5)."),
+    prune_method=typer.Option(None, "--prune-method", help="pactrain: magnitude or grasp."),
+    ternary=typer.Option(False, "--ternary", help="pactrain: ternary compact tensor."),
+    topk_ratio=typer.Option(None, "--topk-ratio", help="topk: fraction sent (0.01)."),
+    init=typer.Option(None, "--init", help="Checkpoint from python -m workloads.pretrain."),
+    backend=typer.Option("auto", "--backend", help="auto, gloo or nccl."),
+    eval_every=typer.Option(None, "--eval-every", help="Iterations between evaluations (default: each epoch)."),
+)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def run(
+    ctx: typer.Context,
+    scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad or pactrain."),
+    bw: Optional[str] = typer.Option(None, "--bw", help="Rate of the bottleneck links for this run, e.g. 100mbit."),
+    topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
+    testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", help="Directory for run directories."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds without progress from any rank before the run is stopped."),
+    model: str = WorkloadOpts["model"], width: Optional[float] = WorkloadOpts["width"],
+    depth: Optional[int] = WorkloadOpts["depth"], dataset: str = WorkloadOpts["dataset"],
+    data_dir: Optional[Path] = WorkloadOpts["data_dir"], epochs: float = WorkloadOpts["epochs"],
+    max_iters: Optional[int] = WorkloadOpts["max_iters"], batch_size: int = WorkloadOpts["batch_size"],
+    lr: Optional[float] = WorkloadOpts["lr"], target_acc: Optional[float] = WorkloadOpts["target_acc"],
+    stop_at_target: bool = WorkloadOpts["stop_at_target"], seed: int = WorkloadOpts["seed"],
+    prune_ratio: Optional[float] = WorkloadOpts["prune_ratio"], prune_method: Optional[str] = WorkloadOpts["prune_method"],
+    ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
+    init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
+    eval_every: Optional[int] = WorkloadOpts["eval_every"],
+    as_json: bool = JsonOpt,
+):
+    """Train SCHEME across the emulated network, one rank per worker, and record everything.
+
+    Without --testbed, brings up --topology (three_switch by default) and removes it after.
+    Arguments after `--` go to `python -m workloads.train` unchanged.
+    """
+    with _guard(as_json):
+        from .experiment import RunRequest
+        from .experiment import run as run_experiment
+        from .units import Rate, UnitError
+
+        try:
+            rate = Rate.parse(bw) if bw is not None else None
+        except UnitError as e:
+            raise TestbedError(f"--bw: {e}") from None
+        if timeout <= 0:
+            raise TestbedError(f"--timeout must be > 0, got {timeout}")
+        wargs = _workload_args(model=model, width=width, depth=depth, dataset=dataset, data_dir=data_dir,
+                               epochs=epochs, max_iters=max_iters, batch_size=batch_size, lr=lr,
+                               target_acc=target_acc, stop_at_target=stop_at_target, seed=seed,
+                               prune_ratio=prune_ratio, prune_method=prune_method, ternary=ternary,
+                               topk_ratio=topk_ratio, init=init, backend=backend, eval_every=eval_every,
+                               extra=ctx.args)
+        _check_workload(scheme, wargs)
+        if not as_json:
+            err.print(f"[bold]testbed run {scheme}[/]: model {model}, dataset {dataset}, {epochs:g} epochs, "
+                      f"batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
+                      f"{testbed or topology or 'three_switch (default)'}", highlight=False)
+        req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
+                         out=out_dir, timeout=timeout)
+        summary = _run_with_display(req, run_experiment, as_json)
+        if as_json:
+            _emit(summary)
+        else:
+            _render_summary(summary)
+
+
+def _run_with_display(req, run_experiment, as_json: bool) -> dict:
+    from rich.live import Live
+
+    live_on = not as_json and err.is_terminal
+    with Live(console=err, refresh_per_second=2, transient=True) if live_on else contextlib.nullcontext() as live:
+        def on_status(st):
+            if live is not None:
+                live.update(_status_table(st))
+
+        def on_message(m):
+            if not as_json:
+                err.print(m, highlight=False, markup=False)
+        return run_experiment(req, on_status=on_status, on_message=on_message)
+
+
+def _render_summary(s: dict) -> None:
+    t = Table("run", s["run_id"], show_header=True)
+    tta = s.get("time_to_target_s")
+    rows = [
+        ("scheme", s["scheme"]), ("bottleneck", str(s.get("bw"))), ("ranks", str(s.get("world_size"))),
+        ("iterations", str(s.get("iterations"))), ("final accuracy", f"{s.get('final_accuracy') or 0:.4f}"),
+        ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
+         ("-" if tta is None else f"{tta:.1f} s")),
+        ("mean iteration", f"{s.get('mean_iter_s', 0) * 1000:.0f} ms"),
+        ("payload / iteration", f"{s.get('mean_payload_bytes', 0):,.0f} B"),
+        ("bottleneck bytes / iteration", f"{s['bottleneck'].get('bytes_per_iteration') or 0:,.0f} B"),
+        ("bottleneck utilisation", f"mean {s['bottleneck'].get('mean_utilisation') or 0:.0%}, "
+                                   f"max {s['bottleneck'].get('max_utilisation') or 0:.0%}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
+    out.print(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)", highlight=False)
+
+
 # --------------------------------------------------------------------------- doctor
 
 
@@ -336,9 +500,9 @@ def main() -> None:
         if f.as_json:
             _emit(f.error.to_dict())
         else:
-            err.print(f"[red]error:[/] {f.error.message}", highlight=False)
+            err.print(f"[red]error:[/] {escape(f.error.message)}", highlight=False)
             if f.error.hint:
-                err.print(f"  [yellow]hint:[/] {f.error.hint}", highlight=False)
+                err.print(f"  [yellow]hint:[/] {escape(f.error.hint)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]")

@@ -360,17 +360,24 @@ class Testbed:
             Ledger(self.name).write_state(state)
         return [new_links[i] for i in wanted]
 
-    def link_stats(self) -> list[dict]:
-        """Per link and direction: shape in force and live egress counters."""
+    def link_counters(self, links: Iterable[Link] | None = None) -> dict[tuple[int, str], dict]:
+        """Live egress counters (bytes, packets, drops, ...) per (link index, direction)."""
+        wanted = None if links is None else {l.index for l in links}
         by_ns: dict[str, list[tuple[int, str, Endpoint]]] = {}
         for (idx, d), ep in self.egress.items():
-            by_ns.setdefault(ep.ns, []).append((idx, d, ep))
+            if wanted is None or idx in wanted:
+                by_ns.setdefault(ep.ns, []).append((idx, d, ep))
         counters: dict[tuple[int, str], dict] = {}
         for ns, eps in by_ns.items():
             with Rtnl.open(ns) as rt:
                 stats = tc.egress_stats(rt)
                 for idx, d, ep in eps:
                     counters[(idx, d)] = stats.get(rt.index(ep.ifname), {})
+        return counters
+
+    def link_stats(self) -> list[dict]:
+        """Per link and direction: shape in force and live egress counters."""
+        counters = self.link_counters()
         out = []
         for l in self.topology.links:
             row = _link_dict(l, self.egress)

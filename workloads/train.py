@@ -30,9 +30,19 @@ from workloads.checkpoint import CheckpointError, load_into
 from workloads.models import MODELS, build_model
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Parser(argparse.ArgumentParser):
+    raise_errors = False
+
+    def error(self, message):
+        if self.raise_errors:
+            raise ValueError(message)
+        super().error(message)
+
+
+def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
+    p = _Parser(prog="python -m workloads.train", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.raise_errors = raise_errors
     p.add_argument("--scheme", default="allreduce", help=f"one of: {', '.join(schemes.SCHEMES)}")
     p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODELS)}")
     p.add_argument("--width", type=float, default=1.0, help="channel/embedding multiplier")
@@ -170,6 +180,31 @@ def evaluate(model: nn.Module, ds: data.Dataset, rank: int, world: int, device, 
 
 
 # ---------------------------------------------------------------- main
+def check(argv) -> argparse.Namespace:
+    """Validate a command line without training (raises ValueError saying what to fix).
+
+    For launchers (``testbed run``) that must refuse bad input before building anything.
+    """
+    args = parse_args(argv, raise_errors=True)
+    scheme = schemes.get(args.scheme)
+    ds = data.load(args.dataset, args.data_dir)
+    model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
+    if args.init:
+        if not Path(args.init).is_file():
+            raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
+        load_into(model, args.init, args.model)
+    if scheme.prunes:
+        if not 0 <= args.prune_ratio < 1:
+            raise ValueError(f"--prune-ratio must be in [0, 1), got {args.prune_ratio}")
+        if args.prune_method not in pruning.METHODS:
+            raise ValueError(f"unknown --prune-method {args.prune_method!r}; choose one of: {', '.join(pruning.METHODS)}")
+    if not 0 < args.topk_ratio <= 1:
+        raise ValueError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
+    if args.powersgd_start_iter < 2:
+        raise ValueError(f"--powersgd-start-iter must be >= 2, got {args.powersgd_start_iter}")
+    return args
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

@@ -1,0 +1,351 @@
+"""`testbed run`: one training run of a scheme across an emulated network.
+
+    run(request) -> summary
+      testbed: attach to --testbed NAME (left up), or bring up the topology (torn down after)
+      --bw: set on the bottleneck links for the run, previous rates restored afterwards
+      tc byte counters of the bottleneck links read at start and end (and sampled into
+        links.jsonl every second): the proof that the collectives crossed the shaped links
+      one rank per worker (testbed.launch), records into runs/<run_id>/
+      summary.json: the workload's summary plus bw, topology, wire bytes, utilisation,
+        versions, status
+
+Failures (a rank dies or hangs, Ctrl-C, SIGTERM) stop every rank, restore the shaping and
+remove what the run created; the records written so far stay.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .core import DIRECTIONS, Testbed, list_testbeds
+from .errors import TestbedError
+from .launch import Launcher, RankFailed
+from .topology import Link, load_topology
+from .units import Rate
+
+DEFAULT_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies" / "three_switch.yaml"
+MIN_WIRE_FRACTION = 0.25
+"""The bottlenecks must carry at least this fraction of the bytes one rank handed to
+collectives. An all-reduce or all-gather across a cut moves at least a full vector per
+direction, so a real run is far above it (2x to 7x on the shipped topologies)."""
+
+
+class RunInterrupted(TestbedError):
+    pass
+
+
+class TrafficBypassed(TestbedError):
+    pass
+
+
+@dataclass
+class RunRequest:
+    scheme: str
+    workload_args: list[str]
+    """Arguments for ``python -m workloads.train`` other than --scheme/--out/--iface."""
+    topology: Path | None = None
+    testbed: str | None = None
+    bw: Rate | None = None
+    out: Path = Path("runs")
+    timeout: float = 300.0
+    run_id: str | None = None
+    extra: dict = field(default_factory=dict)
+    """Stored in summary.json under "request" (e.g. the sweep's repeat number)."""
+
+
+@dataclass
+class Status:
+    """What the progress display shows; refreshed about twice a second."""
+
+    run_dir: Path
+    world: int = 0
+    iteration: int = 0
+    total: int | None = None
+    epoch: int = 0
+    loss: float | None = None
+    accuracy: float | None = None
+    utilisation: dict[str, float] = field(default_factory=dict)
+    """"link direction" -> fraction of the configured rate over the last second."""
+
+
+def new_run_id(out: Path, scheme: str, bw: Rate | None) -> str:
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{scheme}-{bw if bw else 'asis'}"
+    rid, n = base, 1
+    while (out / rid).exists():
+        n += 1
+        rid = f"{base}-{n}"
+    return rid
+
+
+def _code_version() -> str:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=5)
+        return r.stdout.strip() if r.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+class _Tail:
+    """The last JSON record of a growing JSONL file, read incrementally."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos, self.last, self._buf = path, 0, None, ""
+
+    def poll(self) -> dict | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+                self.pos = f.tell()
+        except FileNotFoundError:
+            return self.last
+        self._buf += chunk
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            if line.strip():
+                self.last = json.loads(line)
+        return self.last
+
+
+class _LinkSampler:
+    """Samples the bottleneck counters into links.jsonl and the live utilisation."""
+
+    def __init__(self, tb: Testbed, links: list[Link], path: Path):
+        self.tb, self.links, self.f = tb, links, open(path, "a", buffering=1, encoding="utf-8")
+        self.prev: dict | None = None
+        self.prev_t = 0.0
+        self.util: dict[str, float] = {}
+
+    def sample(self) -> dict:
+        now = time.time()
+        counters = self.tb.link_counters(self.links)
+        if self.prev is not None and now > self.prev_t:
+            dt = now - self.prev_t
+            for l in self.links:
+                for d in DIRECTIONS:
+                    c, p = counters.get((l.index, d), {}), self.prev.get((l.index, d), {})
+                    rate = l.shape(d).rate.bps
+                    delta = c.get("bytes", 0) - p.get("bytes", 0)
+                    util = delta * 8 / dt / rate
+                    self.util[f"{l.name} {d}"] = util
+                    self.f.write(json.dumps({"time": now, "link": l.name, "direction": d,
+                                             "bytes": c.get("bytes", 0), "drops": c.get("drops", 0),
+                                             "rate_bps": rate, "bytes_per_s": delta / dt,
+                                             "utilisation": util}) + "\n")
+        self.prev, self.prev_t = counters, now
+        return counters
+
+    def close(self):
+        self.f.close()
+
+
+def _install_signals() -> Callable[[], None]:
+    """SIGTERM (and SIGHUP) behave like Ctrl-C: unwind through the cleanup."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
+def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
+        on_message: Callable[[str], None] | None = None) -> dict:
+    say = on_message or (lambda m: None)
+    restore_signals = _install_signals()
+    tb: Testbed | None = None
+    created = False
+    restore: list[tuple[Link, str, Rate]] = []
+    launcher: Launcher | None = None
+    sampler: _LinkSampler | None = None
+    run_dir: Path | None = None
+    try:
+        if req.testbed:
+            tb = Testbed.attach(req.testbed)
+        else:
+            topo = load_topology(req.topology or DEFAULT_TOPOLOGY)
+            if any(t["name"] == topo.name for t in list_testbeds()):
+                raise TestbedError(f"a testbed named '{topo.name}' is already up",
+                                   f"run on it with --testbed {topo.name}, or take it down first")
+            say(f"bringing up {topo.name} ({len(topo.workers)} workers)")
+            tb = Testbed.up(topo)
+            created = True
+        if len(tb.workers) < 1:
+            raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
+        bottlenecks = [l for l in tb.topology.links if l.bottleneck]
+        if not bottlenecks:
+            raise TestbedError(f"testbed '{tb.name}' has no bottleneck links, so the run cannot prove "
+                               f"its traffic crossed shaped links",
+                               "mark the links between switches with 'bottleneck: true' in the topology")
+        if req.bw is not None:
+            for l in bottlenecks:
+                for d in DIRECTIONS:
+                    restore.append((l, d, l.shape(d).rate))
+            tb.set_links(bottlenecks, rate=req.bw)
+        bottlenecks = [l for l in tb.topology.links if l.bottleneck]  # the shapes now in force
+
+        run_id = req.run_id or new_run_id(req.out, req.scheme, req.bw)
+        run_dir = req.out / run_id
+        run_dir.mkdir(parents=True, exist_ok=False)
+        shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
+        request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
+                   "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+        (run_dir / "run.json").write_text(json.dumps({
+            "run_id": run_id, "request": request, "bottlenecks": shapes,
+            "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu}
+                        for w in tb.workers],
+            "testbed_version": __version__, "code_version": _code_version()}, indent=2) + "\n")
+        (run_dir / "topology.json").write_text(json.dumps(tb.topology.to_dict(), indent=2) + "\n")
+
+        argv = ["workloads.train", "--scheme", req.scheme, *req.workload_args, "--out", str(run_dir.resolve())]
+        sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
+        start_counters = sampler.sample()
+        t_start = time.time()
+        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout)
+        say(f"run {run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
+        launcher.start()
+        status = Status(run_dir, world=len(tb.workers))
+        rank0, evals = _Tail(run_dir / "rank0.jsonl"), _Tail(run_dir / "eval.jsonl")
+        last_sample = [time.monotonic()]
+
+        def tick():
+            if time.monotonic() - last_sample[0] >= 1.0:
+                sampler.sample()
+                last_sample[0] = time.monotonic()
+                status.utilisation = dict(sampler.util)
+            r, e = rank0.poll(), evals.poll()
+            if r:
+                status.iteration, status.epoch, status.loss = r["iter"], r["epoch"], r["loss"]
+            if e:
+                status.accuracy = e["accuracy"]
+            if status.total is None and (run_dir / "config.json").exists():
+                try:
+                    status.total = json.loads((run_dir / "config.json").read_text())["iterations"]
+                except (ValueError, KeyError):
+                    pass
+            if on_status:
+                on_status(status)
+
+        launcher.wait(tick)
+        end_counters = sampler.sample()
+        duration = time.time() - t_start
+        summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
+        _write(run_dir / "summary.json", summary)
+        payload = (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
+        wire = summary["bottleneck"]["bytes"]
+        if payload and wire < MIN_WIRE_FRACTION * payload:
+            summary["status"] = "bypassed"
+            _write(run_dir / "summary.json", summary)
+            raise TrafficBypassed(
+                f"the collective traffic did not cross the bottleneck links: they carried {wire} bytes while "
+                f"each rank handed {payload:.0f} bytes to collectives", "the summary in "
+                f"{run_dir} says which links were counted; are the ranks on both sides of a bottleneck?")
+        return summary
+    except KeyboardInterrupt:
+        if launcher:
+            launcher.stop()
+        _mark(run_dir, "interrupted", "interrupted by a signal")
+        raise RunInterrupted("interrupted: all ranks stopped, shaping restored, the testbed removed if the "
+                             "run made it", f"records so far are in {run_dir}" if run_dir else None) from None
+    except RankFailed as e:
+        _mark(run_dir, "failed", e.message)
+        raise
+    finally:
+        if launcher:
+            launcher.stop()
+        if sampler:
+            sampler.close()
+        if tb is not None:
+            if restore and not created:
+                for l, d, rate in restore:
+                    try:
+                        tb.set_links([l], rate=rate, direction=d)
+                    except TestbedError:
+                        pass  # the testbed went away meanwhile
+            if created:
+                tb.down()
+        restore_signals()
+
+
+def _write(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _mark(run_dir: Path | None, status: str, error: str) -> None:
+    if run_dir is None or not run_dir.exists():
+        return
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        summary = {}
+    run = json.loads((run_dir / "run.json").read_text())
+    summary.update(run_id=run["run_id"], status=status, error=error, request=run["request"],
+                   bw=run["request"]["bw"], scheme=run["request"]["scheme"])
+    _write(path, summary)
+
+
+def _summarise(run_dir, run_id, request, links, start, end, duration, shapes) -> dict:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        raise TestbedError(f"the ranks exited 0 but wrote no summary.json in {run_dir}") from None
+    per = {}
+    total = 0
+    util = []
+    for l in links:
+        for d in DIRECTIONS:
+            b = end.get((l.index, d), {}).get("bytes", 0) - start.get((l.index, d), {}).get("bytes", 0)
+            rate = l.shape(d).rate.bps
+            per[f"{l.name} {d}"] = {"bytes": b, "rate_bps": rate,
+                                    "drops": end.get((l.index, d), {}).get("drops", 0)
+                                    - start.get((l.index, d), {}).get("drops", 0),
+                                    "utilisation": b * 8 / duration / rate if duration > 0 else None}
+            total += b
+            util.append(per[f"{l.name} {d}"]["utilisation"] or 0)
+    iters = summary.get("iterations") or 0
+    rates = sorted({s["rate"] for dirs in shapes.values() for s in dirs.values()})
+    summary.update({
+        "run_id": run_id, "run_dir": str(run_dir), "status": "ok", "request": request,
+        "bw": request["bw"] or (rates[0] if len(rates) == 1 else ",".join(rates)),
+        "topology": request["testbed"], "bottleneck_shapes": shapes,
+        "bottleneck": {"bytes": total, "bytes_per_iteration": total / iters if iters else None,
+                       "links": per, "max_utilisation": max(util) if util else None,
+                       "mean_utilisation": sum(util) / len(util) if util else None},
+        "run_s": duration, "testbed_version": __version__, "code_version": _code_version(),
+    })
+    # what each rank's interface put on the wire, from the records (tx counters)
+    wire = []
+    for r in range(summary.get("world_size", 0)):
+        p = run_dir / f"rank{r}.jsonl"
+        if p.exists():
+            recs = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+            tx = [x["tx_bytes"] for x in recs if x.get("tx_bytes") is not None]
+            if len(tx) >= 2:
+                wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
+    summary["mean_wire_tx_bytes_per_iteration"] = sum(wire) / len(wire) if wire else None
+    return summary
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id) or run_id in (".", ".."):
+        raise TestbedError(f"run id '{run_id}' is not a plain directory name", "use letters, digits, . _ -")
+    return run_id

@@ -1,0 +1,160 @@
+"""Start one training rank per worker node, watch them, stop them all on the first failure.
+
+Each rank runs inside its node (through the node's backend) with its environment pinned
+to the data plane: MASTER_ADDR is rank 0's data-plane address, GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME name the node's data-plane interface, NCCL is told to use TCP sockets
+only (no InfiniBand, peer-to-peer or shared memory, a distinct host id per node), and
+CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``. Output goes to ``rank{R}.log``.
+
+A rank that exits non-zero or is killed ends the run at once; so does a run in which no
+rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
+others are stopped (SIGTERM, then SIGKILL), and the error names the rank and shows the
+tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TestbedError
+
+MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
+STOP_GRACE_S = 3.0
+
+
+class RankFailed(TestbedError):
+    """A rank failed, was killed, or the run hung; the message names the rank."""
+
+
+@dataclass
+class RankProc:
+    rank: int
+    node: str
+    proc: subprocess.Popen
+    log: Path
+    records: Path
+    last_progress: float = field(default_factory=time.monotonic)
+    _sizes: tuple[int, int] = (0, 0)
+
+    def progressed(self) -> bool:
+        sizes = (_size(self.log), _size(self.records))
+        if sizes != self._sizes:
+            self._sizes = sizes
+            self.last_progress = time.monotonic()
+            return True
+        return False
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
+
+
+def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, gpu: int | None,
+             threads: int, base: dict | None = None) -> dict[str, str]:
+    """The environment of one rank: torchrun's variables plus data-plane pinning."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT),
+        "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": f"={iface}",
+        # NCCL over the emulated network only (PLATFORM.md): TCP sockets, no IB/P2P/SHM
+        "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+        "NCCL_HOSTID": f"testbed-{node}", "NCCL_SOCKET_NTHREADS": "1", "NCCL_NSOCKS_PERTHREAD": "1",
+        "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+        "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+class Launcher:
+    """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
+
+    def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
+                 extra_env: dict[str, str] | None = None):
+        self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
+        self.extra_env = extra_env or {}
+        self.ranks: list[RankProc] = []
+
+    def start(self) -> None:
+        workers = self.tb.workers
+        world = len(workers)
+        threads = max(1, (os.cpu_count() or 1) // world)
+        master = workers[0].address
+        for w in workers:
+            env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
+                           gpu=w.gpu, threads=threads)
+            env.update(self.extra_env)
+            log = self.run_dir / f"rank{w.rank}.log"
+            with open(log, "wb") as f:
+                proc = self.tb.spawn(w.name, [sys.executable, "-m", *self.argv], env=env, stdout=f,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)  # Ctrl-C reaches us, not the ranks
+            self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl"))
+
+    def wait(self, tick: Callable[[], None] | None = None, interval: float = 0.5) -> None:
+        """Return when every rank exited 0; raise RankFailed as soon as one fails or all hang."""
+        while True:
+            now = time.monotonic()
+            running = 0
+            for r in self.ranks:
+                rc = r.proc.poll()
+                r.progressed()
+                if rc is None:
+                    running += 1
+                elif rc != 0:
+                    self.stop()
+                    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                    raise RankFailed(f"rank {r.rank} (node {r.node}) {how}; the other ranks were stopped. "
+                                     f"Last lines of {r.log}:\n{tail(r.log)}")
+            if running == 0:
+                return
+            stalled = [r for r in self.ranks if r.proc.poll() is None and now - r.last_progress > self.timeout]
+            if stalled and len(stalled) == running:
+                first = min(stalled, key=lambda r: r.last_progress)
+                self.stop()
+                raise RankFailed(f"no progress from any rank for {self.timeout:.0f} s (--timeout); rank "
+                                 f"{first.rank} (node {first.node}) went quiet first; all ranks were stopped. "
+                                 f"Last lines of {first.log}:\n{tail(first.log)}")
+            if tick:
+                tick()
+            time.sleep(interval)
+
+    def stop(self) -> None:
+        """SIGTERM every rank still running, SIGKILL what is left after a grace period."""
+        alive = [r for r in self.ranks if r.proc.poll() is None]
+        for r in alive:
+            _signal(r.proc, signal.SIGTERM)
+            _signal(r.proc, signal.SIGCONT)  # a stopped rank must run to act on SIGTERM
+        deadline = time.monotonic() + STOP_GRACE_S
+        for r in alive:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(r.proc, signal.SIGKILL)
+                r.proc.wait()
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
