@@ -465,6 +465,119 @@ def _render_summary(s: dict) -> None:
     out.print(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)", highlight=False)
 
 
+# --------------------------------------------------------------------------- sweep, report
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def sweep(
+    ctx: typer.Context,
+    schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", help="Comma-separated schemes."),
+    bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", help="Comma-separated bottleneck rates."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per scheme and rate."),
+    pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", help="Epochs of the shared pre-training."),
+    topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
+    testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Sweep on this running testbed."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", help="Where the sweep directory and checkpoints go."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds without progress before a run is stopped."),
+    model: str = WorkloadOpts["model"], width: Optional[float] = WorkloadOpts["width"],
+    depth: Optional[int] = WorkloadOpts["depth"], dataset: str = WorkloadOpts["dataset"],
+    data_dir: Optional[Path] = WorkloadOpts["data_dir"], epochs: float = WorkloadOpts["epochs"],
+    max_iters: Optional[int] = WorkloadOpts["max_iters"], batch_size: int = WorkloadOpts["batch_size"],
+    lr: Optional[float] = WorkloadOpts["lr"], target_acc: Optional[float] = WorkloadOpts["target_acc"],
+    stop_at_target: bool = WorkloadOpts["stop_at_target"], seed: int = WorkloadOpts["seed"],
+    prune_ratio: Optional[float] = WorkloadOpts["prune_ratio"], prune_method: Optional[str] = WorkloadOpts["prune_method"],
+    ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
+    init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
+    eval_every: Optional[int] = WorkloadOpts["eval_every"],
+    as_json: bool = JsonOpt,
+):
+    """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
+    with _guard(as_json):
+        from .experiment import run as run_experiment  # noqa: F401 (import errors surface here)
+        from .sweep import SweepRequest
+        from .sweep import sweep as run_sweep
+        from .units import Rate, UnitError
+
+        names = [x.strip() for x in schemes.split(",") if x.strip()]
+        if not names:
+            raise TestbedError("--schemes is empty", "e.g. --schemes allreduce,fp16,topk,pactrain")
+        rates = []
+        for x in bw.split(","):
+            try:
+                rates.append(Rate.parse(x.strip()))
+            except UnitError as e:
+                raise TestbedError(f"--bw: {e}") from None
+        if repeats < 1:
+            raise TestbedError(f"--repeats must be >= 1, got {repeats}")
+        wargs = _workload_args(model=model, width=width, depth=depth, dataset=dataset, data_dir=data_dir,
+                               epochs=epochs, max_iters=max_iters, batch_size=batch_size, lr=lr,
+                               target_acc=target_acc, stop_at_target=stop_at_target, seed=seed,
+                               prune_ratio=prune_ratio, prune_method=prune_method, ternary=ternary,
+                               topk_ratio=topk_ratio, init=None, backend=backend, eval_every=eval_every,
+                               extra=ctx.args)
+        for name in names:
+            _check_workload(name, wargs)
+        pre = ["--model", model, "--dataset", dataset, "--seed", str(seed), "--epochs", str(pretrain_epochs)]
+        for flag, value in (("--width", width), ("--depth", depth), ("--data-dir", data_dir)):
+            if value is not None:
+                pre += [flag, str(value)]
+        key = f"{model}-w{width or 1:g}-d{depth or 'full'}-{dataset}-s{seed}-e{pretrain_epochs:g}"
+        req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
+                           testbed=testbed, out=out_dir, timeout=timeout, init=init, pretrain_args=pre,
+                           cache_key=key)
+        from rich.live import Live
+
+        live_on = not as_json and err.is_terminal
+        with Live(console=err, refresh_per_second=2, transient=True) if live_on else contextlib.nullcontext() as live:
+            index = run_sweep(req, on_status=(lambda st: live.update(_status_table(st))) if live else None,
+                              on_message=None if as_json else (lambda m: err.print(m, highlight=False, markup=False)))
+        failed = [r for r in index["runs"] if r["status"] != "ok"]
+        if as_json:
+            _emit(index)
+        else:
+            out.print(f"sweep directory: {index['dir']} ({len(index['runs']) - len(failed)} runs ok, "
+                      f"{len(failed)} failed); `testbed report {index['dir']}`", highlight=False)
+        if failed:
+            raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    dirs: List[Path] = typer.Argument(..., help="Run directories, or directories holding them (a sweep)."),
+    target_acc: Optional[float] = typer.Option(None, "--target-acc", help="Recompute time-to-accuracy for this target."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where tables and plots go (default: FIRST_DIR/report)."),
+    as_json: bool = JsonOpt,
+):
+    """Tables and plots comparing schemes by time-to-accuracy, per bandwidth."""
+    with _guard(as_json):
+        from .report import find_runs, write
+
+        if target_acc is not None and not 0 < target_acc <= 1:
+            raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
+        runs = find_runs(dirs)
+        result = write(runs, out_dir or dirs[0] / "report", target_acc)
+        if as_json:
+            _emit(result)
+            return
+        for bw in dict.fromkeys(r["bw"] for r in result["rows"]):
+            t = Table("scheme", "runs", "TTA (s)", "TTA / allreduce", "final acc", "iter (ms)",
+                      "iter / allreduce", "payload B/iter", "bottleneck B/iter", title=f"bottleneck {bw}")
+            for r in (x for x in result["rows"] if x["bw"] == bw):
+                tta = ("-" if r["target_accuracy"] is None else
+                       f"{r['tta_s']:.1f}" if r["tta_s"] is not None else f"not reached ({r['reached']}/{r['ok']})")
+                t.add_row(r["scheme"], f"{r['ok']}/{r['runs']}", tta,
+                          "-" if r["tta_vs_allreduce"] is None else f"{r['tta_vs_allreduce']:.2f}",
+                          "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}",
+                          "-" if r["mean_iter_s"] is None else f"{r['mean_iter_s'] * 1000:.0f}",
+                          "-" if r["iter_time_vs_allreduce"] is None else f"{r['iter_time_vs_allreduce']:.2f}",
+                          "-" if r["payload_bytes_per_iter"] is None else f"{r['payload_bytes_per_iter']:,.0f}",
+                          "-" if r["wire_bytes_per_iter"] is None else f"{r['wire_bytes_per_iter']:,.0f}")
+            out.print(t)
+            for r in (x for x in result["rows"] if x["bw"] == bw and x["failed"]):
+                out.print(f"[yellow]{r['scheme']}: {'; '.join(r['failed'])}[/]", highlight=False)
+        out.print(f"written to {result['out']}: {', '.join(result['files'])}", highlight=False)
+
+
 # --------------------------------------------------------------------------- doctor
 
 

@@ -1,0 +1,236 @@
+"""`testbed report DIR...`: compare runs by time-to-accuracy, as the PacTrain paper does.
+
+Reads run directories (or directories holding them, such as a sweep's), groups runs by
+bottleneck bandwidth and scheme variant (repeats averaged), and writes:
+
+    report.json, report.csv   one row per (bandwidth, variant)
+    tta.png                   time-to-accuracy normalised to allreduce, per bandwidth (Fig. 3 style)
+    accuracy.png              accuracy vs wall-clock training time per run (Fig. 5 style)
+    bytes.png                 payload and bottleneck bytes per iteration per variant
+    utilisation.png           bottleneck utilisation over time per run
+
+Runs that never reached the target are shown as "not reached", never dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TestbedError
+
+
+@dataclass
+class RunData:
+    path: Path
+    summary: dict
+    evals: list[dict] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "unknown")
+
+    @property
+    def bw(self) -> str:
+        return str(self.summary.get("bw") or "as configured")
+
+    @property
+    def label(self) -> str:
+        s = self.summary
+        name = s.get("scheme", "?")
+        if name == "topk" and s.get("topk_ratio") is not None:
+            name += f" {s['topk_ratio']:g}"
+        if name == "pactrain":
+            if s.get("prune_ratio") is not None:
+                name += f" {s['prune_ratio']:g}"
+            if s.get("ternary"):
+                name += " ternary"
+        return name
+
+    def tta(self, target: float | None) -> float | None:
+        """Training seconds to ``target`` (from the evaluation records), else the run's own."""
+        if target is None:
+            return self.summary.get("time_to_target_s")
+        for e in self.evals:
+            if e["accuracy"] >= target:
+                return e["train_s"]
+        return None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break  # a crash mid-line: keep what came before
+    return out
+
+
+def find_runs(dirs: list[Path]) -> list[RunData]:
+    runs = []
+    for d in dirs:
+        if not d.is_dir():
+            raise TestbedError(f"{d}: no such directory", "give run directories (runs/<id>) or a sweep directory")
+        candidates = [d] if (d / "run.json").exists() else sorted(p.parent for p in d.glob("*/run.json"))
+        if not candidates:
+            raise TestbedError(f"{d}: no runs found (no run.json here or one level below)",
+                               "give run directories made by `testbed run` or `testbed sweep`")
+        for c in candidates:
+            s = c / "summary.json"
+            summary = json.loads(s.read_text()) if s.exists() else {}
+            if not summary:
+                run = json.loads((c / "run.json").read_text())
+                summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
+                           "bw": run["request"]["bw"]}
+            runs.append(RunData(c, summary, _jsonl(c / "eval.jsonl"), _jsonl(c / "links.jsonl")))
+    return runs
+
+
+def _bw_key(bw: str) -> float:
+    from .units import Rate, UnitError
+    try:
+        return Rate.parse(bw).bps
+    except UnitError:
+        return float("inf")
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def table(runs: list[RunData], target: float | None = None) -> list[dict]:
+    """One row per (bandwidth, variant): means over repeats."""
+    groups: dict[tuple[str, str], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault((r.bw, r.label), []).append(r)
+    rows = []
+    for (bw, label), rs in groups.items():
+        ok = [r for r in rs if r.status == "ok"]
+        ttas = [r.tta(target) for r in ok]
+        reached = [t for t in ttas if t is not None]
+        rows.append({
+            "bw": bw, "scheme": label, "runs": len(rs), "ok": len(ok),
+            "target_accuracy": target if target is not None else _mean(r.summary.get("target_accuracy") for r in ok),
+            "reached": len(reached),
+            "tta_s": statistics.fmean(reached) if reached and len(reached) == len(ok) else None,
+            "final_accuracy": _mean(r.summary.get("final_accuracy") for r in ok),
+            "mean_iter_s": _mean(r.summary.get("mean_iter_s") for r in ok),
+            "payload_bytes_per_iter": _mean(r.summary.get("mean_payload_bytes") for r in ok),
+            "wire_bytes_per_iter": _mean((r.summary.get("bottleneck") or {}).get("bytes_per_iteration") for r in ok),
+            "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status != "ok"],
+        })
+    for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
+        base = next((x for x in rows if x["bw"] == row["bw"] and x["scheme"] == "allreduce"), None)
+        row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
+                                   else None)
+        row["iter_time_vs_allreduce"] = (row["mean_iter_s"] / base["mean_iter_s"]
+                                         if base and base["mean_iter_s"] and row["mean_iter_s"] else None)
+    rows.sort(key=lambda x: (_bw_key(x["bw"]), x["scheme"] != "allreduce", x["scheme"]))
+    return rows
+
+
+def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table(runs, target)
+    (out / "report.json").write_text(json.dumps({"rows": rows, "runs": [str(r.path) for r in runs]}, indent=2) + "\n")
+    with open(out / "report.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
+        w.writeheader()
+        for row in rows:
+            w.writerow({**row, "failed": "; ".join(row["failed"])})
+    plots = _plots(runs, rows, out, target)
+    return {"rows": rows, "out": str(out), "files": ["report.json", "report.csv", *plots]}
+
+
+def _plots(runs, rows, out: Path, target) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bws = sorted({r["bw"] for r in rows}, key=_bw_key)
+    files = []
+
+    # normalised time-to-accuracy per bandwidth
+    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
+    for ax, bw in zip(axes[0], bws):
+        rs = [r for r in rows if r["bw"] == bw]
+        vals = [r["tta_vs_allreduce"] for r in rs]
+        xs = range(len(rs))
+        ax.bar(xs, [v if v is not None else 0 for v in vals], color="tab:blue")
+        for x, v in zip(xs, vals):
+            ax.text(x, (v or 0) + 0.02, f"{v:.2f}" if v is not None else "not\nreached", ha="center", va="bottom",
+                    fontsize=8)
+        ax.set_xticks(list(xs), [r["scheme"] for r in rs], rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"bottleneck {bw}")
+        ax.set_ylabel("TTA / allreduce")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    fig.tight_layout()
+    fig.savefig(out / "tta.png", dpi=110)
+    plt.close(fig)
+    files.append("tta.png")
+
+    # accuracy vs training time
+    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
+    for ax, bw in zip(axes[0], bws):
+        for r in runs:
+            if r.bw == bw and r.evals:
+                ax.plot([e["train_s"] for e in r.evals], [e["accuracy"] for e in r.evals], marker=".", label=r.label)
+        if target is not None:
+            ax.axhline(target, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"bottleneck {bw}")
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=110)
+    plt.close(fig)
+    files.append("accuracy.png")
+
+    # bytes per iteration
+    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
+    for ax, bw in zip(axes[0], bws):
+        rs = [r for r in rows if r["bw"] == bw]
+        xs = list(range(len(rs)))
+        ax.bar([x - 0.2 for x in xs], [(r["payload_bytes_per_iter"] or 0) / 1e6 for r in rs], 0.4, label="payload/rank")
+        ax.bar([x + 0.2 for x in xs], [(r["wire_bytes_per_iter"] or 0) / 1e6 for r in rs], 0.4,
+               label="bottleneck wire")
+        ax.set_xticks(xs, [r["scheme"] for r in rs], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("MB per iteration")
+        ax.set_title(f"bottleneck {bw}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "bytes.png", dpi=110)
+    plt.close(fig)
+    files.append("bytes.png")
+
+    # bottleneck utilisation over time (the busiest bottleneck direction at each sample)
+    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
+    for ax, bw in zip(axes[0], bws):
+        for r in runs:
+            if r.bw != bw or not r.links:
+                continue
+            by_t: dict[float, float] = {}
+            for x in r.links:
+                by_t[x["time"]] = max(by_t.get(x["time"], 0.0), x["utilisation"])
+            t0 = min(by_t)
+            ts = sorted(by_t)
+            ax.plot([t - t0 for t in ts], [by_t[t] * 100 for t in ts], label=r.label, lw=1)
+        ax.set_ylim(0, 105)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("busiest bottleneck direction (%)")
+        ax.set_title(f"bottleneck {bw}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "utilisation.png", dpi=110)
+    plt.close(fig)
+    files.append("utilisation.png")
+    return files
