@@ -1,0 +1,186 @@
+"""`testbed run`, `sweep` and `report` end to end: real namespaces, tc shaping, gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import dumbbell
+from tests.kernel.conftest import cli, cli_json, run
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = ["--max-iters", "12", "--eval-every", "6", "--target-acc", "0.3"]
+
+
+def _topology(tmp_path, d: dict) -> Path:
+    p = tmp_path / f"{d['name']}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _htb_rates(ns: str, devs=("l2a", "l2b")) -> list[str]:
+    """HTB class rates as the kernel reports them (both ends of link 2, the bottleneck)."""
+    rates = []
+    for dev in devs:
+        out = run(["tc", "-n", ns, "class", "show", "dev", dev]).stdout
+        rates += [w[i + 1] for w in (l.split() for l in out.splitlines()) for i, x in enumerate(w) if x == "rate"]
+    return sorted(rates)
+
+
+def test_two_schemes_cross_the_shaped_bottleneck_and_report_compares_them(tmp_path, clean_kernel):
+    topo = _topology(tmp_path, dumbbell("rdb", rate="1gbit"))
+    runs = tmp_path / "runs"
+    summaries = {}
+    for scheme in ("allreduce", "pactrain"):
+        s = cli_json("run", scheme, "--topology", str(topo), "--bw", "200mbit", "--out", str(runs), *SHORT)
+        summaries[scheme] = s
+        assert s["status"] == "ok" and s["scheme"] == scheme and s["world_size"] == 2 and s["iterations"] == 12
+        assert s["bw"] == "200mbit"
+        assert s["bottleneck_shapes"]["s0-s1"]["forward"]["rate"] == "200mbit"
+        assert s["final_accuracy"] is not None and s["testbed_version"] and s["code_version"]
+        b = s["bottleneck"]
+        # 2-rank all-reduce: each rank sends its whole (compact) buffer across the one link,
+        # one direction each, so the link carries at least 2 x payload per iteration
+        assert b["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
+        assert b["bytes"] <= 2.3 * s["mean_payload_bytes"] * s["iterations"] + 2e6  # headers, eval, setup
+        assert 0 < b["max_utilisation"] <= 1.0
+        d = Path(s["run_dir"])
+        for f in ("run.json", "topology.json", "config.json", "rank0.jsonl", "rank1.jsonl", "rank0.log",
+                  "rank1.log", "eval.jsonl", "links.jsonl", "summary.json"):
+            assert (d / f).exists(), f
+        recs = [json.loads(x) for x in (d / "rank1.jsonl").read_text().splitlines()]
+        assert recs[-1]["tx_bytes"] - recs[0]["tx_bytes"] >= 0.9 * sum(r["payload_bytes"] for r in recs[1:])
+    # dense until the mask tracker is stable (about 4 iterations), then half
+    assert summaries["pactrain"]["final_payload_bytes"] < 0.51 * summaries["allreduce"]["final_payload_bytes"]
+    assert summaries["pactrain"]["bottleneck"]["bytes"] < 0.8 * summaries["allreduce"]["bottleneck"]["bytes"]
+
+    rep = cli_json("report", str(runs))
+    rows = {r["scheme"]: r for r in rep["rows"]}
+    assert set(rows) == {"allreduce", "pactrain 0.5"}
+    assert rows["allreduce"]["tta_vs_allreduce"] == 1.0 or rows["allreduce"]["tta_s"] is None
+    assert rows["pactrain 0.5"]["payload_bytes_per_iter"] == summaries["pactrain"]["mean_payload_bytes"]
+    for f in rep["files"]:
+        p = Path(rep["out"]) / f
+        head = p.read_bytes()[:8]
+        assert head == b"\x89PNG\r\n\x1a\n" or f.endswith((".json", ".csv")), f
+    never = cli_json("report", str(runs), "--target-acc", "0.99")["rows"]
+    assert [(r["tta_s"], r["reached"], r["ok"]) for r in never] == [(None, 0, 1)] * 2, "shown, not dropped"
+
+
+def test_an_existing_testbed_is_used_left_up_and_its_shape_restored(tmp_path, clean_kernel):
+    topo = _topology(tmp_path, dumbbell("rkeep", rate="300mbit"))
+    cli_json("up", str(topo))
+    try:
+        before = _htb_rates("rkeep")
+        s = cli_json("run", "fp16", "--testbed", "rkeep", "--bw", "50mbit", "--out", str(tmp_path / "runs"),
+                     "--max-iters", "4")
+        assert s["bottleneck_shapes"]["s0-s1"]["reverse"]["rate"] == "50mbit"
+        assert _htb_rates("rkeep") == before == ["300Mbit", "300Mbit"]
+        assert cli_json("status", "rkeep")["name"] == "rkeep"
+    finally:
+        cli("down", "rkeep")
+
+
+def _start_run(tmp_path, name, *extra):
+    topo = _topology(tmp_path, dumbbell(name, rate="1gbit"))
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--topology", str(topo),
+                             "--bw", "100mbit", "--out", str(tmp_path / "runs"), "--max-iters", "100000", *extra],
+                            cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_records(tmp_path, rank=1, lines=3, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = list((tmp_path / "runs").glob(f"*/rank{rank}.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= lines:
+            return found[0].parent
+        time.sleep(0.3)
+    raise AssertionError("the ranks never started iterating")
+
+
+def _rank_pid(ns: str) -> int:
+    from testbed.net.netns import pids_in
+    pids = list(pids_in([ns]))
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_a_killed_rank_ends_the_run_quickly_and_leaves_nothing(tmp_path, clean_kernel):
+    p = _start_run(tmp_path, "rkill")
+    run_dir = _wait_for_records(tmp_path)
+    os.kill(_rank_pid("rkill.w1"), signal.SIGKILL)
+    t0 = time.time()
+    _, err = p.communicate(timeout=60)
+    assert time.time() - t0 < 15, "the run must end within seconds"
+    assert p.returncode == 1
+    assert "rank 1 (node w1) was killed by signal 9" in err and "Traceback" not in err.split("Last lines")[0]
+    assert (run_dir / "rank0.jsonl").exists(), "records written so far are kept"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+def test_ctrl_c_stops_everything(tmp_path, clean_kernel):
+    p = _start_run(tmp_path, "rint")
+    run_dir = _wait_for_records(tmp_path)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "interrupted" in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_a_hung_rank_ends_the_run_after_timeout(tmp_path, clean_kernel):
+    p = _start_run(tmp_path, "rhang", "--timeout", "4")
+    _wait_for_records(tmp_path)
+    os.kill(_rank_pid("rhang.w1"), signal.SIGSTOP)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "no progress from any rank for 4 s" in err
+
+
+def test_traffic_that_misses_the_bottleneck_fails_loudly(tmp_path, clean_kernel):
+    # both workers on one switch; the "bottleneck" leads to an empty switch
+    d = {"name": "rbyp", "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch"},
+                                   "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
+         "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s0"]},
+                   {"endpoints": ["s0", "s1"], "rate": "100mbit", "bottleneck": True}]}
+    r = cli("run", "allreduce", "--topology", str(_topology(tmp_path, d)), "--out", str(tmp_path / "runs"),
+            "--max-iters", "3")
+    assert r.returncode == 1 and "did not cross the bottleneck links" in r.stderr
+
+
+def test_bad_input_creates_nothing(tmp_path, clean_kernel):
+    r = cli("run", "topk2", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 1 and "unknown scheme 'topk2'; choose one of: allreduce" in r.stderr
+    r = cli("run", "pactrain", "--bw", "100mbps")
+    assert r.returncode == 1 and "--bw" in r.stderr and "mbit" in r.stderr
+    r = cli("run", "pactrain", "--dataset", "cifar10")
+    assert r.returncode == 1 and "needs --data-dir" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel):
+    topo = _topology(tmp_path, dumbbell("rswp", rate="1gbit"))
+    out = tmp_path / "runs"
+    args = ["sweep", "--schemes", "allreduce,pactrain", "--bw", "100mbit,400mbit", "--topology", str(topo),
+            "--out", str(out), "--max-iters", "6", "--pretrain-epochs", "0.3", "--target-acc", "0.5"]
+    index = cli_json(*args)
+    assert [r["status"] for r in index["runs"]] == ["ok"] * 4
+    ckpts = list((out / "checkpoints").glob("*.pt"))
+    assert len(ckpts) == 1
+    for r in index["runs"]:
+        s = json.loads((Path(index["dir"]) / r["run_id"] / "summary.json").read_text())
+        assert f"--init" in s["request"]["workload_args"] and str(ckpts[0]) in s["request"]["workload_args"]
+        assert s["bw"] == r["bw"]
+    rep = cli_json("report", index["dir"])
+    assert {(r["bw"], r["scheme"]) for r in rep["rows"]} == {
+        ("100mbit", "allreduce"), ("100mbit", "pactrain 0.5"), ("400mbit", "allreduce"), ("400mbit", "pactrain 0.5")}
+    slow = next(r for r in rep["rows"] if r["bw"] == "100mbit" and r["scheme"] == "allreduce")
+    fast = next(r for r in rep["rows"] if r["bw"] == "400mbit" and r["scheme"] == "allreduce")
+    assert slow["mean_iter_s"] > fast["mean_iter_s"], "the bottleneck rate shows in the iteration time"
