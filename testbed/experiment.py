@@ -60,6 +60,8 @@ class RunRequest:
     run_id: str | None = None
     extra: dict = field(default_factory=dict)
     """Stored in summary.json under "request" (e.g. the sweep's repeat number)."""
+    module: str = "workloads.train"
+    """The workload each rank runs (``python -m MODULE``); only workloads.train takes --scheme."""
 
 
 @dataclass
@@ -210,7 +212,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             "testbed_version": __version__, "code_version": _code_version()}, indent=2) + "\n")
         (run_dir / "topology.json").write_text(json.dumps(tb.topology.to_dict(), indent=2) + "\n")
 
-        argv = ["workloads.train", "--scheme", req.scheme, *req.workload_args, "--out", str(run_dir.resolve())]
+        scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
+        argv = [req.module, *scheme_arg, *req.workload_args, "--out", str(run_dir.resolve())]
         sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
         start_counters = sampler.sample()
         t_start = time.time()
@@ -228,7 +231,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                 status.utilisation = dict(sampler.util)
             r, e = rank0.poll(), evals.poll()
             if r:
-                status.iteration, status.epoch, status.loss = r["iter"], r["epoch"], r["loss"]
+                status.iteration, status.epoch, status.loss = r["iter"], r.get("epoch", 0), r.get("loss")
             if e:
                 status.accuracy = e["accuracy"]
             if status.total is None and (run_dir / "config.json").exists():
