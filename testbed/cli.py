@@ -493,7 +493,6 @@ def sweep(
 ):
     """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
     with _guard(as_json):
-        from .experiment import run as run_experiment  # noqa: F401 (import errors surface here)
         from .sweep import SweepRequest
         from .sweep import sweep as run_sweep
         from .units import Rate, UnitError

@@ -164,6 +164,18 @@ def _install_signals() -> Callable[[], None]:
     return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
+def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str], None]) -> tuple[Testbed, bool]:
+    """The running testbed ``name``, or a new one from ``topology``; True when made here."""
+    if name:
+        return Testbed.attach(name), False
+    topo = load_topology(topology or DEFAULT_TOPOLOGY)
+    if any(t["name"] == topo.name for t in list_testbeds()):
+        raise TestbedError(f"a testbed named '{topo.name}' is already up",
+                           f"use it with --testbed {topo.name}, or take it down first")
+    say(f"bringing up {topo.name} ({len(topo.workers)} workers)")
+    return Testbed.up(topo), True
+
+
 def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
@@ -175,16 +187,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     sampler: _LinkSampler | None = None
     run_dir: Path | None = None
     try:
-        if req.testbed:
-            tb = Testbed.attach(req.testbed)
-        else:
-            topo = load_topology(req.topology or DEFAULT_TOPOLOGY)
-            if any(t["name"] == topo.name for t in list_testbeds()):
-                raise TestbedError(f"a testbed named '{topo.name}' is already up",
-                                   f"run on it with --testbed {topo.name}, or take it down first")
-            say(f"bringing up {topo.name} ({len(topo.workers)} workers)")
-            tb = Testbed.up(topo)
-            created = True
+        tb, created = obtain_testbed(req.testbed, req.topology, say)
         if len(tb.workers) < 1:
             raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]

@@ -159,9 +159,19 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
     bws = sorted({r["bw"] for r in rows}, key=_bw_key)
     files = []
 
+    def panels():
+        fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
+        return fig, list(zip(axes[0], bws))
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        files.append(name)
+
     # normalised time-to-accuracy per bandwidth
-    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
-    for ax, bw in zip(axes[0], bws):
+    fig, axes = panels()
+    for ax, bw in axes:
         rs = [r for r in rows if r["bw"] == bw]
         vals = [r["tta_vs_allreduce"] for r in rs]
         xs = range(len(rs))
@@ -173,14 +183,11 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_title(f"bottleneck {bw}")
         ax.set_ylabel("TTA / allreduce")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    fig.tight_layout()
-    fig.savefig(out / "tta.png", dpi=110)
-    plt.close(fig)
-    files.append("tta.png")
+    save(fig, "tta.png")
 
     # accuracy vs training time
-    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
-    for ax, bw in zip(axes[0], bws):
+    fig, axes = panels()
+    for ax, bw in axes:
         for r in runs:
             if r.bw == bw and r.evals:
                 ax.plot([e["train_s"] for e in r.evals], [e["accuracy"] for e in r.evals], marker=".", label=r.label)
@@ -190,14 +197,11 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_xlabel("training time (s)")
         ax.set_ylabel("test accuracy")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=110)
-    plt.close(fig)
-    files.append("accuracy.png")
+    save(fig, "accuracy.png")
 
     # bytes per iteration
-    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
-    for ax, bw in zip(axes[0], bws):
+    fig, axes = panels()
+    for ax, bw in axes:
         rs = [r for r in rows if r["bw"] == bw]
         xs = list(range(len(rs)))
         ax.bar([x - 0.2 for x in xs], [(r["payload_bytes_per_iter"] or 0) / 1e6 for r in rs], 0.4, label="payload/rank")
@@ -207,14 +211,11 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_ylabel("MB per iteration")
         ax.set_title(f"bottleneck {bw}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "bytes.png", dpi=110)
-    plt.close(fig)
-    files.append("bytes.png")
+    save(fig, "bytes.png")
 
     # bottleneck utilisation over time (the busiest bottleneck direction at each sample)
-    fig, axes = plt.subplots(1, len(bws), figsize=(4.5 * len(bws), 3.6), squeeze=False)
-    for ax, bw in zip(axes[0], bws):
+    fig, axes = panels()
+    for ax, bw in axes:
         for r in runs:
             if r.bw != bw or not r.links:
                 continue
@@ -229,8 +230,5 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_ylabel("busiest bottleneck direction (%)")
         ax.set_title(f"bottleneck {bw}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "utilisation.png", dpi=110)
-    plt.close(fig)
-    files.append("utilisation.png")
+    save(fig, "utilisation.png")
     return files

@@ -18,10 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core import Testbed, list_testbeds
 from .errors import TestbedError
-from .experiment import DEFAULT_TOPOLOGY, RunRequest, Status, run
-from .topology import load_topology
+from .experiment import RunRequest, Status, obtain_testbed, run
 from .units import Rate
 
 
@@ -70,16 +68,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
     index = {"checkpoint": str(init), "schemes": req.schemes, "bws": [str(b) for b in req.bws],
              "repeats": req.repeats, "runs": []}
     try:
-        if req.testbed:
-            tb = Testbed.attach(req.testbed)
-        else:
-            topo = load_topology(req.topology or DEFAULT_TOPOLOGY)
-            if any(t["name"] == topo.name for t in list_testbeds()):
-                raise TestbedError(f"a testbed named '{topo.name}' is already up",
-                                   f"sweep on it with --testbed {topo.name}, or take it down first")
-            say(f"bringing up {topo.name}")
-            tb = Testbed.up(topo)
-            created = True
+        tb, created = obtain_testbed(req.testbed, req.topology, say)
         total = len(req.bws) * len(req.schemes) * req.repeats
         k = 0
         for bw in req.bws:

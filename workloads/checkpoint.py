@@ -60,9 +60,8 @@ def load_into(model: nn.Module, path: str | Path, model_name: str) -> list[str]:
             notes.append(f"{k}: checkpoint shape {tuple(v.shape)} != {tuple(own[k].shape)}, left freshly initialised")
             continue
         load[k] = v
-    shape_skips = [n for n in notes]
-    if len(shape_skips) > 2:  # more than the classifier's weight and bias
-        raise CheckpointError(f"--init {path}: {len(shape_skips)} tensors differ in shape "
+    if len(notes) > 2:  # more than the classifier's weight and bias
+        raise CheckpointError(f"--init {path}: {len(notes)} tensors differ in shape "
                               f"(checkpoint width {ck['width']}, depth {ck['depth']}); match --width/--depth")
     model.load_state_dict(load, strict=False)
     notes.insert(0, f"loaded {len(load)} tensors from {path} ({ck['model']} on {ck['dataset']}, "
