@@ -29,6 +29,7 @@ from . import __version__
 from .core import DIRECTIONS, Testbed, list_testbeds
 from .errors import TestbedError
 from .launch import Launcher, RankFailed
+from .report import read_jsonl
 from .topology import Link, load_topology
 from .units import Rate
 
@@ -338,12 +339,9 @@ def _summarise(run_dir, run_id, request, links, start, end, duration, shapes) ->
     # what each rank's interface put on the wire, from the records (tx counters)
     wire = []
     for r in range(summary.get("world_size", 0)):
-        p = run_dir / f"rank{r}.jsonl"
-        if p.exists():
-            recs = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-            tx = [x["tx_bytes"] for x in recs if x.get("tx_bytes") is not None]
-            if len(tx) >= 2:
-                wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
+        tx = [x["tx_bytes"] for x in read_jsonl(run_dir / f"rank{r}.jsonl") if x.get("tx_bytes") is not None]
+        if len(tx) >= 2:
+            wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
     summary["mean_wire_tx_bytes_per_iteration"] = sum(wire) / len(wire) if wire else None
     return summary
 

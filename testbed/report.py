@@ -61,7 +61,8 @@ class RunData:
         return None
 
 
-def _jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a line cut short by a crash ends the list."""
     if not path.exists():
         return []
     out = []
@@ -89,7 +90,7 @@ def find_runs(dirs: list[Path]) -> list[RunData]:
                 run = json.loads((c / "run.json").read_text())
                 summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
                            "bw": run["request"]["bw"]}
-            runs.append(RunData(c, summary, _jsonl(c / "eval.jsonl"), _jsonl(c / "links.jsonl")))
+            runs.append(RunData(c, summary, read_jsonl(c / "eval.jsonl"), read_jsonl(c / "links.jsonl")))
     return runs
 
 

@@ -180,19 +180,11 @@ def evaluate(model: nn.Module, ds: data.Dataset, rank: int, world: int, device, 
 
 
 # ---------------------------------------------------------------- main
-def check(argv) -> argparse.Namespace:
-    """Validate a command line without training (raises ValueError saying what to fix).
-
-    For launchers (``testbed run``) that must refuse bad input before building anything.
-    """
-    args = parse_args(argv, raise_errors=True)
+def _prepare(args):
+    """Validate what can be checked before joining the group; (scheme, dataset)."""
     scheme = schemes.get(args.scheme)
-    ds = data.load(args.dataset, args.data_dir)
-    model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
-    if args.init:
-        if not Path(args.init).is_file():
-            raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
-        load_into(model, args.init, args.model)
+    if args.init and not Path(args.init).is_file():
+        raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
     if scheme.prunes:
         if not 0 <= args.prune_ratio < 1:
             raise ValueError(f"--prune-ratio must be in [0, 1), got {args.prune_ratio}")
@@ -202,17 +194,27 @@ def check(argv) -> argparse.Namespace:
         raise ValueError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
     if args.powersgd_start_iter < 2:
         raise ValueError(f"--powersgd-start-iter must be >= 2, got {args.powersgd_start_iter}")
+    return scheme, data.load(args.dataset, args.data_dir)
+
+
+def check(argv) -> argparse.Namespace:
+    """Validate a command line without training (raises ValueError saying what to fix).
+
+    For launchers (``testbed run``) that must refuse bad input before building anything.
+    """
+    args = parse_args(argv, raise_errors=True)
+    _, ds = _prepare(args)
+    model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
+    if args.init:
+        load_into(model, args.init, args.model)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        scheme = schemes.get(args.scheme)
-        if args.init and not Path(args.init).is_file():
-            raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
-        ds = data.load(args.dataset, args.data_dir)
-    except (ValueError, data.DatasetError) as e:
+        scheme, ds = _prepare(args)
+    except ValueError as e:  # DatasetError is one
         print(f"error: {e}", file=sys.stderr)
         return 2
     set_determinism(args.seed, args.threads)
