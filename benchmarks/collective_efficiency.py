@@ -31,35 +31,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import dumbbell, iperf3  # noqa: E402
 
 
+def measure(rate: Rate, cc: str | None, nbytes: int, iters: int, tmp: Path) -> dict:
+    spec = dumbbell("collbench", rate=str(rate))
+    if cc:
+        spec["defaults"] = {"sysctls": {"net.ipv4.tcp_congestion_control": cc}}
+    topo = tmp / "ce.yaml"
+    topo.write_text(yaml.safe_dump(spec))
+    with Testbed.up(load_topology(topo)) as tb:
+        used = tb.exec("w0", ["sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+                       capture_output=True, text=True).stdout.strip()
+        bidir = iperf3(tb, 8, "--bidir")["end"]
+        tcp = [bidir["sum_received"]["bits_per_second"] / rate.bps,
+               bidir["sum_received_bidir_reverse"]["bits_per_second"] / rate.bps]
+        s = run(RunRequest(scheme="allreduce-only", module="workloads.collective", testbed=tb.name,
+                           out=tmp / f"runs-{used}",
+                           workload_args=["--bytes", str(nbytes), "--iters", str(iters)]))
+    payload = s["mean_payload_bytes"]
+    return dict(cc=used, payload=payload, mean=s["mean_iter_s"], best=s["min_iter_s"], tcp=tcp,
+                wire=s["bottleneck"]["bytes_per_iteration"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bw", default="100mbit")
     p.add_argument("--bytes", type=int, default=10_000_000)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--cc", default="host,reno",
+                   help="TCP congestion controls to compare, set on the workers through the topology's "
+                        "sysctls (host = leave the host's default)")
     args = p.parse_args()
     rate = Rate.parse(args.bw)
-    with tempfile.TemporaryDirectory() as tmp:
-        topo = Path(tmp) / "ce.yaml"
-        topo.write_text(yaml.safe_dump(dumbbell("collbench", rate=str(rate))))
-        with Testbed.up(load_topology(topo)) as tb:
-            bidir = iperf3(tb, 8, "--bidir")["end"]
-            tcp = [bidir["sum_received"]["bits_per_second"] / rate.bps,
-                   bidir["sum_received_bidir_reverse"]["bits_per_second"] / rate.bps]
-            s = run(RunRequest(scheme="allreduce-only", module="workloads.collective", testbed=tb.name,
-                               out=Path(tmp) / "runs",
-                               workload_args=["--bytes", str(args.bytes), "--iters", str(args.iters)]))
-    payload = s["mean_payload_bytes"]
-    mean, best = s["mean_iter_s"], s["min_iter_s"]
-    wire = s["bottleneck"]["bytes_per_iteration"]
-    print(f"dense all-reduce of {payload / 1e6:.1f} MB between 2 ranks across a {rate} bottleneck "
+    print(f"dense all-reduce of {args.bytes / 1e6:.1f} MB between 2 ranks across a {rate} bottleneck "
           f"({args.iters} calls after a warm-up)")
-    print(f"  mean {mean:.3f} s, best {best:.3f} s per all-reduce")
-    print(f"  payload goodput / link rate: mean {payload * 8 / mean / rate.bps:.3f}, "
-          f"best {payload * 8 / best / rate.bps:.3f}   (target >= 0.92; TCP ceiling 0.956)")
-    print(f"  iperf3 --bidir on the same link, goodput / rate: {tcp[0]:.3f} and {tcp[1]:.3f}; "
-          f"all-reduce mean / bidirectional TCP mean: {payload * 8 / mean / rate.bps / (sum(tcp) / 2):.3f}")
-    print(f"  bottleneck bytes per all-reduce (both directions, incl. the warm-up): {wire / 1e6:.2f} MB "
-          f"= {wire / payload:.2f} x payload")
+    for cc in args.cc.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            m = measure(rate, None if cc == "host" else cc, args.bytes, args.iters, Path(tmp))
+        payload, mean, best, tcp = m["payload"], m["mean"], m["best"], m["tcp"]
+        print(f"TCP congestion control {m['cc']}" + (" (the host's default)" if cc == "host" else ""))
+        print(f"  mean {mean:.3f} s, best {best:.3f} s per all-reduce")
+        print(f"  payload goodput / link rate: mean {payload * 8 / mean / rate.bps:.3f}, "
+              f"best {payload * 8 / best / rate.bps:.3f}   (target >= 0.92; one-way TCP ceiling 0.956)")
+        print(f"  iperf3 --bidir on the same link, goodput / rate: {tcp[0]:.3f} and {tcp[1]:.3f}; "
+              f"all-reduce mean / bidirectional TCP mean: {payload * 8 / mean / rate.bps / (sum(tcp) / 2):.3f}")
+        print(f"  bottleneck bytes per all-reduce (both directions, incl. the warm-up): {m['wire'] / 1e6:.2f} MB "
+              f"= {m['wire'] / payload:.2f} x payload")
 
 
 if __name__ == "__main__":

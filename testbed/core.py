@@ -28,7 +28,7 @@ from .errors import KernelError, StateError, TestbedError, TopologyError
 from .ledger import Ledger, global_lock
 from .net import netns, tc
 from .net.rtnl import Rtnl
-from .plan import (AddAddress, CreateBridge, CreateNetns, CreateVeth, Endpoint, NodeInfo, Plan, ShapeEgress,
+from .plan import (AddAddress, CreateBridge, CreateNetns, CreateVeth, Endpoint, NodeInfo, Plan, SetSysctl, ShapeEgress,
                    action_to_dict, choose_subnet, make_plan)
 from .topology import Link, Topology, load_topology_dict
 from .units import Duration, Loss, Rate
@@ -87,6 +87,8 @@ def _execute(action, handles: _Handles) -> None:
     if isinstance(action, CreateNetns):
         rt = handles.put(Rtnl.create_netns(action.ns))
         rt.init_namespace(action.tag)
+    elif isinstance(action, SetSysctl):
+        netns.set_sysctl(action.ns, action.key, action.value)
     elif isinstance(action, CreateBridge):
         handles.get(action.ns).add_bridge(action.ifname, action.stp, action.index)
     elif isinstance(action, CreateVeth):

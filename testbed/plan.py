@@ -72,6 +72,16 @@ class AddAddress:
 
 
 @dataclass(frozen=True)
+class SetSysctl:
+    ns: str
+    key: str
+    value: str
+
+    def describe(self) -> str:
+        return f"[{self.ns}] sysctl {self.key}={self.value}"
+
+
+@dataclass(frozen=True)
 class ShapeEgress:
     ns: str
     ifname: str
@@ -83,8 +93,8 @@ class ShapeEgress:
         return f"[{self.ns}] tc htb on {self.ifname}: {self.shape.describe()}  (links[{self.link}] {self.direction})"
 
 
-Action = Union[CreateNetns, CreateBridge, CreateVeth, AddAddress, ShapeEgress]
-ACTION_TYPES = {c.__name__: c for c in (CreateNetns, CreateBridge, CreateVeth, AddAddress, ShapeEgress)}
+Action = Union[CreateNetns, SetSysctl, CreateBridge, CreateVeth, AddAddress, ShapeEgress]
+ACTION_TYPES = {c.__name__: c for c in (CreateNetns, SetSysctl, CreateBridge, CreateVeth, AddAddress, ShapeEgress)}
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,7 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
                 if info.netns not in created:
                     acts.append(CreateNetns(info.netns, naming.tag(name)))
                     created.add(info.netns)
+                    acts.extend(SetSysctl(info.netns, k, v) for k, v in topology.node(node_name).sysctls)
                 ends[end] = (info.netns, naming.WORKER_IFACE, None)
             else:
                 ends[end] = (fabric, naming.link_end_ifname(link.index, end), info.iface)

@@ -30,8 +30,10 @@ MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserv
 _SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
 _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", *_SHAPE_KEYS)
 _TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet")
-_DEFAULT_KEYS = ("backend", "link")
-_NODE_KEYS = {"worker": ("kind", "backend", "gpu"), "switch": ("kind", "stp")}
+_DEFAULT_KEYS = ("backend", "link", "sysctls")
+_NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls"), "switch": ("kind", "stp")}
+SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
+SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Node:
     backend: str | None = None
     gpu: int | None = None
     stp: bool = False
+    sysctls: tuple[tuple[str, str], ...] = ()
+    """Network sysctls set inside the worker's namespace after it is created (key, value)."""
 
     @property
     def is_worker(self) -> bool:
@@ -163,6 +167,8 @@ class Topology:
                 d["backend"] = n.backend
                 if n.gpu is not None:
                     d["gpu"] = n.gpu
+                if n.sysctls:
+                    d["sysctls"] = dict(n.sysctls)
             elif n.stp:
                 d["stp"] = True
             nodes[n.name] = d
@@ -272,6 +278,7 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     dlink = _mapping(defaults.get("link") or {}, "defaults.link", "a link shape")
     _unknown_keys(dlink, _SHAPE_KEYS, "defaults.link")
     default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
+    default_sysctls = _sysctls(defaults.get("sysctls"), "defaults.sysctls")
 
     nodes_in = _mapping(top["nodes"], "nodes", "node name -> node")
     if not nodes_in:
@@ -294,7 +301,8 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
             gpu = spec.get("gpu")
             if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
                 raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
-            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu))
+            sysctls = {**default_sysctls, **_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
+            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items())))
         else:
             stp = spec.get("stp", False)
             if not isinstance(stp, bool):
@@ -369,6 +377,28 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
             raise TopologyError("subnet", f"{subnet} is a loopback/multicast/link-local range",
                                 "use a private range such as 10.77.0.0/16")
     return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source)
+
+
+def _sysctls(value: Any, path: str) -> dict[str, str]:
+    """``{net.ipv4.tcp_congestion_control: reno}`` -> validated str -> str.
+
+    Only ``net.*`` keys: those are per network namespace. Anything else (``kernel.*``,
+    ``vm.*``) would change the host, not the node.
+    """
+    if value is None:
+        return {}
+    d = _mapping(value, path, "sysctl key -> value, e.g. net.ipv4.tcp_congestion_control: reno")
+    out = {}
+    for k, v in d.items():
+        if not isinstance(k, str) or not SYSCTL_KEY_RE.match(k):
+            raise TopologyError(f"{path}", f"{k!r} is not a network sysctl key",
+                                "only net.* keys are per node (they live in the node's network namespace), "
+                                "e.g. net.ipv4.tcp_congestion_control")
+        if isinstance(v, bool) or not isinstance(v, (str, int)) or not SYSCTL_VALUE_RE.match(str(v)):
+            raise TopologyError(f"{path}.{k}", f"invalid value {v!r}",
+                                "give a number or a word (letters, digits, '._-: /'), as `sysctl -w` would take it")
+        out[k] = str(v)
+    return out
 
 
 def _check_graph(by_name: dict[str, Node], links: list[Link]) -> None:

@@ -94,6 +94,30 @@ def _open_in_thread(name: str) -> int:
     return _netlink_socket_fd()
 
 
+def _sysctl_in_thread(name: str, key: str, value: str) -> None:
+    _setns(name)
+    # /proc/sys/net resolves to the network namespace of the thread that opens it.
+    p = Path("/proc/sys", *key.split("."))
+    try:
+        f = open(p, "w")
+    except FileNotFoundError:
+        raise KernelError(f"[{name}] sysctl {key}: no such key in this kernel",
+                          "check the name with `sysctl -a | grep ...`, or drop it from sysctls:") from None
+    try:
+        with f:
+            f.write(value)
+    except OSError as e:
+        hint = ("a congestion control must be built in and listed in the host's "
+                "net.ipv4.tcp_allowed_congestion_control to be used inside a namespace"
+                if key.endswith("congestion_control") else "check the value the kernel accepts for this key")
+        raise KernelError(f"[{name}] sysctl {key}={value}: {os.strerror(e.errno or errno.EIO)}", hint) from None
+
+
+def set_sysctl(name: str, key: str, value: str) -> None:
+    """Write a network sysctl inside namespace ``name`` (no shell, no sysctl binary)."""
+    _thread.submit(_sysctl_in_thread, name, key, value).result()
+
+
 def create(name: str) -> int:
     """Create namespace ``name``; return a netlink (route) socket fd inside it."""
     return _thread.submit(_create_in_thread, name).result()

@@ -153,3 +153,27 @@ def test_star_of_64_up_down(clean_kernel):
     with Testbed.up(load_topology_dict(star(64, name="s64"))) as tb:
         assert len(tb.workers) == 64
         assert tb.exec("w63", ["ping", "-c1", "-W2", tb.address("w0")]).returncode == 0
+
+
+def test_sysctls_are_set_inside_each_worker_only(clean_kernel):
+    host_cc = run(["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+    d = dumbbell(name="sysc")
+    d["defaults"] = {"sysctls": {"net.ipv4.tcp_congestion_control": "reno"}}
+    d["nodes"]["w1"]["sysctls"] = {"net.ipv4.tcp_slow_start_after_idle": 0}
+    with Testbed.up(load_topology_dict(d)) as tb:
+        def get(node, key):
+            return tb.exec(node, ["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
+        assert get("w0", "net.ipv4.tcp_congestion_control") == get("w1", "net.ipv4.tcp_congestion_control") == "reno"
+        assert get("w1", "net.ipv4.tcp_slow_start_after_idle") == "0"
+        assert get("w0", "net.ipv4.tcp_slow_start_after_idle") == "1"
+    assert run(["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip() == host_cc
+
+
+def test_a_sysctl_the_kernel_refuses_fails_cleanly(clean_kernel):
+    d = dumbbell(name="sysbad")
+    d["defaults"] = {"sysctls": {"net.ipv4.tcp_congestion_control": "no_such_cc"}}
+    with pytest.raises(TestbedError, match="sysctl net.ipv4.tcp_congestion_control=no_such_cc"):
+        Testbed.up(load_topology_dict(d))
+    d["defaults"] = {"sysctls": {"net.ipv4.no_such_key": 1}}
+    with pytest.raises(TestbedError, match="no such key"):
+        Testbed.up(load_topology_dict(d))

@@ -73,6 +73,11 @@ def mutate(fn, base=None):
     (lambda d: d["nodes"]["w0"].update(kind="router"), "nodes.w0.kind", "choose one of: worker, switch"),
     (lambda d: d["nodes"]["w0"].update(backend="kvm"), "nodes.w0.backend", "choose one of: netns"),
     (lambda d: d["nodes"]["w0"].update(gpu=-1), "nodes.w0.gpu", "device index"),
+    (lambda d: d["nodes"]["w0"].update(sysctls={"kernel.panic": 1}), "nodes.w0.sysctls", "not a network sysctl"),
+    (lambda d: d.update(defaults={"sysctls": {"net.ipv4.tcp_congestion_control": "x;reboot"}}),
+     "defaults.sysctls.net.ipv4.tcp_congestion_control", "invalid value"),
+    (lambda d: d.update(defaults={"sysctls": ["net.ipv4.ip_forward=1"]}), "defaults.sysctls", "expected"),
+    (lambda d: d["nodes"]["s0"].update(sysctls={}), "nodes.s0.sysctls", "unknown key"),
     (lambda d: d.update(name="bad name"), "name", "invalid testbed name"),
     (lambda d: d.update(name="x" * 33), "name", "invalid testbed name"),
     (lambda d: d["nodes"].update({"a.b": {"kind": "switch"}}), "nodes.a.b", "invalid node name"),
@@ -89,6 +94,16 @@ def test_errors_name_the_yaml_path(fn, path, words):
     e = _err(mutate(fn))
     assert e.path == path, str(e)
     assert words in str(e)
+
+
+def test_sysctls_defaults_merge_with_per_worker_values():
+    d = dumbbell()
+    d["defaults"] = {"sysctls": {"net.ipv4.tcp_congestion_control": "reno", "net.core.somaxconn": 512}}
+    d["nodes"]["w1"]["sysctls"] = {"net.ipv4.tcp_congestion_control": "bbr"}
+    t = load_topology_dict(d)
+    assert dict(t.node("w0").sysctls) == {"net.ipv4.tcp_congestion_control": "reno", "net.core.somaxconn": "512"}
+    assert dict(t.node("w1").sysctls)["net.ipv4.tcp_congestion_control"] == "bbr"
+    assert load_topology_dict(t.to_dict()) == t
 
 
 def test_duplicate_link_names_are_refused():
