@@ -30,6 +30,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Emulated networks for distributed training: namespaces, bridges, shaped links.")
 link_app = typer.Typer(no_args_is_help=True, help="Show or change the links of a running testbed.")
 app.add_typer(link_app, name="link")
+monitor_app = typer.Typer(no_args_is_help=True, help="A real Prometheus scraping testbed's links and runs.")
+app.add_typer(monitor_app, name="monitor")
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
 TestbedOpt = typer.Option(None, "--testbed", "-t", help="Testbed name (default: the only one that is up).")
@@ -623,3 +625,63 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+MonitorDir = typer.Option(None, "--dir", help="Monitor directory: config, targets, TSDB "
+                          "(default $TESTBED_MONITOR_DIR or /var/lib/testbed/monitor).")
+
+
+@monitor_app.command("up")
+def monitor_up(
+    listen: str = typer.Option("127.0.0.1:9090", "--listen", help="Prometheus' HOST:PORT (loopback by default)."),
+    exporter_listen: str = typer.Option("127.0.0.1:9464", "--exporter-listen", help="The exporter's HOST:PORT."),
+    runs: List[Path] = typer.Option([Path("runs")], "--runs", help="Run directories to export (repeatable)."),
+    scrape_interval: str = typer.Option("2s", "--scrape-interval", help="Prometheus scrape interval."),
+    retention: str = typer.Option("15d", "--retention", help="How long Prometheus keeps samples."),
+    mdir: Optional[Path] = MonitorDir,
+    as_json: bool = JsonOpt,
+):
+    """Start Prometheus and the host exporter (link counters of every testbed, training records)."""
+    with _guard(as_json):
+        from . import monitor
+
+        st = monitor.up(mdir or monitor.DEFAULT_DIR, listen, exporter_listen, runs, scrape_interval, retention)
+        if as_json:
+            _emit(st)
+            return
+        out.print(f"Prometheus: {st['prometheus_url']}  (graph: {st['prometheus_url']}/graph)", highlight=False)
+        out.print(f"exporter:   {st['exporter_url']}", highlight=False)
+        out.print(f"data:       {st['dir']}/data; Grafana: `docker compose -f compose/docker-compose.yml up -d`, "
+                  "then http://127.0.0.1:3000", highlight=False)
+
+
+@monitor_app.command("down")
+def monitor_down(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
+    """Stop what `monitor up` started; the metric history stays in the data directory."""
+    with _guard(as_json):
+        from . import monitor
+
+        stopped = monitor.down(mdir or monitor.DEFAULT_DIR)
+        if as_json:
+            _emit({"stopped": stopped})
+        else:
+            out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"), highlight=False)
+
+
+@monitor_app.command("status")
+def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
+    """Whether Prometheus and the exporter run, their URLs and the scrape targets' health."""
+    with _guard(as_json):
+        from . import monitor
+
+        st = monitor.status(mdir or monitor.DEFAULT_DIR)
+        if as_json:
+            _emit(st)
+            return
+        if not st["running"]:
+            out.print(f"monitor not running ({st['dir']}); `testbed monitor up` starts it", highlight=False)
+            raise typer.Exit(1)
+        out.print(f"Prometheus {st['prometheus_url']}, exporter {st['exporter_url']} "
+                  f"({'running' if st['exporter_running'] else 'NOT running'})", highlight=False)
+        for t in st["targets"]:
+            out.print(f"  target {t['url']}: {t['health']} {escape(t['last_error'])}", highlight=False)

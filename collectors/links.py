@@ -1,0 +1,80 @@
+"""Per link and direction: tc counters and shape of every running testbed, read at scrape time.
+
+Counters come from the root HTB qdisc of the interface whose egress carries the direction
+(the same numbers as ``testbed link show`` and the run summaries), read over netlink in
+the testbed's namespaces; the shape is the one in force (``testbed link set`` included).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from testbed.core import DIRECTIONS, Testbed, list_testbeds
+from testbed.errors import TestbedError
+
+LABELS = ["testbed", "link", "direction", "src", "dst", "bottleneck"]
+
+COUNTERS = (  # (metric, counter key, help)
+    ("testbed_link_transmit_bytes", "bytes", "Bytes sent into the link direction (egress qdisc, layer 2)."),
+    ("testbed_link_transmit_packets", "packets", "Packets sent into the link direction."),
+    ("testbed_link_drops", "drops", "Packets the link direction's queue dropped."),
+    ("testbed_link_overlimits", "overlimits", "Times the shaper delayed a packet because the rate was exhausted."),
+)
+
+
+class LinkCollector(Collector):
+    def __init__(self, testbeds: Iterable[str] | None = None):
+        """``testbeds``: names to export; None exports every running testbed."""
+        self.only = set(testbeds) if testbeds else None
+
+    def _testbeds(self) -> list[Testbed]:
+        out = []
+        for t in list_testbeds():
+            if not t["ready"] or (self.only is not None and t["name"] not in self.only):
+                continue
+            try:
+                out.append(Testbed.attach(t["name"]))
+            except TestbedError:
+                continue  # went down between listing and attaching
+        return out
+
+    def collect(self):
+        counters = {m: CounterMetricFamily(m, h, labels=LABELS) for m, _, h in COUNTERS}
+        backlog = GaugeMetricFamily("testbed_link_backlog_bytes", "Bytes waiting in the link direction's queue.",
+                                    labels=LABELS)
+        backlog_p = GaugeMetricFamily("testbed_link_backlog_packets", "Packets waiting in the link direction's queue.",
+                                      labels=LABELS)
+        capacity = GaugeMetricFamily("testbed_link_capacity_bytes_per_second",
+                                     "Configured rate of the link direction (layer 2).", labels=LABELS)
+        delay = GaugeMetricFamily("testbed_link_delay_seconds", "Configured one-way delay (netem).", labels=LABELS)
+        jitter = GaugeMetricFamily("testbed_link_jitter_seconds", "Configured delay variation (netem).", labels=LABELS)
+        loss = GaugeMetricFamily("testbed_link_loss_ratio", "Configured random loss, 0-1 (netem).", labels=LABELS)
+        up = GaugeMetricFamily("testbed_link_scrape_ok", "1 when the testbed's counters were read, 0 when not.",
+                               labels=["testbed"])
+        for tb in self._testbeds():
+            try:
+                live = tb.link_counters()
+            except TestbedError:
+                up.add_metric([tb.name], 0)
+                continue
+            up.add_metric([tb.name], 1)
+            for l in tb.topology.links:
+                for d, (src, dst) in zip(DIRECTIONS, ((l.a, l.b), (l.b, l.a))):
+                    labels = [tb.name, l.name, d, src, dst, "true" if l.bottleneck else "false"]
+                    c = live.get((l.index, d))
+                    shape = l.shape(d)
+                    capacity.add_metric(labels, shape.rate.bps / 8)
+                    delay.add_metric(labels, shape.delay.seconds)
+                    jitter.add_metric(labels, shape.jitter.seconds)
+                    loss.add_metric(labels, shape.loss.fraction)
+                    if c is None:
+                        continue
+                    for m, key, _ in COUNTERS:
+                        counters[m].add_metric(labels, c.get(key, 0))
+                    backlog.add_metric(labels, c.get("backlog_bytes", 0))
+                    backlog_p.add_metric(labels, c.get("qlen", 0))
+        yield from counters.values()
+        yield from (backlog, backlog_p, capacity, delay, jitter, loss, up)

@@ -1,0 +1,211 @@
+"""Per run and rank: training progress read from the run directories' records at scrape time.
+
+A run directory (``testbed run``, or ``python -m workloads.train --out DIR`` under plain
+torchrun) holds ``config.json``, ``rank{R}.jsonl`` and ``eval.jsonl``; ``run.json`` adds
+the run id and bandwidth when testbed launched it. Each scrape reads only what was
+appended since the last one (files are JSON lines, flushed per iteration), so the cost
+does not grow with the length of a run. Runs whose files have not changed for
+``keep_s`` seconds are no longer exported (Prometheus keeps their history).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+LABELS = ["run_id", "scheme", "rank", "bw"]
+INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
+ITER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _Tail:
+    """Complete JSON lines appended to a file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next scrape
+        self.offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+
+@dataclass
+class _Rank:
+    tail: _Tail
+    iterations: int = 0
+    loss: float | None = None
+    payload: int = 0
+    last_payload: int | None = None
+    tx_bytes: int | None = None
+    compute_s: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(ITER_BUCKETS))
+    iter_sum: float = 0.0
+
+
+@dataclass
+class _Run:
+    path: Path
+    run_id: str
+    info: dict
+    dense_bytes: int | None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    evals: _Tail | None = None
+    accuracy: float | None = None
+    epoch: float | None = None
+
+    def update(self) -> None:
+        for p in self.path.glob("rank*.jsonl"):
+            try:
+                r = int(p.stem[4:])
+            except ValueError:
+                continue
+            st = self.ranks.setdefault(r, _Rank(_Tail(p)))
+            for rec in st.tail.read():
+                st.iterations = max(st.iterations, int(rec.get("iter") or 0))
+                st.loss = rec.get("loss")
+                pb = rec.get("payload_bytes") or 0
+                st.payload += pb
+                st.last_payload = pb
+                if rec.get("tx_bytes") is not None:
+                    st.tx_bytes = rec["tx_bytes"]
+                st.compute_s += rec.get("compute_s") or 0.0
+                s = rec.get("iter_s")
+                if s is not None:
+                    st.iter_sum += s
+                    for i, le in enumerate(ITER_BUCKETS):
+                        if s <= le:
+                            st.buckets[i] += 1
+        for rec in self.evals.read():
+            self.accuracy = rec.get("accuracy")
+            self.epoch = rec.get("epoch")
+
+
+def _load(path: Path) -> _Run | None:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        run = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        run = {}
+    req = run.get("request") or {}
+    args = config.get("args") or {}
+    run_id = run.get("run_id") or path.name
+    info = {"run_id": run_id, "scheme": str(args.get("scheme", "")), "model": str(args.get("model", "")),
+            "dataset": str(args.get("dataset", "")), "bw": str(req.get("bw") or ""),
+            "world_size": str(config.get("world_size", "")), "testbed": str(req.get("testbed") or "")}
+    r = _Run(path, run_id, info, config.get("dense_bytes"))
+    r.evals = _Tail(path / "eval.jsonl")
+    return r
+
+
+def _newest_mtime(path: Path) -> float:
+    try:
+        return max(e.stat().st_mtime for e in os.scandir(path) if e.is_file())
+    except ValueError:
+        return 0.0
+
+
+class TrainingCollector(Collector):
+    def __init__(self, dirs: Iterable[Path], keep_s: float = 3600.0):
+        """``dirs``: run directories, or directories holding them (``runs/``, a sweep)."""
+        self.dirs = [Path(d) for d in dirs]
+        self.keep_s = keep_s
+        self.runs: dict[Path, _Run] = {}
+
+    def _discover(self) -> list[_Run]:
+        now = time.time()
+        found: list[Path] = []
+        for d in self.dirs:
+            if (d / "config.json").exists():
+                found.append(d)
+                continue
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if e.is_dir():
+                    p = Path(e.path)
+                    if (p / "config.json").exists():
+                        found.append(p)
+                    elif e.name.startswith("sweep-"):
+                        found.extend(Path(x.path) for x in os.scandir(p)
+                                     if x.is_dir() and (Path(x.path) / "config.json").exists())
+        live = []
+        for p in found:
+            if now - _newest_mtime(p) > self.keep_s:
+                self.runs.pop(p, None)
+                continue
+            if p not in self.runs:
+                r = _load(p)
+                if r is None:
+                    continue
+                self.runs[p] = r
+            live.append(self.runs[p])
+        for p in set(self.runs) - set(found):
+            del self.runs[p]
+        return live
+
+    def collect(self):
+        info = GaugeMetricFamily("testbed_run_info", "A run's scheme, model, dataset and bottleneck rate (always 1).",
+                                 labels=INFO_LABELS)
+        iters = CounterMetricFamily("testbed_train_iterations", "Training iterations completed.", labels=LABELS)
+        loss = GaugeMetricFamily("testbed_train_loss", "Training loss of the rank's last batch.", labels=LABELS)
+        acc = GaugeMetricFamily("testbed_train_accuracy", "Test accuracy of the last evaluation, 0-1 (rank 0).",
+                                labels=LABELS)
+        epoch = GaugeMetricFamily("testbed_train_epoch", "Epoch of the last evaluation.", labels=LABELS)
+        hist = HistogramMetricFamily("testbed_train_iteration_seconds",
+                                     "Seconds per training iteration (forward, backward with communication, step).",
+                                     labels=LABELS)
+        payload = CounterMetricFamily("testbed_train_payload_bytes",
+                                      "Bytes the rank handed to collectives (the scheme's payload).", labels=LABELS)
+        wire = CounterMetricFamily("testbed_train_wire_bytes",
+                                   "Bytes the rank's data-plane interface transmitted (its tx counter).", labels=LABELS)
+        compute = CounterMetricFamily("testbed_train_compute_seconds",
+                                      "Forward and backward computation seconds (DDP's timers).", labels=LABELS)
+        ratio = GaugeMetricFamily("testbed_train_compression_ratio",
+                                  "Payload of the last iteration over the dense gradient bytes (1 = uncompressed).",
+                                  labels=LABELS)
+        for run in self._discover():
+            run.update()
+            i = run.info
+            info.add_metric([i[k] for k in INFO_LABELS], 1)
+            if run.accuracy is not None:
+                acc.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.accuracy)
+                epoch.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.epoch or 0)
+            for r, st in sorted(run.ranks.items()):
+                labels = [run.run_id, i["scheme"], str(r), i["bw"]]
+                iters.add_metric(labels, st.iterations)
+                if st.loss is not None:
+                    loss.add_metric(labels, st.loss)
+                hist.add_metric(labels, buckets=[*((str(le), c) for le, c in zip(ITER_BUCKETS, st.buckets)),
+                                                 ("+Inf", st.iterations)], sum_value=st.iter_sum)
+                payload.add_metric(labels, st.payload)
+                compute.add_metric(labels, st.compute_s)
+                if st.tx_bytes is not None:
+                    wire.add_metric(labels, st.tx_bytes)
+                if run.dense_bytes and st.last_payload is not None:
+                    ratio.add_metric(labels, st.last_payload / run.dense_bytes)
+        yield from (info, iters, loss, acc, epoch, hist, payload, wire, compute, ratio)

@@ -1,0 +1,161 @@
+"""Exporters without root: training records -> metrics, promtool, dashboards, compose files."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors import dashboards
+from collectors.training import ITER_BUCKETS, TrainingCollector
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_dir(tmp_path: Path, run_id="r1", ranks=2) -> Path:
+    d = tmp_path / "runs" / run_id
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"args": {"scheme": "pactrain", "model": "cnn", "dataset": "digits"},
+                                               "world_size": ranks, "dense_bytes": 1000}))
+    (d / "run.json").write_text(json.dumps({"run_id": run_id, "request": {"bw": "100mbit", "testbed": "tb"}}))
+    return d
+
+
+def _append(path: Path, *records, partial: str = "") -> None:
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.write(partial)
+
+
+def _samples(reg) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _it(rank, i, s, payload=500, tx=None):
+    return {"rank": rank, "iter": i, "iter_s": s, "loss": 1.0 / i, "payload_bytes": payload, "tx_bytes": tx,
+            "compute_s": 0.1}
+
+
+def test_training_metrics_follow_the_records_incrementally(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2, tx=1000), _it(0, 2, 0.7, payload=400, tx=3000))
+    _append(d / "rank1.jsonl", _it(1, 1, 0.3), partial='{"rank": 1, "iter": 2, "iter_s"')
+    _append(d / "eval.jsonl", {"iter": 2, "epoch": 0, "accuracy": 0.5})
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    s = _samples(reg)
+    def lab(r, **extra):
+        return tuple(sorted({"bw": "100mbit", "rank": str(r), "run_id": "r1", "scheme": "pactrain", **extra}.items()))
+    assert s[("testbed_train_iterations_total", lab(0))] == 2
+    assert s[("testbed_train_iterations_total", lab(1))] == 1  # the half-written line waits
+    assert s[("testbed_train_payload_bytes_total", lab(0))] == 900
+    assert s[("testbed_train_wire_bytes_total", lab(0))] == 3000
+    assert s[("testbed_train_compression_ratio", lab(0))] == pytest.approx(0.4)
+    assert s[("testbed_train_loss", lab(0))] == pytest.approx(0.5)
+    assert s[("testbed_train_accuracy", lab(0))] == 0.5
+    assert s[("testbed_train_iteration_seconds_count", lab(0))] == 2
+    assert s[("testbed_train_iteration_seconds_sum", lab(0))] == pytest.approx(0.9)
+    assert s[("testbed_train_iteration_seconds_bucket", lab(0, le="0.25"))] == 1
+    assert s[("testbed_train_iteration_seconds_bucket", lab(0, le="1.0"))] == 2
+    info = [k for k in s if k[0] == "testbed_run_info"]
+    assert dict(info[0][1]) == {"run_id": "r1", "scheme": "pactrain", "model": "cnn", "dataset": "digits",
+                                "bw": "100mbit", "world_size": "2", "testbed": "tb"}
+    # the rest of the line arrives: counted once, earlier records not re-read
+    with open(d / "rank1.jsonl", "a") as f:
+        f.write(': 0.4, "loss": 0.1, "payload_bytes": 500}\n')
+    _append(d / "rank0.jsonl", _it(0, 3, 20.0))
+    s = _samples(reg)
+    assert s[("testbed_train_iterations_total", lab(1))] == 2
+    assert s[("testbed_train_iterations_total", lab(0))] == 3
+    assert s[("testbed_train_payload_bytes_total", lab(0))] == 1400
+    assert s[("testbed_train_iteration_seconds_bucket", lab(0, le="10.0"))] == 2
+    assert s[("testbed_train_iteration_seconds_bucket", lab(0, le="+Inf"))] == 3
+
+
+def test_finished_runs_age_out_and_sweeps_are_found(tmp_path):
+    import os
+    d = _run_dir(tmp_path, "old")
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2))
+    sweep = tmp_path / "runs" / "sweep-1"
+    sweep.mkdir()
+    new = _run_dir(tmp_path, "new")
+    new.rename(sweep / "new")
+    _append(sweep / "new" / "rank0.jsonl", _it(0, 1, 0.2))
+    for f in d.iterdir():
+        os.utime(f, (1, 1))
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"], keep_s=600))
+    runs = {dict(k[1])["run_id"] for k in _samples(reg) if k[0] == "testbed_run_info"}
+    assert runs == {"new"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_accepts_the_training_metrics(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2, tx=10))
+    _append(d / "eval.jsonl", {"iter": 1, "epoch": 0, "accuracy": 0.5})
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    r = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(reg), capture_output=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_committed_dashboards_are_the_generated_ones():
+    for name, fn in dashboards.DASHBOARDS.items():
+        committed = (dashboards.OUT / name).read_text()
+        assert committed == dashboards.render(fn()), f"run `python -m collectors.dashboards` ({name} is stale)"
+        d = json.loads(committed)
+        assert all(p["datasource"]["uid"] == "testbed-prometheus" for p in d["panels"])
+        assert dashboards.expressions(d)
+
+
+def test_compose_provisioning_points_at_files_that_exist():
+    compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
+    for svc in compose["services"].values():
+        for v in svc.get("volumes", []):
+            src = v.split(":")[0]
+            if src.startswith("."):
+                assert (ROOT / "compose" / src).exists(), v
+        assert svc["network_mode"] == "host"
+    env = compose["services"]["grafana"]["environment"]
+    assert env["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    assert "--web.listen-address=127.0.0.1:9090" in compose["services"]["prometheus"]["command"]
+    ds = yaml.safe_load((ROOT / "compose/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert ds["datasources"][0]["uid"] == "testbed-prometheus"
+    prov = yaml.safe_load((ROOT / "compose/grafana/provisioning/dashboards/testbed.yml").read_text())
+    mounted = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("."))
+    assert prov["providers"][0]["options"]["path"] in mounted
+
+
+def _compose_cmd():
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return None
+
+
+@pytest.mark.skipif(_compose_cmd() is None, reason="neither docker-compose nor the docker compose plugin is installed")
+def test_compose_file_validates():
+    r = subprocess.run([*_compose_cmd(), "-f", str(ROOT / "compose" / "docker-compose.yml"), "--profile", "prometheus",
+                        "config", "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_accepts_the_shipped_and_generated_configs(tmp_path):
+    from testbed.monitor import config
+    p = tmp_path / "prometheus.yml"
+    p.write_text(yaml.safe_dump(config("2s", tmp_path / "targets")))
+    for cfg in (p, ROOT / "compose" / "prometheus" / "prometheus.yml"):
+        r = subprocess.run(["promtool", "check", "config", str(cfg)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
