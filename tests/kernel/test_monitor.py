@@ -1,0 +1,122 @@
+"""e2e: a real Prometheus (Debian's package) scrapes the host exporter during a real run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collectors import dashboards
+from tests.helpers import dumbbell
+from tests.kernel.conftest import cli, cli_json
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
+                                reason="no prometheus binary (apt-get install prometheus)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _query(url: str, expr: str) -> list[dict]:
+    q = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = _query(url, expr)
+        if ok(res) or time.monotonic() > deadline:
+            return res
+        time.sleep(0.5)
+
+
+def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_data(tmp_path, clean_kernel):
+    mdir, runs = tmp_path / "monitor", tmp_path / "runs"
+    runs.mkdir()
+    st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{_free_port()}",
+                  "--exporter-listen", f"127.0.0.1:{_free_port()}", "--runs", str(runs), "--scrape-interval", "1s")
+    prom = st["prometheus_url"]
+    topo = tmp_path / "mon.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("mon", rate="50mbit")))
+    try:
+        # another `monitor up` on the same directory is refused while this one runs
+        again = cli("monitor", "up", "--dir", str(mdir))
+        assert again.returncode == 1 and "already running" in again.stderr
+        assert cli("up", str(topo)).returncode == 0
+        s = cli_json("run", "allreduce", "-t", "mon", "--bw", "40mbit", "--out", str(runs),
+                     "--max-iters", "16", "--eval-every", "8")
+        assert s["status"] == "ok"
+        run_id, iters = s["run_id"], s["iterations"]
+        res = _wait(prom, f'testbed_train_iterations_total{{run_id="{run_id}",rank="0"}}',
+                    lambda r: r and float(r[0]["value"][1]) == iters)
+        assert res and float(res[0]["value"][1]) == iters, res
+
+        # links: counters per direction with the topology's labels, the run's rate seen while it ran
+        res = _query(prom, 'testbed_link_transmit_bytes_total{testbed="mon",bottleneck="true"}')
+        by_dir = {r["metric"]["direction"]: r for r in res}
+        assert set(by_dir) == {"forward", "reverse"}
+        assert {by_dir["forward"]["metric"]["src"], by_dir["forward"]["metric"]["dst"]} == {"s0", "s1"}
+        assert sum(float(r["value"][1]) for r in res) >= 2 * s["mean_payload_bytes"] * iters
+        cap = _query(prom, 'min_over_time(testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}[5m])')
+        assert {float(r["value"][1]) for r in cap} == {40e6 / 8}
+        now = _query(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}')
+        assert {float(r["value"][1]) for r in now} == {50e6 / 8}  # restored after the run
+        assert len(_query(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon"}')) == 6  # 3 links x 2
+
+        # training: run info and per-rank series with the documented labels
+        info = _query(prom, f'testbed_run_info{{run_id="{run_id}"}}')
+        assert len(info) == 1
+        m = info[0]["metric"]
+        assert (m["scheme"], m["model"], m["dataset"], m["bw"], m["testbed"]) == ("allreduce", "cnn", "digits",
+                                                                                   "40mbit", "mon")
+        pay = _query(prom, f'testbed_train_payload_bytes_total{{run_id="{run_id}"}}')
+        assert {r["metric"]["rank"] for r in pay} == {"0", "1"}
+        assert all(r["metric"]["scheme"] == "allreduce" and r["metric"]["bw"] == "40mbit" for r in pay)
+        assert float(pay[0]["value"][1]) == pytest.approx(s["mean_payload_bytes"] * iters, rel=0.01)
+        assert _query(prom, f'testbed_train_accuracy{{run_id="{run_id}"}}')
+
+        # every expression of every shipped dashboard returns data from this Prometheus
+        subst = {"$__rate_interval": "5s", "$testbed": "mon", "$link": ".*", "$run_id": run_id, "$bw": "40mbit"}
+        for name, fn in dashboards.DASHBOARDS.items():
+            shipped = json.loads((dashboards.OUT / name).read_text())
+            for expr in dashboards.expressions(shipped):
+                q = expr
+                for k, v in subst.items():
+                    q = q.replace(k, v)
+                assert "$" not in q, q
+                assert _query(prom, q), f"{name}: no data for {q}"
+
+        status = cli_json("monitor", "status", "--dir", str(mdir))
+        assert status["running"] and status["targets"] and status["targets"][0]["health"] == "up"
+    finally:
+        cli("down", "mon")
+        down = cli_json("monitor", "down", "--dir", str(mdir))
+    assert len(down["stopped"]) == 2
+    assert cli_json("monitor", "status", "--dir", str(mdir))["running"] is False
+    assert (mdir / "data").is_dir()  # the history stays
+
+
+def test_monitor_bad_input_is_refused_cleanly(tmp_path):
+    r = cli("monitor", "up", "--dir", str(tmp_path / "m"), "--listen", "9090")
+    assert r.returncode == 1 and "--listen" in r.stderr and "Traceback" not in r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = cli("monitor", "up", "--dir", str(tmp_path / "m"), "--listen", f"127.0.0.1:{port}")
+    assert r.returncode == 1 and "in use" in r.stderr
+    assert not (tmp_path / "m" / "state.json").exists()
