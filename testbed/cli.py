@@ -607,24 +607,6 @@ def version():
     out.print(__version__)
 
 
-def main() -> None:
-    try:
-        app(standalone_mode=True)
-    except _Fail as f:
-        if f.as_json:
-            _emit(f.error.to_dict())
-        else:
-            err.print(f"[red]error:[/] {escape(f.error.message)}", highlight=False)
-            if f.error.hint:
-                err.print(f"  [yellow]hint:[/] {escape(f.error.hint)}", highlight=False)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
 
 
 MonitorDir = typer.Option(None, "--dir", help="Monitor directory: config, targets, TSDB "
@@ -685,3 +667,23 @@ def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
                   f"({'running' if st['exporter_running'] else 'NOT running'})", highlight=False)
         for t in st["targets"]:
             out.print(f"  target {t['url']}: {t['health']} {escape(t['last_error'])}", highlight=False)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except _Fail as f:
+        if f.as_json:
+            _emit(f.error.to_dict())
+        else:
+            err.print(f"[red]error:[/] {escape(f.error.message)}", highlight=False)
+            if f.error.hint:
+                err.print(f"  [yellow]hint:[/] {escape(f.error.hint)}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -83,6 +83,12 @@ class _Handles:
         self._h.clear()
 
 
+_IFINDEX: dict[tuple[str, int | None, str], int] = {}
+"""(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
+life, and the inode tells a namespace apart from a later one of the same name, so
+repeated counter reads (the exporter's scrapes) skip the lookups."""
+
+
 def _execute(action, handles: _Handles) -> None:
     if isinstance(action, CreateNetns):
         rt = handles.put(Rtnl.create_netns(action.ns))
@@ -371,10 +377,16 @@ class Testbed:
                 by_ns.setdefault(ep.ns, []).append((idx, d, ep))
         counters: dict[tuple[int, str], dict] = {}
         for ns, eps in by_ns.items():
+            ino = netns.inode(ns)
             with Rtnl.open(ns) as rt:
                 stats = tc.egress_stats(rt)
+                todo = [ep.ifname for _, _, ep in eps if (ns, ino, ep.ifname) not in _IFINDEX]
+                if len(todo) > 1:
+                    rt.load_indexes()
+                for name in todo:
+                    _IFINDEX[(ns, ino, name)] = rt.index(name)
                 for idx, d, ep in eps:
-                    counters[(idx, d)] = stats.get(rt.index(ep.ifname), {})
+                    counters[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
         return counters
 
     def link_stats(self) -> list[dict]:

@@ -66,6 +66,11 @@ class Rtnl:
             idx = self._index[ifname] = found[0]
         return idx
 
+    def load_indexes(self) -> None:
+        """Learn every interface's index with one dump (cheaper than a lookup per name)."""
+        for msg in self.call("listing interfaces", "get_links"):
+            self._index[msg.get_attr("IFLA_IFNAME")] = msg["index"]
+
     # ------------------------------------------------------------- links
     def init_namespace(self, tag: str) -> None:
         """Loopback up and the ownership tag on it."""
