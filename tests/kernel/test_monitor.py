@@ -21,10 +21,16 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
                                 reason="no prometheus binary (apt-get install prometheus)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (all held open while choosing, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _query(url: str, expr: str) -> list[dict]:
@@ -47,8 +53,9 @@ def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
 def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_data(tmp_path, clean_kernel):
     mdir, runs = tmp_path / "monitor", tmp_path / "runs"
     runs.mkdir()
-    st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{_free_port()}",
-                  "--exporter-listen", f"127.0.0.1:{_free_port()}", "--runs", str(runs), "--scrape-interval", "1s")
+    pport, eport = _free_ports(2)
+    st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{pport}",
+                  "--exporter-listen", f"127.0.0.1:{eport}", "--runs", str(runs), "--scrape-interval", "1s")
     prom = st["prometheus_url"]
     topo = tmp_path / "mon.yaml"
     topo.write_text(yaml.safe_dump(dumbbell("mon", rate="50mbit")))
@@ -66,15 +73,19 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert res and float(res[0]["value"][1]) == iters, res
 
         # links: counters per direction with the topology's labels, the run's rate seen while it ran
-        res = _query(prom, 'testbed_link_transmit_bytes_total{testbed="mon",bottleneck="true"}')
+        want = 2 * s["mean_payload_bytes"] * iters  # a 2-rank all-reduce crosses the link once each way
+        res = _wait(prom, 'testbed_link_transmit_bytes_total{testbed="mon",bottleneck="true"}',
+                    lambda r: sum(float(x["value"][1]) for x in r) >= want, timeout=15)
         by_dir = {r["metric"]["direction"]: r for r in res}
         assert set(by_dir) == {"forward", "reverse"}
         assert {by_dir["forward"]["metric"]["src"], by_dir["forward"]["metric"]["dst"]} == {"s0", "s1"}
-        assert sum(float(r["value"][1]) for r in res) >= 2 * s["mean_payload_bytes"] * iters
+        assert sum(float(r["value"][1]) for r in res) >= want
         cap = _query(prom, 'min_over_time(testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}[5m])')
         assert {float(r["value"][1]) for r in cap} == {40e6 / 8}
-        now = _query(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}')
-        assert {float(r["value"][1]) for r in now} == {50e6 / 8}  # restored after the run
+        # restored after the run: seen from the next scrape on
+        now = _wait(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}',
+                    lambda r: {float(x["value"][1]) for x in r} == {50e6 / 8}, timeout=15)
+        assert {float(r["value"][1]) for r in now} == {50e6 / 8}
         assert len(_query(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon"}')) == 6  # 3 links x 2
 
         # training: run info and per-rank series with the documented labels
