@@ -54,12 +54,12 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
     mdir, runs = tmp_path / "monitor", tmp_path / "runs"
     runs.mkdir()
     pport, eport = _free_ports(2)
-    st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{pport}",
-                  "--exporter-listen", f"127.0.0.1:{eport}", "--runs", str(runs), "--scrape-interval", "1s")
-    prom = st["prometheus_url"]
     topo = tmp_path / "mon.yaml"
     topo.write_text(yaml.safe_dump(dumbbell("mon", rate="50mbit")))
     try:
+        st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{pport}",
+                      "--exporter-listen", f"127.0.0.1:{eport}", "--runs", str(runs), "--scrape-interval", "1s")
+        prom = st["prometheus_url"]
         # another `monitor up` on the same directory is refused while this one runs
         again = cli("monitor", "up", "--dir", str(mdir))
         assert again.returncode == 1 and "already running" in again.stderr
