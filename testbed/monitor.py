@@ -179,9 +179,7 @@ def _exporter_ok(st: dict) -> bool:
 
 
 def down(d: Path = DEFAULT_DIR) -> list[str]:
-    st = read_state(d)
-    if st is None:
-        return []
+    st = read_state(d) or {}
     stopped = []
     for key, needle in (("prometheus_pid", "prometheus"), ("exporter_pid", "collectors")):
         pid = st.get(key)
@@ -194,6 +192,16 @@ def down(d: Path = DEFAULT_DIR) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
             stopped.append(f"{needle} (pid {pid})")
         _reap(pid)
+    # A Prometheus started with this directory's config but missing from state.json (a
+    # state file overwritten or lost) is this monitor's too: its command line names the file.
+    marker = f"--config.file={d / 'prometheus.yml'}"
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        if _alive(pid, marker):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(f"prometheus (pid {pid}, not in state.json)")
+            except ProcessLookupError:
+                pass
     (d / "targets" / "host.json").unlink(missing_ok=True)
     (d / "state.json").unlink(missing_ok=True)
     return stopped
