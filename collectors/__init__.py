@@ -7,3 +7,11 @@ told otherwise, so metric traffic never crosses an emulated link.
 
     python -m collectors [--listen 127.0.0.1:9464] [--testbed NAME ...] [--runs DIR ...]
 """
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` too; an empty host means 127.0.0.1) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)

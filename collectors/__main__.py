@@ -10,15 +10,16 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from . import parse_listen
 from .links import LinkCollector
 from .training import TrainingCollector
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--listen {value!r}: write HOST:PORT, e.g. 127.0.0.1:9464")
-    return host.strip("[]") or "127.0.0.1", int(port)
+def _listen_arg(value: str) -> tuple[str, int]:
+    try:
+        return parse_listen(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--listen {value!r}: write HOST:PORT, e.g. 127.0.0.1:9464") from None
 
 
 def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float) -> CollectorRegistry:
@@ -31,7 +32,7 @@ def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float) -> Col
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectors", description=__doc__)
-    p.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 9464),
+    p.add_argument("--listen", type=_listen_arg, default=("127.0.0.1", 9464),
                    help="HOST:PORT to serve /metrics on (default 127.0.0.1:9464; loopback only)")
     p.add_argument("--testbed", action="append", help="export only this testbed's links (repeatable)")
     p.add_argument("--runs", type=Path, action="append", default=[],

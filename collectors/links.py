@@ -12,8 +12,9 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.core import DIRECTIONS, Testbed, list_testbeds
+from testbed.core import DIRECTIONS, Testbed
 from testbed.errors import TestbedError
+from testbed.ledger import Ledger
 
 LABELS = ["testbed", "link", "direction", "src", "dst", "bottleneck"]
 
@@ -32,13 +33,13 @@ class LinkCollector(Collector):
 
     def _testbeds(self) -> list[Testbed]:
         out = []
-        for t in list_testbeds():
-            if not t["ready"] or (self.only is not None and t["name"] not in self.only):
+        for name in Ledger.all_names():
+            if self.only is not None and name not in self.only:
                 continue
             try:
-                out.append(Testbed.attach(t["name"]))
+                out.append(Testbed.attach(name))  # refuses testbeds not (or no longer) up and ready
             except TestbedError:
-                continue  # went down between listing and attaching
+                continue
         return out
 
     def collect(self):

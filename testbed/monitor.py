@@ -34,6 +34,8 @@ from pathlib import Path
 
 import yaml
 
+from collectors import parse_listen
+
 from .errors import StateError, TestbedError
 
 DEFAULT_DIR = Path(os.environ.get("TESTBED_MONITOR_DIR", "/var/lib/testbed/monitor"))
@@ -41,10 +43,13 @@ JOB = "testbed"
 
 
 def _listen(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        host, port = parse_listen(value)
+    except ValueError:
+        port = 0
+    if port == 0:  # Prometheus' target file needs the real port
         raise TestbedError(f"{what} {value!r} is not HOST:PORT", f"write e.g. {what} 127.0.0.1:9090")
-    return host or "127.0.0.1", int(port)
+    return host, port
 
 
 def _port_free(host: str, port: int) -> bool:
