@@ -5,7 +5,12 @@ so an idle exporter costs nothing, and a scrape reads exactly the kernel counter
 record files of that moment. They run on the host side and bind to 127.0.0.1 unless
 told otherwise, so metric traffic never crosses an emulated link.
 
-    python -m collectors [--listen 127.0.0.1:9464] [--testbed NAME ...] [--runs DIR ...]
+    python -m collectors [--listen 127.0.0.1:9464] (--testbed NAME ... | --all-testbeds) [--runs DIR ...]
+                         [--sd-file FILE --sd-label KEY=VALUE]
+
+`testbed up` starts one per testbed (``--testbed NAME --listen 127.0.0.1:0 --sd-file
+<state dir>/targets/testbed-NAME.json``) and `testbed down` stops it; `testbed run` serves
+its run's records from its own process (:class:`collectors.training.RunExporter`).
 """
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 
 from . import parse_listen
+from .sd import write_target
 from .links import LinkCollector
 from .training import TrainingCollector
 
@@ -22,9 +23,11 @@ def _listen_arg(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"--listen {value!r}: write HOST:PORT, e.g. 127.0.0.1:9464") from None
 
 
-def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float) -> CollectorRegistry:
+def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float, all_testbeds: bool = False
+             ) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(LinkCollector(testbeds))
+    if testbeds or all_testbeds:
+        reg.register(LinkCollector(None if all_testbeds else testbeds))
     if runs:
         reg.register(TrainingCollector(runs, keep_s))
     return reg
@@ -34,24 +37,50 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectors", description=__doc__)
     p.add_argument("--listen", type=_listen_arg, default=("127.0.0.1", 9464),
                    help="HOST:PORT to serve /metrics on (default 127.0.0.1:9464; loopback only)")
-    p.add_argument("--testbed", action="append", help="export only this testbed's links (repeatable)")
+    p.add_argument("--testbed", action="append", help="export this testbed's links (repeatable)")
+    p.add_argument("--all-testbeds", action="store_true", help="export the links of every running testbed")
     p.add_argument("--runs", type=Path, action="append", default=[],
                    help="run directory or a directory of runs to export (repeatable)")
     p.add_argument("--keep", type=float, default=3600.0, help="seconds a finished run stays exported")
+    p.add_argument("--sd-file", type=Path, help="once listening, announce the address in this Prometheus "
+                   "file-SD target file (removed at exit); with --listen HOST:0 the port is the one bound")
+    p.add_argument("--sd-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label for the target file (repeatable)")
     args = p.parse_args(argv)
-    reg = registry(args.testbed, args.runs, args.keep)
+    labels = {}
+    for kv in args.sd_label:
+        k, sep, v = kv.partition("=")
+        if not sep or not k.isidentifier():
+            p.error(f"--sd-label {kv!r}: write KEY=VALUE, e.g. exporter=links")
+        labels[k] = v
+    if not (args.testbed or args.all_testbeds or args.runs):
+        p.error("nothing to export: give --testbed NAME, --all-testbeds or --runs DIR")
+    try:  # a netlink handle per namespace stays open between scrapes
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+    reg = registry(args.testbed, args.runs, args.keep, args.all_testbeds)
     host, port = args.listen
     try:
         server, thread = start_http_server(port, addr=host, registry=reg)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
-    print(f"serving http://{host}:{server.server_port}/metrics", flush=True)
     stop = threading.Event()
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda *_: stop.set())
-    stop.wait()
-    server.shutdown()
+    print(f"serving http://{host}:{server.server_port}/metrics", flush=True)
+    try:
+        if args.sd_file:
+            write_target(args.sd_file, host, server.server_port, labels)
+        stop.wait()
+    finally:
+        if args.sd_file:
+            args.sd_file.unlink(missing_ok=True)
+        server.shutdown()
     return 0
 
 

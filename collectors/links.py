@@ -7,12 +7,13 @@ the testbed's namespaces; the shape is the one in force (``testbed link set`` in
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.core import DIRECTIONS, Testbed
+from testbed.core import DIRECTIONS, NetlinkPool, Testbed
 from testbed.errors import TestbedError
 from testbed.ledger import Ledger
 
@@ -30,6 +31,24 @@ class LinkCollector(Collector):
     def __init__(self, testbeds: Iterable[str] | None = None):
         """``testbeds``: names to export; None exports every running testbed."""
         self.only = set(testbeds) if testbeds else None
+        self.pool = NetlinkPool()
+        # pyroute2 binds a handle to the thread that first used it, and the HTTP server
+        # answers each scrape in a new thread: the pool is used from this one thread only.
+        self._netlink = ThreadPoolExecutor(1, thread_name_prefix="netlink")
+
+    def close(self) -> None:
+        self._netlink.submit(self.pool.close).result()
+        self._netlink.shutdown()
+
+    def _read(self, testbeds: list[Testbed]) -> dict[str, dict | None]:
+        out: dict[str, dict | None] = {}
+        for tb in testbeds:
+            try:
+                out[tb.name] = tb.link_counters(pool=self.pool)
+            except (TestbedError, OSError):
+                out[tb.name] = None
+        self.pool.prune()  # close the handles of testbeds gone since the last scrape
+        return out
 
     def _testbeds(self) -> list[Testbed]:
         out = []
@@ -55,10 +74,11 @@ class LinkCollector(Collector):
         loss = GaugeMetricFamily("testbed_link_loss_ratio", "Configured random loss, 0-1 (netem).", labels=LABELS)
         up = GaugeMetricFamily("testbed_link_scrape_ok", "1 when the testbed's counters were read, 0 when not.",
                                labels=["testbed"])
-        for tb in self._testbeds():
-            try:
-                live = tb.link_counters()
-            except TestbedError:
+        testbeds = self._testbeds()
+        read = self._netlink.submit(self._read, testbeds).result()
+        for tb in testbeds:
+            live = read[tb.name]
+            if live is None:
                 up.add_metric([tb.name], 0)
                 continue
             up.add_metric([tb.name], 1)

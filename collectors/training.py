@@ -209,3 +209,65 @@ class TrainingCollector(Collector):
                 if run.dense_bytes and st.last_payload is not None:
                     ratio.add_metric(labels, st.last_payload / run.dense_bytes)
         yield from (info, iters, loss, acc, epoch, hist, payload, wire, compute, ratio)
+
+
+class RunExporter:
+    """One run's training metrics, served from the process that launched it while it runs.
+
+    `testbed run` starts one per run on a free loopback port and announces it through a
+    file-SD target file; :meth:`finish` waits (when someone scrapes at all) for one scrape
+    that read the final records, so Prometheus holds the end of the run too.
+    """
+
+    def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1"):
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from .sd import write_target
+
+        self.target = target
+        self.collector = TrainingCollector([run_dir], keep_s=float("inf"))
+        self._scrapes: list[tuple[float, float]] = []  # (start, end) of each collect, monotonic
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(self)
+        self.server, self._thread = start_http_server(0, addr=host, registry=reg)
+        self.url = f"http://{host}:{self.server.server_port}/metrics"
+        write_target(target, host, self.server.server_port, {"exporter": "training"})
+
+    def collect(self):
+        t0 = time.monotonic()
+        metrics = list(self.collector.collect())
+        self._scrapes.append((t0, time.monotonic()))
+        del self._scrapes[:-16]
+        yield from metrics
+
+    def finish(self, max_wait: float = 30.0) -> bool:
+        """Wait for a scrape that began after now; False if none came (or nobody scrapes).
+
+        A run shorter than Prometheus' discovery delay (file-SD refresh plus the scrape
+        manager's 5 s reload) may end before its first scrape; when a `testbed monitor`
+        watches the targets, that first scrape is waited for too."""
+        from .sd import watchers
+
+        now = time.monotonic()
+        starts = [s for s, _ in self._scrapes]
+        if starts:
+            gaps = sorted(b - a for a, b in zip(starts, starts[1:]))
+            interval = gaps[len(gaps) // 2] if gaps else 5.0
+            wait = max(2.0, 2.5 * interval)
+        else:
+            ws = watchers()
+            if not ws:
+                return False
+            wait = 12.0 + 2 * max(float(w.get("scrape_interval_s", 5.0)) for w in ws)
+        deadline = now + min(max_wait, wait)
+        while time.monotonic() < deadline:
+            if self._scrapes and self._scrapes[-1][0] > now:
+                time.sleep(0.2)  # the response leaves after collect() returns
+                return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        self.target.unlink(missing_ok=True)
+        self.server.shutdown()
+        self.server.server_close()

@@ -35,6 +35,14 @@ app.add_typer(monitor_app, name="monitor")
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
 TestbedOpt = typer.Option(None, "--testbed", "-t", help="Testbed name (default: the only one that is up).")
+ExporterOpt = typer.Option(True, "--exporter/--no-exporter",
+                           help="Start the testbed's Prometheus exporter on the host (announced to "
+                                "`testbed monitor` through file-based discovery; stopped by `down`).")
+RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
+                              help="Serve the training metrics (and, for a testbed brought up here, its link "
+                                   "metrics) to Prometheus on loopback, announced through file-based discovery.")
+ExporterListenOpt = typer.Option("127.0.0.1:0", "--exporter-listen", metavar="HOST:PORT",
+                                 help="Where the exporter listens (port 0: any free port; loopback by default).")
 
 
 class _Fail(Exception):
@@ -75,9 +83,11 @@ def _guard(as_json: bool):
 def up(
     file: Path = typer.Argument(..., help="Topology YAML file, e.g. topologies/three_switch.yaml."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan; create nothing."),
+    exporter: bool = ExporterOpt,
+    exporter_listen: str = ExporterListenOpt,
     as_json: bool = JsonOpt,
 ):
-    """Build the emulated network described by FILE."""
+    """Build the emulated network described by FILE (and start its link exporter)."""
     with _guard(as_json):
         from .topology import load_topology
 
@@ -109,13 +119,16 @@ def up(
             def step(done: int, total: int, what: str) -> None:
                 prog.update(task, completed=done, total=total, description=what[:60])
 
-            tb = Testbed.up(topo, progress=step)
+            tb = Testbed.up(topo, progress=step, exporter=exporter_listen if exporter else None)
         if as_json:
             _emit(tb.to_dict())
         else:
             _render_testbed(tb.to_dict())
             out.print(f"[green]testbed {tb.name} is up[/]: `testbed exec {tb.workers[0].name} -- CMD`, "
                       f"`testbed link show`, `testbed down {tb.name}`")
+            if tb.to_dict()["exporter"]:
+                out.print(f"link metrics: {tb.to_dict()['exporter']} (`testbed monitor up` scrapes it)",
+                          highlight=False)
 
 
 # --------------------------------------------------------------------------- down
@@ -394,6 +407,7 @@ def run(
     ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
     init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
     eval_every: Optional[int] = WorkloadOpts["eval_every"],
+    exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
 ):
     """Train SCHEME across the emulated network, one rank per worker, and record everything.
@@ -424,7 +438,7 @@ def run(
                       f"batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
                       f"{testbed or topology or 'three_switch (default)'}", highlight=False)
         req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
-                         out=out_dir, timeout=timeout)
+                         out=out_dir, timeout=timeout, exporter=exporter)
         summary = _run_with_display(req, run_experiment, as_json)
         if as_json:
             _emit(summary)
@@ -491,6 +505,7 @@ def sweep(
     ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
     init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
     eval_every: Optional[int] = WorkloadOpts["eval_every"],
+    exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
 ):
     """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
@@ -525,7 +540,7 @@ def sweep(
         key = f"{model}-w{width or 1:g}-d{depth or 'full'}-{dataset}-s{seed}-e{pretrain_epochs:g}"
         req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
                            testbed=testbed, out=out_dir, timeout=timeout, init=init, pretrain_args=pre,
-                           cache_key=key)
+                           cache_key=key, exporter=exporter)
         from rich.live import Live
 
         live_on = not as_json and err.is_terminal
@@ -616,23 +631,28 @@ MonitorDir = typer.Option(None, "--dir", help="Monitor directory: config, target
 @monitor_app.command("up")
 def monitor_up(
     listen: str = typer.Option("127.0.0.1:9090", "--listen", help="Prometheus' HOST:PORT (loopback by default)."),
-    exporter_listen: str = typer.Option("127.0.0.1:9464", "--exporter-listen", help="The exporter's HOST:PORT."),
-    runs: List[Path] = typer.Option([Path("runs")], "--runs", help="Run directories to export (repeatable)."),
+    runs: List[Path] = typer.Option([], "--runs", help="Also export the runs under this directory, e.g. runs "
+                                    "of plain torchrun (repeatable; `testbed run` exports its own runs)."),
+    exporter_listen: str = typer.Option("127.0.0.1:0", "--exporter-listen",
+                                        help="HOST:PORT of the --runs exporter (port 0: any free port)."),
     scrape_interval: str = typer.Option("2s", "--scrape-interval", help="Prometheus scrape interval."),
     retention: str = typer.Option("15d", "--retention", help="How long Prometheus keeps samples."),
     mdir: Optional[Path] = MonitorDir,
     as_json: bool = JsonOpt,
 ):
-    """Start Prometheus and the host exporter (link counters of every testbed, training records)."""
+    """Start Prometheus; it discovers the exporters of every testbed and run by itself."""
     with _guard(as_json):
         from . import monitor
 
-        st = monitor.up(mdir or monitor.DEFAULT_DIR, listen, exporter_listen, runs, scrape_interval, retention)
+        st = monitor.up(mdir or monitor.DEFAULT_DIR, listen, runs, exporter_listen, scrape_interval, retention)
         if as_json:
             _emit(st)
             return
         out.print(f"Prometheus: {st['prometheus_url']}  (graph: {st['prometheus_url']}/graph)", highlight=False)
-        out.print(f"exporter:   {st['exporter_url']}", highlight=False)
+        out.print(f"targets:    {', '.join(st['targets'])} (testbed up / run announce themselves there)",
+                  highlight=False)
+        if st["exporter_url"]:
+            out.print(f"runs:       {st['exporter_url']}", highlight=False)
         out.print(f"data:       {st['dir']}/data; Grafana: `docker compose -f compose/docker-compose.yml up -d`, "
                   "then http://127.0.0.1:3000", highlight=False)
 
@@ -652,7 +672,7 @@ def monitor_down(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
 
 @monitor_app.command("status")
 def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
-    """Whether Prometheus and the exporter run, their URLs and the scrape targets' health."""
+    """Whether Prometheus runs, its URL and the health of every scrape target."""
     with _guard(as_json):
         from . import monitor
 
@@ -663,10 +683,15 @@ def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
         if not st["running"]:
             out.print(f"monitor not running ({st['dir']}); `testbed monitor up` starts it", highlight=False)
             raise typer.Exit(1)
-        out.print(f"Prometheus {st['prometheus_url']}, exporter {st['exporter_url']} "
-                  f"({'running' if st['exporter_running'] else 'NOT running'})", highlight=False)
+        out.print(f"Prometheus {st['prometheus_url']}", highlight=False)
+        if st["exporter_url"]:
+            out.print(f"runs exporter {st['exporter_url']} ({'running' if st['exporter_running'] else 'NOT running'})",
+                      highlight=False)
+        if not st["targets"]:
+            out.print("no targets: bring a testbed up, or start a run", highlight=False)
         for t in st["targets"]:
-            out.print(f"  target {t['url']}: {t['health']} {escape(t['last_error'])}", highlight=False)
+            out.print(f"  {t['exporter'] or 'target'} {t['url']}: {t['health']} {escape(t['last_error'])}",
+                      highlight=False)
 
 
 def main() -> None:

@@ -17,12 +17,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 from collections import OrderedDict
 from dataclasses import asdict, replace
 from typing import Callable, Iterable, Sequence
 
-from . import __version__, naming
+from . import __version__, naming, procs
 from .backends import get as get_backend
 from .errors import KernelError, StateError, TestbedError, TopologyError
 from .ledger import Ledger, global_lock
@@ -87,6 +89,46 @@ _IFINDEX: dict[tuple[str, int | None, str], int] = {}
 """(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
 life, and the inode tells a namespace apart from a later one of the same name, so
 repeated counter reads (the exporter's scrapes) skip the lookups."""
+
+
+class NetlinkPool:
+    """Netlink handles kept open between calls, keyed by (namespace, inode).
+
+    Reopening a handle costs about as much as the qdisc dump itself, so a long-lived reader
+    (the link exporter) keeps them. An open handle keeps its namespace alive after `ip netns
+    del`, so the owner must :meth:`prune` or :meth:`close`: the exporter prunes the handles a
+    scrape did not use, and `testbed down` stops a testbed's exporter before deleting its
+    namespaces.
+    """
+
+    def __init__(self) -> None:
+        self._h: dict[tuple[str, int], Rtnl] = {}
+        self._used: set[tuple[str, int]] = set()
+
+    def get(self, ns: str, ino: int) -> Rtnl:
+        key = (ns, ino)
+        self._used.add(key)
+        rt = self._h.get(key)
+        if rt is None:
+            rt = self._h[key] = Rtnl.open(ns)
+        return rt
+
+    def drop(self, ns: str, ino: int) -> None:
+        rt = self._h.pop((ns, ino), None)
+        if rt is not None:
+            rt.close()
+
+    def prune(self) -> None:
+        """Close the handles not used since the last prune."""
+        for key in set(self._h) - self._used:
+            self._h.pop(key).close()
+        self._used = set()
+
+    def close(self) -> None:
+        for rt in self._h.values():
+            rt.close()
+        self._h.clear()
+        self._used = set()
 
 
 def _execute(action, handles: _Handles) -> None:
@@ -166,9 +208,11 @@ class Testbed:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def preflight(cls, topology: Topology) -> Plan:
+    def preflight(cls, topology: Topology, exporter: str | None = None) -> Plan:
         """Every check that needs the kernel, before anything is created. Returns the plan."""
         require_root()
+        if exporter is not None:
+            _check_exporter_listen(exporter)
         if Ledger(topology.name).exists():
             raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
                              f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
@@ -191,10 +235,13 @@ class Testbed:
         return plan
 
     @classmethod
-    def up(cls, topology: Topology, progress: Progress | None = None) -> "Testbed":
-        """Build the testbed. On failure or interrupt, everything created is removed."""
+    def up(cls, topology: Topology, progress: Progress | None = None, exporter: str | None = None) -> "Testbed":
+        """Build the testbed. On failure or interrupt, everything created is removed.
+
+        ``exporter``: HOST:PORT (port 0: any free one) for this testbed's link exporter, a
+        host process announced to Prometheus through a file-SD target; None starts none."""
         with global_lock():
-            plan = cls.preflight(topology)
+            plan = cls.preflight(topology, exporter)
             ledger = Ledger(topology.name)
             ledger.create()
             state = _initial_state(plan)
@@ -217,6 +264,10 @@ class Testbed:
                             progress(i + 1, total, action.describe())
                     state["ready"] = True
                     ledger.write_state(state)
+                    if exporter is not None:
+                        signals.check()
+                        state["exporter"] = _start_exporter(ledger, exporter, fault == total)
+                        ledger.write_state(state)
             except BaseException as e:
                 handles.close()
                 old = _ignore_interrupts()
@@ -284,6 +335,7 @@ class Testbed:
             "created": self._state.get("created"),
             "subnet": self._state.get("subnet"),
             "source": self._state.get("source"),
+            "exporter": self._state.get("exporter"),
             "nodes": [asdict(n) for n in self.nodes.values()],
             "links": [_link_dict(l, self.egress) for l in self.topology.links],
         }
@@ -368,8 +420,11 @@ class Testbed:
             Ledger(self.name).write_state(state)
         return [new_links[i] for i in wanted]
 
-    def link_counters(self, links: Iterable[Link] | None = None) -> dict[tuple[int, str], dict]:
-        """Live egress counters (bytes, packets, drops, ...) per (link index, direction)."""
+    def link_counters(self, links: Iterable[Link] | None = None,
+                      pool: "NetlinkPool | None" = None) -> dict[tuple[int, str], dict]:
+        """Live egress counters (bytes, packets, drops, ...) per (link index, direction).
+
+        ``pool`` keeps the netlink handles open between calls (an exporter's scrapes)."""
         wanted = None if links is None else {l.index for l in links}
         by_ns: dict[str, list[tuple[int, str, Endpoint]]] = {}
         for (idx, d), ep in self.egress.items():
@@ -378,15 +433,26 @@ class Testbed:
         counters: dict[tuple[int, str], dict] = {}
         for ns, eps in by_ns.items():
             ino = netns.inode(ns)
-            with Rtnl.open(ns) as rt:
+            if ino is None:
+                raise StateError(f"network namespace {ns} of testbed '{self.name}' is gone",
+                                 f"`testbed down {self.name}` removes the rest")
+            rt = pool.get(ns, ino) if pool is not None else Rtnl.open(ns)
+            try:
                 stats = tc.egress_stats(rt)
                 todo = [ep.ifname for _, _, ep in eps if (ns, ino, ep.ifname) not in _IFINDEX]
                 if len(todo) > 1:
                     rt.load_indexes()
                 for name in todo:
                     _IFINDEX[(ns, ino, name)] = rt.index(name)
-                for idx, d, ep in eps:
-                    counters[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
+            except BaseException:
+                if pool is not None:
+                    pool.drop(ns, ino)
+                raise
+            finally:
+                if pool is None:
+                    rt.close()
+            for idx, d, ep in eps:
+                counters[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
         return counters
 
     def link_stats(self) -> list[dict]:
@@ -407,6 +473,57 @@ def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
         ep = egress[(l.index, d)]
         row[d] = {"src": src, "dst": dst, "shape": l.shape(d).to_dict(), "netns": ep.ns, "ifname": ep.ifname}
     return row
+
+
+def _check_exporter_listen(listen: str) -> tuple[str, int]:
+    from collectors import parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+        socket.getaddrinfo(host, port)
+    except (ValueError, OSError):
+        raise TestbedError(f"exporter address {listen!r} is not HOST:PORT",
+                           "write e.g. --exporter-listen 127.0.0.1:0 (port 0: any free port)") from None
+    if port:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise TestbedError(f"the exporter cannot listen on {listen}: {e.strerror}",
+                                   "choose another --exporter-listen, or 127.0.0.1:0 for any free port") from None
+    return host, port
+
+
+def exporter_target(name: str) -> Path:
+    from collectors.sd import targets_dir
+
+    return targets_dir() / f"testbed-{name}.json"
+
+
+def _start_exporter(ledger: Ledger, listen: str, fault: bool = False, timeout: float = 30.0) -> str:
+    """Start the testbed's link exporter on the host; returns its /metrics URL once it listens."""
+    from collectors.sd import read_target
+
+    target = exporter_target(ledger.name)
+    marker = f"--sd-file={target}"
+    ledger.record({"action": "StartExporter", "marker": marker, "target": str(target)})
+    target.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "collectors", "--testbed", ledger.name, "--listen", listen, marker,
+            "--sd-label", "exporter=links"]
+    log = ledger.dir / "exporter.log"
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # Ctrl-C in the terminal is ours to handle
+    if fault:  # test hook: die with the exporter running and recorded only in the ledger
+        os.kill(os.getpid(), signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while (addr := read_target(target)) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace").strip()[-600:]
+            raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
+        time.sleep(0.05)
+    return f"http://{addr}/metrics"
 
 
 def _initial_state(plan: Plan) -> dict:
@@ -433,6 +550,13 @@ def _teardown(name: str) -> list[str]:
     entries = ledger.entries()
     namespaces = [e["ns"] for e in entries if e.get("action") == "CreateNetns"]
     problems: list[str] = []
+    # Host-side processes first: an exporter's open netlink handles would keep the
+    # namespaces alive after they are deleted.
+    for e in entries:
+        if e.get("action") == "StartExporter":
+            procs.terminate(procs.with_arg(e["marker"]))
+        if e.get("action") in ("StartExporter", "TargetFile"):
+            Path(e["target"]).unlink(missing_ok=True)
     netns.kill_processes(namespaces)
     for e in reversed(entries):
         try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import __version__
 from .core import DIRECTIONS, Testbed, list_testbeds
+from .ledger import Ledger, global_lock
 from .errors import TestbedError
 from .launch import Launcher, RankFailed
 from .report import read_jsonl
@@ -63,6 +64,9 @@ class RunRequest:
     """Stored in summary.json under "request" (e.g. the sweep's repeat number)."""
     module: str = "workloads.train"
     """The workload each rank runs (``python -m MODULE``); only workloads.train takes --scheme."""
+    exporter: bool = True
+    """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
+    Prometheus, announced through file-SD target files."""
 
 
 @dataclass
@@ -165,7 +169,8 @@ def _install_signals() -> Callable[[], None]:
     return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
-def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str], None]) -> tuple[Testbed, bool]:
+def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str], None],
+                   exporter: bool = True) -> tuple[Testbed, bool]:
     """The running testbed ``name``, or a new one from ``topology``; True when made here."""
     if name:
         return Testbed.attach(name), False
@@ -174,7 +179,7 @@ def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str],
         raise TestbedError(f"a testbed named '{topo.name}' is already up",
                            f"use it with --testbed {topo.name}, or take it down first")
     say(f"bringing up {topo.name} ({len(topo.workers)} workers)")
-    return Testbed.up(topo), True
+    return Testbed.up(topo, exporter="127.0.0.1:0" if exporter else None), True
 
 
 def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
@@ -187,8 +192,9 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     launcher: Launcher | None = None
     sampler: _LinkSampler | None = None
     run_dir: Path | None = None
+    exporter = None
     try:
-        tb, created = obtain_testbed(req.testbed, req.topology, say)
+        tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
         if len(tb.workers) < 1:
             raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]
@@ -218,6 +224,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
 
         scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
         argv = [req.module, *scheme_arg, *req.workload_args, "--out", str(run_dir.resolve())]
+        if req.exporter:
+            exporter = _start_run_exporter(tb, run_id, run_dir)
         sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
         start_counters = sampler.sample()
         t_start = time.time()
@@ -251,6 +259,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         duration = time.time() - t_start
         summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
         _write(run_dir / "summary.json", summary)
+        if exporter is not None:
+            exporter.finish()  # Prometheus gets the final records before the exporter goes
         payload = (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
         wire = summary["bottleneck"]["bytes"]
         if payload and wire < MIN_WIRE_FRACTION * payload:
@@ -273,6 +283,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     finally:
         if launcher:
             launcher.stop()
+        if exporter is not None:
+            exporter.close()
         if sampler:
             sampler.close()
         if tb is not None:
@@ -285,6 +297,16 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             if created:
                 tb.down()
         restore_signals()
+
+
+def _start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
+    from collectors.sd import targets_dir
+    from collectors.training import RunExporter
+
+    target = targets_dir() / f"run-{tb.name}-{run_id}.json"
+    with global_lock():  # recorded first: `testbed down` removes it if this process dies
+        Ledger(tb.name).record({"action": "TargetFile", "target": str(target)})
+    return RunExporter(run_dir, target)
 
 
 def _write(path: Path, obj: dict) -> None:

@@ -1,21 +1,25 @@
-"""`testbed monitor up|down|status`: a real Prometheus scraping testbed's host exporter.
+"""`testbed monitor up|down|status`: a real Prometheus scraping testbed's exporters.
+
+Exporters start with what they describe and announce themselves through Prometheus'
+file-based service discovery (``collectors.sd``): `testbed up` starts one link exporter
+per testbed (stopped by `testbed down`), `testbed run` serves its run's training metrics
+while it runs. Their target files live in ``<state dir>/targets`` (tmpfs, like the
+testbeds). So Prometheus, once up, finds every testbed and run started before or after
+it, without a restart and without a shared exporter.
 
 Layout of the monitor directory (``--dir``, default ``/var/lib/testbed/monitor``; it
 outlives runs and testbeds, so the metric history does too)::
 
     prometheus.yml       generated; checked with `promtool check config` before start
-    targets/*.json       file-based service discovery: each file lists scrape targets
+    targets/*.json       more file-SD targets, written by hand (e.g. exporters on other hosts)
     data/                Prometheus' TSDB (retention: --retention)
     state.json           pids, addresses and command lines of what `up` started
     prometheus.log, exporter.log
 
-`up` starts two processes, both bound to 127.0.0.1 unless told otherwise: Prometheus (the
-Debian/upstream ``prometheus`` binary) and one exporter (``python -m collectors``) that
-reads every running testbed's link counters and the run directories under ``--runs`` at
-scrape time. So testbeds and runs started later are exported without restarting anything.
-The exporter's address is written to ``targets/host.json``; further exporters (e.g. on
-other hosts) are added by writing more files there. Each process is recorded in
-state.json before it is started; `down` stops exactly those.
+`up` starts Prometheus (the Debian/upstream ``prometheus`` binary) bound to 127.0.0.1
+unless told otherwise and, with ``--runs DIR``, an exporter of the run directories under
+DIR (for runs started by plain torchrun). Each process is recorded in state.json before it
+starts and carries an argument naming this directory's files; `down` stops exactly those.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +38,9 @@ from pathlib import Path
 import yaml
 
 from collectors import parse_listen
+from collectors.sd import read_target, targets_dir, watchers_dir
 
+from . import procs
 from .errors import StateError, TestbedError
 
 DEFAULT_DIR = Path(os.environ.get("TESTBED_MONITOR_DIR", "/var/lib/testbed/monitor"))
@@ -62,22 +67,20 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
-def _alive(pid: int | None, needle: str) -> bool:
-    if not pid:
-        return False
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return needle in cmd
+def _alive(pid: int | None, marker: str) -> bool:
+    return bool(pid) and marker in procs.argv_of(pid)
 
 
-def config(scrape_interval: str, targets_dir: Path) -> dict:
+def _markers(d: Path) -> dict[str, str]:
+    return {"prometheus": f"--config.file={d / 'prometheus.yml'}", "exporter": f"--sd-file={d / 'targets' / 'runs.json'}"}
+
+
+def config(scrape_interval: str, target_dirs: list[Path]) -> dict:
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [{
             "job_name": JOB,
-            "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "5s"}],
+            "file_sd_configs": [{"files": [str(t / "*.json") for t in target_dirs], "refresh_interval": "5s"}],
         }],
     }
 
@@ -95,78 +98,102 @@ def _write_state(d: Path, st: dict) -> None:
     os.replace(tmp, d / "state.json")
 
 
-def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", exporter_listen: str = "127.0.0.1:9464",
-       runs: list[Path] | None = None, scrape_interval: str = "2s", retention: str = "15d",
+def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
+       exporter_listen: str = "127.0.0.1:0", scrape_interval: str = "2s", retention: str = "15d",
        say=lambda m: None) -> dict:
     prom = shutil.which("prometheus")
     if prom is None:
         raise TestbedError("no prometheus binary on PATH",
                            "install Debian's package (apt-get install prometheus), or start Prometheus and "
                            "Grafana in Docker with `docker compose -f compose/docker-compose.yml up -d`")
-    st = read_state(d)
-    if st and (_alive(st.get("prometheus_pid"), "prometheus") or _alive(st.get("exporter_pid"), "collectors")):
-        raise StateError(f"the monitor in {d} is already running ({st['prometheus_url']})",
+    d = d.resolve()
+    marks = _markers(d)
+    running = [p for m in marks.values() for p in procs.with_arg(m)]
+    if running:
+        st = read_state(d) or {}
+        raise StateError(f"the monitor in {d} is already running ({st.get('prometheus_url', f'pid {running[0]}')})",
                          "`testbed monitor down` stops it")
     phost, pport = _listen(listen, "--listen")
-    ehost, eport = _listen(exporter_listen, "--exporter-listen")
-    for h, p, flag in ((phost, pport, "--listen"), (ehost, eport, "--exporter-listen")):
-        if not _port_free(h, p):
-            raise TestbedError(f"{h}:{p} is in use", f"choose another port with {flag} HOST:PORT")
+    if not _port_free(phost, pport):
+        raise TestbedError(f"{phost}:{pport} is in use", "choose another port with --listen HOST:PORT")
+    if runs:
+        try:
+            ehost, eport = parse_listen(exporter_listen)
+        except ValueError:
+            raise TestbedError(f"--exporter-listen {exporter_listen!r} is not HOST:PORT",
+                               "write e.g. 127.0.0.1:0 (any free port)") from None
+        if eport and not _port_free(ehost, eport):
+            raise TestbedError(f"{ehost}:{eport} is in use", "choose another port with --exporter-listen HOST:PORT")
+    sd_dirs = [targets_dir(), d / "targets"]
     try:
-        (d / "targets").mkdir(parents=True, exist_ok=True)
+        for t in sd_dirs:
+            t.mkdir(parents=True, exist_ok=True)
         (d / "data").mkdir(exist_ok=True)
     except PermissionError:
-        raise TestbedError(f"cannot write {d}", "run as root, or choose a directory with --dir") from None
+        raise TestbedError(f"cannot write {d} or {sd_dirs[0]}", "run as root, or choose a directory with --dir") from None
     cfg = d / "prometheus.yml"
     cfg.write_text("# generated by `testbed monitor up`; edits are overwritten\n"
-                   + yaml.safe_dump(config(scrape_interval, d / "targets"), sort_keys=False))
+                   + yaml.safe_dump(config(scrape_interval, sd_dirs), sort_keys=False))
     promtool = shutil.which("promtool")
     if promtool:
         r = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True)
         if r.returncode != 0:
             raise TestbedError(f"promtool rejects the generated {cfg}: {(r.stdout + r.stderr).strip()[-600:]}",
                                "check --scrape-interval (e.g. 2s, 15s)")
-    run_dirs = [Path(p).resolve() for p in (runs or [Path("runs")])]
-    exp_cmd = [sys.executable, "-m", "collectors", "--listen", f"{ehost}:{eport}"]
-    for r in run_dirs:
-        exp_cmd += ["--runs", str(r)]
-    prom_cmd = [prom, f"--config.file={cfg}", f"--storage.tsdb.path={d / 'data'}",
+    prom_cmd = [prom, marks["prometheus"], f"--storage.tsdb.path={d / 'data'}",
                 f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={phost}:{pport}"]
-    st = {"dir": str(d), "prometheus_url": f"http://{phost}:{pport}", "exporter_url": f"http://{ehost}:{eport}/metrics",
-          "prometheus_cmd": prom_cmd, "exporter_cmd": exp_cmd, "runs": [str(r) for r in run_dirs],
+    exp_cmd = None
+    if runs:
+        exp_cmd = [sys.executable, "-m", "collectors", "--listen", exporter_listen, marks["exporter"],
+                   "--sd-label", "exporter=runs"]
+        for r in runs:
+            exp_cmd += ["--runs", str(Path(r).resolve())]
+    st = {"dir": str(d), "prometheus_url": f"http://{phost}:{pport}", "exporter_url": None,
+          "targets": [str(t) for t in sd_dirs], "prometheus_cmd": prom_cmd, "exporter_cmd": exp_cmd,
+          "runs": [str(Path(r).resolve()) for r in runs or []],
           "prometheus_pid": None, "exporter_pid": None, "started": time.time()}
     _write_state(d, st)  # recorded before anything starts
     try:
-        with open(d / "exporter.log", "ab") as log:
-            st["exporter_pid"] = subprocess.Popen(exp_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                                  start_new_session=True).pid
-        _write_state(d, st)
+        if exp_cmd:
+            with open(d / "exporter.log", "ab") as log:
+                st["exporter_pid"] = subprocess.Popen(exp_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                                      start_new_session=True).pid
+            _write_state(d, st)
         with open(d / "prometheus.log", "ab") as log:
             st["prometheus_pid"] = subprocess.Popen(prom_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                                     start_new_session=True, cwd=d).pid
         _write_state(d, st)
-        tmp = d / "targets" / ".host.json.tmp"
-        tmp.write_text(json.dumps([{"targets": [f"{ehost}:{eport}"], "labels": {"exporter": "host"}}]) + "\n")
-        os.replace(tmp, d / "targets" / "host.json")
         _wait_ready(st, d)
+        # runs shorter than Prometheus' discovery delay look for this note to wait for a scrape
+        note = _watcher_note(d)
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(json.dumps({"pid": st["prometheus_pid"], "marker": marks["prometheus"],
+                                    "url": st["prometheus_url"],
+                                    "scrape_interval_s": _seconds(scrape_interval)}) + "\n")
     except BaseException:
         down(d)
         raise
-    say(f"Prometheus {st['prometheus_url']}  exporter {st['exporter_url']}  (data in {d / 'data'})")
+    say(f"Prometheus {st['prometheus_url']}  (data in {d / 'data'})")
     return st
 
 
 def _wait_ready(st: dict, d: Path, timeout: float = 30.0) -> None:
+    marks = _markers(d)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for key, needle, log in (("prometheus_pid", "prometheus", "prometheus.log"),
-                                 ("exporter_pid", "collectors", "exporter.log")):
-            if not _alive(st[key], needle):
-                tail = (d / log).read_text(errors="replace")[-800:] if (d / log).exists() else ""
-                raise TestbedError(f"{needle} exited at start; the end of {d / log}:\n{tail}")
+        for key, what in (("prometheus_pid", "prometheus"), ("exporter_pid", "exporter")):
+            if st[key] and not _alive(st[key], marks[what]):
+                log = d / f"{what}.log"
+                tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+                raise TestbedError(f"{what} exited at start; the end of {log}:\n{tail}")
+        if st["exporter_pid"] and not st["exporter_url"]:
+            addr = read_target(d / "targets" / "runs.json")
+            if addr:
+                st["exporter_url"] = f"http://{addr}/metrics"
+                _write_state(d, st)
         try:
             with urllib.request.urlopen(st["prometheus_url"] + "/-/ready", timeout=2) as r:
-                if r.status == 200 and _exporter_ok(st):
+                if r.status == 200 and (st["exporter_url"] or not st["exporter_pid"]):
                     return
         except (urllib.error.URLError, OSError):
             pass
@@ -175,64 +202,51 @@ def _wait_ready(st: dict, d: Path, timeout: float = 30.0) -> None:
                        f"see {d / 'prometheus.log'}")
 
 
-def _exporter_ok(st: dict) -> bool:
-    try:
-        with urllib.request.urlopen(st["exporter_url"], timeout=5) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def down(d: Path = DEFAULT_DIR) -> list[str]:
-    st = read_state(d) or {}
+    """Stop this directory's Prometheus and exporter (found by the argument naming its files)."""
+    d = d.resolve()
     stopped = []
-    for key, needle in (("prometheus_pid", "prometheus"), ("exporter_pid", "collectors")):
-        pid = st.get(key)
-        if _alive(pid, needle):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while _alive(pid, needle) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid, needle):
-                os.kill(pid, signal.SIGKILL)
-            stopped.append(f"{needle} (pid {pid})")
-        _reap(pid)
-    # A Prometheus started with this directory's config but missing from state.json (a
-    # state file overwritten or lost) is this monitor's too: its command line names the file.
-    marker = f"--config.file={d / 'prometheus.yml'}"
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        if _alive(pid, marker):
-            try:
-                os.kill(pid, signal.SIGTERM)
-                stopped.append(f"prometheus (pid {pid}, not in state.json)")
-            except ProcessLookupError:
-                pass
-    (d / "targets" / "host.json").unlink(missing_ok=True)
+    for what, marker in _markers(d).items():
+        for pid in procs.terminate(procs.with_arg(marker), grace=10.0):
+            stopped.append(f"{what} (pid {pid})")
+    (d / "targets" / "runs.json").unlink(missing_ok=True)
+    _watcher_note(d).unlink(missing_ok=True)
     (d / "state.json").unlink(missing_ok=True)
     return stopped
 
 
-def _reap(pid: int | None) -> None:
-    if not pid:
-        return
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+def _watcher_note(d: Path) -> Path:
+    import hashlib
+
+    return watchers_dir() / f"{hashlib.sha256(str(d).encode()).hexdigest()[:16]}.json"
+
+
+def _seconds(interval: str) -> float:
+    """Prometheus duration (``2s``, ``1m``, ``1m30s``) in seconds; 5 when unparsable (promtool checked it)."""
+    import re
+
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", interval)
+    return sum(int(n) * units[u] for n, u in parts) or 5.0
 
 
 def status(d: Path = DEFAULT_DIR) -> dict:
+    d = d.resolve()
     st = read_state(d)
     if st is None:
         return {"running": False, "dir": str(d)}
-    out = {"running": _alive(st.get("prometheus_pid"), "prometheus"), "dir": str(d),
-           "prometheus_url": st["prometheus_url"], "exporter_url": st["exporter_url"],
-           "exporter_running": _alive(st.get("exporter_pid"), "collectors"), "runs": st.get("runs"), "targets": []}
+    marks = _markers(d)
+    out = {"running": _alive(st.get("prometheus_pid"), marks["prometheus"]), "dir": str(d),
+           "prometheus_url": st["prometheus_url"], "target_dirs": st.get("targets", []),
+           "exporter_url": st.get("exporter_url"),
+           "exporter_running": _alive(st.get("exporter_pid"), marks["exporter"]), "runs": st.get("runs"),
+           "targets": []}
     if out["running"]:
         try:
             with urllib.request.urlopen(st["prometheus_url"] + "/api/v1/targets", timeout=5) as r:
                 data = json.loads(r.read())
-            out["targets"] = [{"url": t["scrapeUrl"], "health": t["health"], "last_error": t.get("lastError", "")}
+            out["targets"] = [{"url": t["scrapeUrl"], "health": t["health"], "last_error": t.get("lastError", ""),
+                               "exporter": t.get("labels", {}).get("exporter", "")}
                               for t in data["data"]["activeTargets"]]
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             pass

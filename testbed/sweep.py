@@ -37,6 +37,7 @@ class SweepRequest:
     pretrain_args: list[str] | None = None
     """Arguments for workloads.pretrain (model, width, depth, dataset, data dir, seed, epochs)."""
     cache_key: str = ""
+    exporter: bool = True
 
 
 def checkpoint(req: SweepRequest, say: Callable[[str], None]) -> Path:
@@ -68,7 +69,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
     index = {"checkpoint": str(init), "schemes": req.schemes, "bws": [str(b) for b in req.bws],
              "repeats": req.repeats, "runs": []}
     try:
-        tb, created = obtain_testbed(req.testbed, req.topology, say)
+        tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
         total = len(req.bws) * len(req.schemes) * req.repeats
         k = 0
         for bw in req.bws:
@@ -81,7 +82,8 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
                     try:
                         run(RunRequest(scheme=scheme, workload_args=[*req.workload_args, "--init", str(init)],
                                        testbed=tb.name, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
-                                       extra={"repeat": rep, "sweep": sweep_dir.name}),
+                                       extra={"repeat": rep, "sweep": sweep_dir.name},
+                                       exporter=req.exporter),
                             on_status=on_status, on_message=say)
                         entry["status"] = "ok"
                     except TestbedError as e:

@@ -45,7 +45,7 @@ def clean_kernel(tmp_path, monkeypatch):
     """A private state dir; asserts the kernel looks exactly as before when the test ends."""
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
     before = kernel_snapshot()
-    yield before
+    yield {**before, "state_dir": str(tmp_path / "state")}
     after = kernel_snapshot()
     leftover = [ns for ns in after["netns"] if ns not in before["netns"]]
     if leftover:  # clean up for the next test, then fail this one
@@ -53,4 +53,25 @@ def clean_kernel(tmp_path, monkeypatch):
             run(["ip", "netns", "del", ns])
     assert after == before, f"left behind: {leftover or after}"
     state = tmp_path / "state"
-    assert not state.exists() or [p.name for p in state.iterdir()] in ([], [".lock"])
+    strays = _processes_naming(str(state))
+    for pid in strays:  # clean up for the next test, then fail this one
+        os.kill(pid, 9)
+    assert not strays, f"processes left behind: {strays}"
+    left = {p.name for p in state.iterdir()} if state.exists() else set()
+    assert left <= {".lock", "targets", "monitors"}, f"state left behind: {left}"
+    for d in ("targets", "monitors"):  # directories Prometheus watches may stay, empty
+        assert not (state / d).exists() or not list((state / d).iterdir()), f"files left in {state / d}"
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Host processes with ``text`` in their command line (exporters name their target file)."""
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit() and int(e.name) != os.getpid():
+            try:
+                with open(f"/proc/{e.name}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        out.append(int(e.name))
+            except OSError:
+                pass
+    return out

@@ -1,4 +1,4 @@
-"""e2e: a real Prometheus (Debian's package) scrapes the host exporter during a real run."""
+"""e2e: a real Prometheus (Debian's package) discovers and scrapes the exporters of a testbed and a real run."""
 
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ def _query(url: str, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
+def _range(url: str, expr: str, start: float) -> list[dict]:
+    """What a Grafana time-series panel asks for: the expression over [start, now]."""
+    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{time.time():.3f}", "step": "1"})
+    with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
 def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
     deadline = time.monotonic() + timeout
     while True:
@@ -53,24 +62,36 @@ def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
 def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_data(tmp_path, clean_kernel):
     mdir, runs = tmp_path / "monitor", tmp_path / "runs"
     runs.mkdir()
-    pport, eport = _free_ports(2)
+    (pport,) = _free_ports(1)
+    targets = Path(clean_kernel["state_dir"]) / "targets"
     topo = tmp_path / "mon.yaml"
     topo.write_text(yaml.safe_dump(dumbbell("mon", rate="50mbit")))
+    t0 = time.time()
     try:
         st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{pport}",
-                      "--exporter-listen", f"127.0.0.1:{eport}", "--runs", str(runs), "--scrape-interval", "1s")
+                      "--scrape-interval", "1s")
         prom = st["prometheus_url"]
+        assert str(targets) in st["targets"]
         # another `monitor up` on the same directory is refused while this one runs
         again = cli("monitor", "up", "--dir", str(mdir))
         assert again.returncode == 1 and "already running" in again.stderr
-        assert cli("up", str(topo)).returncode == 0
+        # `up` starts the testbed's link exporter and announces it; Prometheus finds it by itself
+        tb = cli_json("up", str(topo))
+        assert tb["exporter"].startswith("http://127.0.0.1:")
+        assert [p.name for p in targets.iterdir()] == ["testbed-mon.json"]
+        _wait(prom, 'up{exporter="links"}', lambda r: r and r[0]["value"][1] == "1")
         s = cli_json("run", "allreduce", "-t", "mon", "--bw", "40mbit", "--out", str(runs),
                      "--max-iters", "16", "--eval-every", "8")
         assert s["status"] == "ok"
         run_id, iters = s["run_id"], s["iterations"]
-        res = _wait(prom, f'testbed_train_iterations_total{{run_id="{run_id}",rank="0"}}',
-                    lambda r: r and float(r[0]["value"][1]) == iters)
+        # The run's own exporter is gone (so its series are stale now: last_over_time reads
+        # them), and before going it waited for a scrape of its final records.
+        assert [p.name for p in targets.iterdir()] == ["testbed-mon.json"]
+        res = _wait(prom, f'last_over_time(testbed_train_iterations_total{{run_id="{run_id}",rank="0"}}[5m])',
+                    lambda r: r and float(r[0]["value"][1]) == iters, timeout=3)
         assert res and float(res[0]["value"][1]) == iters, res
+        acc = _query(prom, f'last_over_time(testbed_train_accuracy{{run_id="{run_id}"}}[5m])')
+        assert float(acc[0]["value"][1]) == pytest.approx(s["final_accuracy"])  # the last evaluation
 
         # links: counters per direction with the topology's labels, the run's rate seen while it ran
         want = 2 * s["mean_payload_bytes"] * iters  # a 2-rank all-reduce crosses the link once each way
@@ -89,18 +110,18 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert len(_query(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon"}')) == 6  # 3 links x 2
 
         # training: run info and per-rank series with the documented labels
-        info = _query(prom, f'testbed_run_info{{run_id="{run_id}"}}')
+        info = _query(prom, f'last_over_time(testbed_run_info{{run_id="{run_id}"}}[5m])')
         assert len(info) == 1
         m = info[0]["metric"]
         assert (m["scheme"], m["model"], m["dataset"], m["bw"], m["testbed"]) == ("allreduce", "cnn", "digits",
                                                                                    "40mbit", "mon")
-        pay = _query(prom, f'testbed_train_payload_bytes_total{{run_id="{run_id}"}}')
+        pay = _query(prom, f'last_over_time(testbed_train_payload_bytes_total{{run_id="{run_id}"}}[5m])')
         assert {r["metric"]["rank"] for r in pay} == {"0", "1"}
         assert all(r["metric"]["scheme"] == "allreduce" and r["metric"]["bw"] == "40mbit" for r in pay)
         assert float(pay[0]["value"][1]) == pytest.approx(s["mean_payload_bytes"] * iters, rel=0.01)
-        assert _query(prom, f'testbed_train_accuracy{{run_id="{run_id}"}}')
 
-        # every expression of every shipped dashboard returns data from this Prometheus
+        # every expression of every shipped dashboard returns data from this Prometheus, over
+        # the test's time range as a Grafana panel asks for it
         subst = {"$__rate_interval": "5s", "$testbed": "mon", "$link": ".*", "$run_id": run_id, "$bw": "40mbit"}
         for name, fn in dashboards.DASHBOARDS.items():
             shipped = json.loads((dashboards.OUT / name).read_text())
@@ -109,14 +130,23 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
                 for k, v in subst.items():
                     q = q.replace(k, v)
                 assert "$" not in q, q
-                assert _query(prom, q), f"{name}: no data for {q}"
+                assert _range(prom, q, t0), f"{name}: no data for {q}"
 
-        status = cli_json("monitor", "status", "--dir", str(mdir))
-        assert status["running"] and status["targets"] and status["targets"][0]["health"] == "up"
+        # Prometheus lets go of the finished run's target at its next discovery update (<= ~10 s)
+        deadline = time.monotonic() + 20
+        while True:
+            status = cli_json("monitor", "status", "--dir", str(mdir))
+            seen = [(t["exporter"], t["health"]) for t in status["targets"]]
+            if seen == [("links", "up")] or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert status["running"] and seen == [("links", "up")]
+        assert cli_json("down", "mon") == {"removed": ["mon"]}
+        assert list(targets.iterdir()) == []  # the link exporter stopped with its testbed
     finally:
         cli("down", "mon")
         down = cli_json("monitor", "down", "--dir", str(mdir))
-    assert len(down["stopped"]) == 2
+    assert len(down["stopped"]) == 1
     assert cli_json("monitor", "status", "--dir", str(mdir))["running"] is False
     assert (mdir / "data").is_dir()  # the history stays
 

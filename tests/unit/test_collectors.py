@@ -2,7 +2,12 @@
 
 import json
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -155,7 +160,117 @@ def test_compose_file_validates():
 def test_promtool_accepts_the_shipped_and_generated_configs(tmp_path):
     from testbed.monitor import config
     p = tmp_path / "prometheus.yml"
-    p.write_text(yaml.safe_dump(config("2s", tmp_path / "targets")))
+    p.write_text(yaml.safe_dump(config("2s", [tmp_path / "state" / "targets", tmp_path / "targets"])))
     for cfg in (p, ROOT / "compose" / "prometheus" / "prometheus.yml"):
         r = subprocess.run(["promtool", "check", "config", str(cfg)], capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _wait_file(path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"{path} never appeared"
+
+
+def test_exporter_announces_itself_in_a_target_file_and_withdraws_at_exit(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2))
+    target = tmp_path / "targets" / "runs.json"
+    p = subprocess.Popen([sys.executable, "-m", "collectors", "--runs", str(tmp_path / "runs"), "--listen",
+                          "127.0.0.1:0", f"--sd-file={target}", "--sd-label", "exporter=runs"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_file(target)
+        (group,) = json.loads(target.read_text())
+        assert group["labels"] == {"exporter": "runs"}
+        host, port = group["targets"][0].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0  # the port bound, not the 0 asked for
+        with urllib.request.urlopen(f"http://{group['targets'][0]}/metrics", timeout=10) as r:
+            body = r.read().decode()
+        assert 'testbed_train_iterations_total{bw="100mbit",rank="0",run_id="r1",scheme="pactrain"} 1.0' in body
+        assert "testbed_link_" not in body  # no links asked for: none exported
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=20)
+    assert p.returncode == 0, out
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "nothing to export"),
+    (["--runs", "x", "--sd-label", "no-equals"], "--sd-label"),
+    (["--runs", "x", "--listen", "9464"], "--listen"),
+])
+def test_exporter_bad_arguments_are_named(args, message):
+    r = subprocess.run([sys.executable, "-m", "collectors", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypatch):
+    from collectors.training import RunExporter
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    d = _run_dir(tmp_path)
+    target = tmp_path / "state" / "targets" / "run-tb-r1.json"
+    e = RunExporter(d, target)
+    try:
+        assert json.loads(target.read_text())[0]["labels"] == {"exporter": "training"}
+        t = time.monotonic()
+        assert e.finish() is False and time.monotonic() - t < 1  # nobody scrapes, nobody watches: no wait
+
+        def scrape_every(period: float, n: int) -> None:
+            for _ in range(n):
+                urllib.request.urlopen(e.url, timeout=10).read()
+                time.sleep(period)
+
+        scrape_every(0.3, 3)  # a Prometheus scraping every 0.3 s...
+        _append(d / "rank0.jsonl", _it(0, 1, 0.2), _it(0, 2, 0.2))  # ...then the run's last records
+        th = threading.Thread(target=scrape_every, args=(0.3, 4))
+        t = time.monotonic()
+        th.start()
+        assert e.finish() is True
+        th.join()
+        assert time.monotonic() - t < 2
+        assert e.collector.runs[d].ranks[0].iterations == 2  # that scrape read the final records
+    finally:
+        e.close()
+    assert not target.exists()
+
+
+def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path, monkeypatch):
+    """A run shorter than Prometheus' discovery delay still gets scraped once, if someone watches."""
+    from collectors.sd import watchers_dir
+    from collectors.training import RunExporter
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    watcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--config.file=X"])
+    try:
+        watchers_dir().mkdir(parents=True)
+        (watchers_dir() / "m.json").write_text(json.dumps({"pid": watcher.pid, "marker": "--config.file=X",
+                                                           "scrape_interval_s": 1}))
+        e = RunExporter(_run_dir(tmp_path), tmp_path / "state" / "targets" / "run.json")
+        try:
+            timer = threading.Timer(1.0, lambda: urllib.request.urlopen(e.url, timeout=10).read())
+            timer.start()
+            t = time.monotonic()
+            assert e.finish() is True
+            assert 0.9 < time.monotonic() - t < 5
+        finally:
+            e.close()
+    finally:
+        watcher.kill()
+        watcher.wait()
+    # a note whose Prometheus is gone does not count
+    e = RunExporter(_run_dir(tmp_path, run_id="r2"), tmp_path / "state" / "targets" / "run2.json")
+    try:
+        t = time.monotonic()
+        assert e.finish() is False and time.monotonic() - t < 1
+    finally:
+        e.close()
+
+
+def test_prometheus_durations_in_seconds():
+    from testbed.monitor import _seconds
+
+    assert [_seconds(x) for x in ("2s", "500ms", "1m30s", "1h", "junk")] == [2, 0.5, 90, 3600, 5.0]
