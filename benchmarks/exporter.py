@@ -1,8 +1,9 @@
 """Cost of one scrape of the link exporter for 8, 64 and 256 links (target: well under 1 s at 256).
 
 Brings up a star of N workers (N links, 2N shaped directions in N + 1 namespaces), serves
-the exporter on a loopback port exactly as `testbed monitor up` does, and times HTTP GETs
-of /metrics (the median of --scrapes, after one warm-up). Needs root.
+its link collector on a loopback port as the exporter `testbed up` starts does (netlink
+handles kept open between scrapes), and times HTTP GETs of /metrics (the median of
+--scrapes, after one warm-up; the warm-up opens the handles). Needs root.
 
     sudo python -m benchmarks.exporter [--sizes 8,64,256] [--scrapes 5]
 """
@@ -35,7 +36,8 @@ def main() -> None:
         spec = star(n, name=f"exp{n}") if n <= 512 else star_of_stars(n, name=f"exp{n}")
         with Testbed.up(load_topology_dict(spec)) as tb:
             reg = CollectorRegistry(auto_describe=False)
-            reg.register(LinkCollector([tb.name]))
+            collector = LinkCollector([tb.name])
+            reg.register(collector)
             server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
             url = f"http://127.0.0.1:{server.server_port}/metrics"
             times = []
@@ -47,6 +49,7 @@ def main() -> None:
                 if i:
                     times.append(time.perf_counter() - t0)
             server.shutdown()
+            collector.close()  # before `down`: open handles would keep the namespaces alive
             series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
             print(f"{len(tb.topology.links):6d} {series:7d} {len(body):8d} {statistics.median(times):16.3f} "
                   f"{max(times):7.3f}", flush=True)

@@ -609,6 +609,9 @@ def down_all() -> list[str]:
             if owner:
                 orphans.setdefault(owner, []).append(ns)
         for owner, nss in orphans.items():
+            target = exporter_target(owner)  # its exporter, if the lost ledger had started one
+            procs.terminate(procs.with_arg(f"--sd-file={target}"))
+            target.unlink(missing_ok=True)
             netns.kill_processes(nss)
             for ns in nss:
                 try:

@@ -68,6 +68,20 @@ def test_kill9_at_a_random_moment_of_a_big_up(clean_kernel, tmp_path):
     cli_json("down", "--all")
 
 
+def test_lost_ledger_with_a_running_exporter_is_recovered(clean_kernel):
+    steps = len(cli_json("up", THREE, "--dry-run")["actions"])
+    assert cli("up", THREE, env={FAULT_ENV: str(steps)}).returncode == -signal.SIGKILL
+    state = Path(os.environ["TESTBED_STATE_DIR"])
+    target = state / "targets" / "testbed-three_switch.json"
+    deadline = time.monotonic() + 20
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert target.exists()
+    shutil.rmtree(state / "three_switch")  # the ledger is gone; the namespaces' tags and the target remain
+    assert cli_json("down", "--all")["removed"] == ["three_switch"]
+    assert ours() == [] and not target.exists()  # and clean_kernel: no exporter process left
+
+
 def test_lost_ledger_is_recovered_from_ownership_tags(clean_kernel):
     r = cli("up", THREE, env={FAULT_ENV: "30"})
     assert r.returncode == -signal.SIGKILL and ours()

@@ -123,7 +123,7 @@ def test_committed_dashboards_are_the_generated_ones():
         assert dashboards.expressions(d)
 
 
-def test_compose_provisioning_points_at_files_that_exist():
+def test_compose_provisioning_points_at_files_that_exist(monkeypatch):
     compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
     for svc in compose["services"].values():
         for v in svc.get("volumes", []):
@@ -139,6 +139,15 @@ def test_compose_provisioning_points_at_files_that_exist():
     prov = yaml.safe_load((ROOT / "compose/grafana/provisioning/dashboards/testbed.yml").read_text())
     mounted = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("."))
     assert prov["providers"][0]["options"]["path"] in mounted
+    # the compose Prometheus discovers the same target files as `testbed monitor up`
+    from collectors.sd import targets_dir
+
+    prom = yaml.safe_load((ROOT / "compose/prometheus/prometheus.yml").read_text())
+    (pattern,) = prom["scrape_configs"][0]["file_sd_configs"][0]["files"]
+    mounts = dict(v.split(":")[:2][::-1] for v in compose["services"]["prometheus"]["volumes"])
+    assert mounts[str(Path(pattern).parent)] == "/run/testbed/targets"
+    monkeypatch.delenv("TESTBED_STATE_DIR", raising=False)
+    assert targets_dir() == Path("/run/testbed/targets")  # where exporters announce themselves by default
 
 
 def _compose_cmd():
