@@ -127,8 +127,7 @@ def up(
             out.print(f"[green]testbed {tb.name} is up[/]: `testbed exec {tb.workers[0].name} -- CMD`, "
                       f"`testbed link show`, `testbed down {tb.name}`")
             if tb.to_dict()["exporter"]:
-                out.print(f"link metrics: {tb.to_dict()['exporter']} (`testbed monitor up` scrapes it)",
-                          highlight=False)
+                out.print("(`testbed monitor up` starts a Prometheus that scrapes the link metrics)")
 
 
 # --------------------------------------------------------------------------- down
@@ -206,6 +205,8 @@ def _render_testbed(d: dict) -> None:
                       _shape_str(l["forward"]["shape"]), _shape_str(l["reverse"]["shape"]),
                       f"{l['forward']['ifname']} / {l['reverse']['ifname']}")
     out.print(links)
+    if d.get("exporter"):
+        out.print(f"link metrics: {d['exporter']}", highlight=False)
 
 
 def _shape_str(s: dict) -> str:

@@ -480,10 +480,14 @@ def _check_exporter_listen(listen: str) -> tuple[str, int]:
 
     try:
         host, port = parse_listen(listen)
-        socket.getaddrinfo(host, port)
-    except (ValueError, OSError):
+    except ValueError:
         raise TestbedError(f"exporter address {listen!r} is not HOST:PORT",
                            "write e.g. --exporter-listen 127.0.0.1:0 (port 0: any free port)") from None
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError:
+        raise TestbedError(f"exporter address {listen!r}: host {host!r} does not resolve",
+                           "give an address of this host, e.g. --exporter-listen 127.0.0.1:0") from None
     if port:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

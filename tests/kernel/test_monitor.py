@@ -161,3 +161,25 @@ def test_monitor_bad_input_is_refused_cleanly(tmp_path):
         r = cli("monitor", "up", "--dir", str(tmp_path / "m"), "--listen", f"127.0.0.1:{port}")
     assert r.returncode == 1 and "in use" in r.stderr
     assert not (tmp_path / "m" / "state.json").exists()
+
+
+def test_monitor_exports_runs_of_plain_torchrun_with_runs(tmp_path, clean_kernel):
+    """`monitor up --runs DIR` adds an exporter of run directories written without testbed."""
+    run = tmp_path / "runs" / "tr1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"args": {"scheme": "topk", "model": "cnn", "dataset": "digits"},
+                                                 "world_size": 2, "dense_bytes": 1000}))
+    (run / "rank0.jsonl").write_text(json.dumps({"rank": 0, "iter": 3, "iter_s": 0.1, "payload_bytes": 10}) + "\n")
+    mdir = tmp_path / "monitor"
+    (pport,) = _free_ports(1)
+    try:
+        st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"127.0.0.1:{pport}", "--runs",
+                      str(tmp_path / "runs"), "--scrape-interval", "1s")
+        assert st["exporter_url"].startswith("http://127.0.0.1:")
+        res = _wait(st["prometheus_url"], 'testbed_train_iterations_total{run_id="tr1",exporter="runs"}',
+                    lambda r: bool(r))
+        assert [float(r["value"][1]) for r in res] == [3.0]
+    finally:
+        down = cli_json("monitor", "down", "--dir", str(mdir))
+    assert sorted(s.split()[0] for s in down["stopped"]) == ["exporter", "prometheus"]
+    assert not (mdir / "targets" / "runs.json").exists()

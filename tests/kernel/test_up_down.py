@@ -1,10 +1,12 @@
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed import Testbed, load_topology, load_topology_dict
 from testbed.errors import StateError, TestbedError
@@ -115,6 +117,18 @@ def test_bad_input_creates_nothing(clean_kernel, tmp_path):
     assert r.returncode == 1 and "links[0].rate" in r.stderr and "Traceback" not in r.stderr
     r = cli("up", str(tmp_path / "missing.yaml"))
     assert r.returncode == 1 and "does not exist" in r.stderr
+    # the exporter's address: malformed, unresolvable, or a port in use (checked before building)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(dumbbell(name="exp")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = f"127.0.0.1:{s.getsockname()[1]}"
+        for listen, words in (("9464", "not HOST:PORT"), ("nohost.invalid:9464", "does not resolve"),
+                              (busy, "in use")):
+            r = cli("up", str(good), "--exporter-listen", listen)
+            assert r.returncode == 1 and words in r.stderr and "--exporter-listen" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
     # a subnet that collides with one of the host's routes
     route = next((l.split()[0] for l in run(["ip", "-4", "route", "show"]).stdout.splitlines()
                   if l.split()[0] != "default" and "/" in l.split()[0]), None)
