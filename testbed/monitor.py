@@ -153,17 +153,20 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
           "runs": [str(Path(r).resolve()) for r in runs or []],
           "prometheus_pid": None, "exporter_pid": None, "started": time.time()}
     _write_state(d, st)  # recorded before anything starts
+    started: dict[str, subprocess.Popen] = {}
     try:
         if exp_cmd:
             with open(d / "exporter.log", "ab") as log:
-                st["exporter_pid"] = subprocess.Popen(exp_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                                      start_new_session=True).pid
+                started["exporter"] = subprocess.Popen(exp_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                                       start_new_session=True)
+            st["exporter_pid"] = started["exporter"].pid
             _write_state(d, st)
         with open(d / "prometheus.log", "ab") as log:
-            st["prometheus_pid"] = subprocess.Popen(prom_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True, cwd=d).pid
+            started["prometheus"] = subprocess.Popen(prom_cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                                     start_new_session=True, cwd=d)
+        st["prometheus_pid"] = started["prometheus"].pid
         _write_state(d, st)
-        _wait_ready(st, d)
+        _wait_ready(st, d, started)
         # runs shorter than Prometheus' discovery delay look for this note to wait for a scrape
         note = _watcher_note(d)
         note.parent.mkdir(parents=True, exist_ok=True)
@@ -177,12 +180,13 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
     return st
 
 
-def _wait_ready(st: dict, d: Path, timeout: float = 30.0) -> None:
-    marks = _markers(d)
+def _wait_ready(st: dict, d: Path, started: dict[str, subprocess.Popen], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for key, what in (("prometheus_pid", "prometheus"), ("exporter_pid", "exporter")):
-            if st[key] and not _alive(st[key], marks[what]):
+        for what, proc in started.items():
+            # poll(), not /proc/PID/cmdline: right after exec the command line reads empty
+            # for a moment (a cold binary widens that window), which looked like an exit
+            if proc.poll() is not None:
                 log = d / f"{what}.log"
                 tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
                 raise TestbedError(f"{what} exited at start; the end of {log}:\n{tail}")
