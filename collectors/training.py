@@ -230,7 +230,7 @@ class RunExporter:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self)
         self.server, self._thread = start_http_server(0, addr=host, registry=reg)
-        self.url = f"http://{host}:{self.server.server_port}/metrics"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.server.server_port}/metrics"
         write_target(target, host, self.server.server_port, {"exporter": "training"})
 
     def collect(self):

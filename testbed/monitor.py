@@ -57,8 +57,12 @@ def _listen(value: str, what: str) -> tuple[str, int]:
     return host, port
 
 
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
@@ -141,14 +145,14 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
             raise TestbedError(f"promtool rejects the generated {cfg}: {(r.stdout + r.stderr).strip()[-600:]}",
                                "check --scrape-interval (e.g. 2s, 15s)")
     prom_cmd = [prom, marks["prometheus"], f"--storage.tsdb.path={d / 'data'}",
-                f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={phost}:{pport}"]
+                f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={_hostport(phost, pport)}"]
     exp_cmd = None
     if runs:
         exp_cmd = [sys.executable, "-m", "collectors", "--listen", exporter_listen, marks["exporter"],
                    "--sd-label", "exporter=runs"]
         for r in runs:
             exp_cmd += ["--runs", str(Path(r).resolve())]
-    st = {"dir": str(d), "prometheus_url": f"http://{phost}:{pport}", "exporter_url": None,
+    st = {"dir": str(d), "prometheus_url": f"http://{_hostport(phost, pport)}", "exporter_url": None,
           "targets": [str(t) for t in sd_dirs], "prometheus_cmd": prom_cmd, "exporter_cmd": exp_cmd,
           "runs": [str(Path(r).resolve()) for r in runs or []],
           "prometheus_pid": None, "exporter_pid": None, "started": time.time()}

@@ -183,3 +183,20 @@ def test_monitor_exports_runs_of_plain_torchrun_with_runs(tmp_path, clean_kernel
         down = cli_json("monitor", "down", "--dir", str(mdir))
     assert sorted(s.split()[0] for s in down["stopped"]) == ["exporter", "prometheus"]
     assert not (mdir / "targets" / "runs.json").exists()
+
+
+def test_monitor_listens_on_ipv6_loopback(tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here: {e}")
+    mdir = tmp_path / "m6"
+    try:
+        st = cli_json("monitor", "up", "--dir", str(mdir), "--listen", f"[::1]:{port}")
+        assert st["prometheus_url"] == f"http://[::1]:{port}"
+        with urllib.request.urlopen(st["prometheus_url"] + "/-/ready", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        cli("monitor", "down", "--dir", str(mdir))
