@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from . import hostport
+
 
 def targets_dir() -> Path:
     from testbed.ledger import state_root
@@ -48,7 +50,7 @@ def watchers() -> list[dict]:
 
 def write_target(path: Path, host: str, port: int, labels: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    addr = hostport(host, port)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps([{"targets": [addr], "labels": labels}]) + "\n")
     os.replace(tmp, path)

@@ -222,6 +222,7 @@ class RunExporter:
     def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, start_http_server
 
+        from . import hostport
         from .sd import write_target
 
         self.target = target
@@ -230,7 +231,7 @@ class RunExporter:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self)
         self.server, self._thread = start_http_server(0, addr=host, registry=reg)
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.server.server_port}/metrics"
+        self.url = f"http://{hostport(host, self.server.server_port)}/metrics"
         write_target(target, host, self.server.server_port, {"exporter": "training"})
 
     def collect(self):

@@ -476,7 +476,7 @@ def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
 
 
 def _check_exporter_listen(listen: str) -> tuple[str, int]:
-    from collectors import parse_listen
+    from collectors import bind_error, parse_listen
 
     try:
         host, port = parse_listen(listen)
@@ -488,14 +488,9 @@ def _check_exporter_listen(listen: str) -> tuple[str, int]:
     except OSError:
         raise TestbedError(f"exporter address {listen!r}: host {host!r} does not resolve",
                            "give an address of this host, e.g. --exporter-listen 127.0.0.1:0") from None
-    if port:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as e:
-                raise TestbedError(f"the exporter cannot listen on {listen}: {e.strerror}",
-                                   "choose another --exporter-listen, or 127.0.0.1:0 for any free port") from None
+    if port and (why := bind_error(host, port)):
+        raise TestbedError(f"the exporter cannot listen on {listen}: {why}",
+                           "choose another --exporter-listen, or 127.0.0.1:0 for any free port")
     return host, port
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from collectors import parse_listen
+from collectors import bind_error, hostport, parse_listen
 from collectors.sd import read_target, targets_dir, watchers_dir
 
 from . import procs
@@ -55,20 +54,6 @@ def _listen(value: str, what: str) -> tuple[str, int]:
     if port == 0:  # Prometheus' target file needs the real port
         raise TestbedError(f"{what} {value!r} is not HOST:PORT", f"write e.g. {what} 127.0.0.1:9090")
     return host, port
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def _alive(pid: int | None, marker: str) -> bool:
@@ -118,16 +103,18 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
         raise StateError(f"the monitor in {d} is already running ({st.get('prometheus_url', f'pid {running[0]}')})",
                          "`testbed monitor down` stops it")
     phost, pport = _listen(listen, "--listen")
-    if not _port_free(phost, pport):
-        raise TestbedError(f"{phost}:{pport} is in use", "choose another port with --listen HOST:PORT")
+    if why := bind_error(phost, pport):
+        raise TestbedError(f"Prometheus cannot listen on {hostport(phost, pport)}: {why}",
+                           "choose another address with --listen HOST:PORT")
     if runs:
         try:
             ehost, eport = parse_listen(exporter_listen)
         except ValueError:
             raise TestbedError(f"--exporter-listen {exporter_listen!r} is not HOST:PORT",
                                "write e.g. 127.0.0.1:0 (any free port)") from None
-        if eport and not _port_free(ehost, eport):
-            raise TestbedError(f"{ehost}:{eport} is in use", "choose another port with --exporter-listen HOST:PORT")
+        if eport and (why := bind_error(ehost, eport)):
+            raise TestbedError(f"the exporter cannot listen on {hostport(ehost, eport)}: {why}",
+                               "choose another address with --exporter-listen HOST:PORT")
     sd_dirs = [targets_dir(), d / "targets"]
     try:
         for t in sd_dirs:
@@ -145,14 +132,14 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
             raise TestbedError(f"promtool rejects the generated {cfg}: {(r.stdout + r.stderr).strip()[-600:]}",
                                "check --scrape-interval (e.g. 2s, 15s)")
     prom_cmd = [prom, marks["prometheus"], f"--storage.tsdb.path={d / 'data'}",
-                f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={_hostport(phost, pport)}"]
+                f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={hostport(phost, pport)}"]
     exp_cmd = None
     if runs:
         exp_cmd = [sys.executable, "-m", "collectors", "--listen", exporter_listen, marks["exporter"],
                    "--sd-label", "exporter=runs"]
         for r in runs:
             exp_cmd += ["--runs", str(Path(r).resolve())]
-    st = {"dir": str(d), "prometheus_url": f"http://{_hostport(phost, pport)}", "exporter_url": None,
+    st = {"dir": str(d), "prometheus_url": f"http://{hostport(phost, pport)}", "exporter_url": None,
           "targets": [str(t) for t in sd_dirs], "prometheus_cmd": prom_cmd, "exporter_cmd": exp_cmd,
           "runs": [str(Path(r).resolve()) for r in runs or []],
           "prometheus_pid": None, "exporter_pid": None, "started": time.time()}
