@@ -176,7 +176,7 @@ def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel)
     assert len(ckpts) == 1
     for r in index["runs"]:
         s = json.loads((Path(index["dir"]) / r["run_id"] / "summary.json").read_text())
-        assert f"--init" in s["request"]["workload_args"] and str(ckpts[0]) in s["request"]["workload_args"]
+        assert "--init" in s["request"]["workload_args"] and str(ckpts[0]) in s["request"]["workload_args"]
         assert s["bw"] == r["bw"]
     rep = cli_json("report", index["dir"])
     assert {(r["bw"], r["scheme"]) for r in rep["rows"]} == {

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import dashboards
-from collectors.training import ITER_BUCKETS, TrainingCollector
+from collectors.training import TrainingCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 
