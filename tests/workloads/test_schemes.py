@@ -25,6 +25,9 @@ class _Bucket:
     def parameters(self):
         return self._params
 
+    def gradients(self):  # views into the buffer, in the parameters' order, as DDP's are
+        return list(torch.split(self._buf, [p.numel() for p in self._params]))
+
     def index(self):
         return self._index
 
@@ -53,6 +56,30 @@ def _topk(rank, world):
 
 def test_topk_sends_k_values_and_positions_and_keeps_the_rest_as_error_feedback():
     run(_topk, 2)
+
+
+def _topk_rebuild(rank, world):
+    """DDP's bucket rebuild regroups and reorders parameters: each keeps its residual."""
+    a, b, c = (nn.Parameter(torch.zeros(n)) for n in (300, 500, 200))
+    state = TopKState(ratio=0.01)
+    g1 = torch.randn(1000)
+    topk_hook(state, _Bucket(g1.clone(), [a, b, c])).wait()  # iteration 1: one bucket a|b|c
+    before = state.residuals[(id(a), id(b), id(c))].clone()
+    res = {"a": before[:300], "b": before[300:800], "c": before[800:]}
+    assert before.abs().sum() > 0
+    # iteration 2: buckets [c, a] and [b]; zero gradients, so each residual alone decides top-k
+    topk_hook(state, _Bucket(torch.zeros(500), [c, a], index=0)).wait()
+    assert (id(a), id(b), id(c)) in state.residuals  # b has not moved yet: the old bucket stays
+    topk_hook(state, _Bucket(torch.zeros(500), [b], index=1)).wait()
+    assert set(state.residuals) == {(id(c), id(a)), (id(b),)}  # then it is freed
+    for new, parts in (((id(c), id(a)), ("c", "a")), ((id(b),), ("b",))):
+        acc = torch.cat([res[x] for x in parts])
+        acc[acc.abs().topk(5).indices] = 0  # what this iteration sent (k = 5 of 500)
+        torch.testing.assert_close(state.residuals[new], acc)
+
+
+def test_topk_residuals_survive_the_bucket_rebuild():
+    run(_topk_rebuild, 1)
 
 
 def _terngrad_unbiased(rank, world):

@@ -4,14 +4,14 @@ Compressor / memory / communicator, as GRACE splits them:
 
 * memory: the residual of each bucket (what was not sent) is added to the next
   gradient before selection (error feedback), keyed by the bucket's parameters;
+  when DDP rebuilds its buckets (start of iteration 2), each parameter's residual moves
+  to its place in the new bucket, so no error feedback is lost;
 * compressor: the k = ceil(ratio * n) entries of largest magnitude, values (fp32) and
   positions (int32);
 * communicator: top-k sets differ between ranks, so they cannot be all-reduced; every
   rank all-gathers the others' (values, positions), packed into one tensor, and sums
   them with ``index_add_``. Each rank sends k * 8 bytes per bucket.
 
-After DDP's bucket rebuild (iteration 2) the residuals of the first iteration's bucket
-are dropped once.
 """
 
 import math
@@ -31,16 +31,36 @@ class TopKState(Accounting):
     residuals: dict = field(default_factory=dict)
     """Bucket key (its parameters' identities) -> error-feedback residual."""
     keys: BucketKeys = field(default_factory=BucketKeys)
+    where: dict = field(default_factory=dict)
+    """Parameter identity -> (bucket key, offset, length) of its residual now."""
+
+
+def _residual(state: TopKState, key: tuple, bucket, buf: torch.Tensor) -> torch.Tensor:
+    """The bucket's residual; a new bucket takes over its parameters' residuals from the old ones."""
+    residual = state.residuals.get(key)
+    if residual is not None:
+        return residual
+    residual = state.residuals[key] = torch.zeros_like(buf)
+    base, size = buf.data_ptr(), buf.element_size()
+    left = set()
+    for p, g in zip(bucket.parameters(), bucket.gradients()):  # gradients are views into buf
+        off, n = (g.data_ptr() - base) // size, g.numel()
+        old = state.where.get(id(p))
+        if old is not None:
+            okey, ooff, _ = old
+            residual[off:off + n] = state.residuals[okey][ooff:ooff + n]
+            left.add(okey)
+        state.where[id(p)] = (key, off, n)
+    for okey in left - {k for k, _, _ in state.where.values()}:
+        del state.residuals[okey]  # every parameter of that old bucket has moved
+    return residual
 
 
 def topk_hook(state: TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
     group = state.process_group
     world = dist.get_world_size(group)
-    key = state.keys(bucket)
-    residual = state.residuals.get(key)
-    if residual is None:
-        residual = state.residuals[key] = torch.zeros_like(buf)
+    residual = _residual(state, state.keys(bucket), bucket, buf)
     acc = residual.add_(buf)  # gradient + what earlier iterations did not send
     n = acc.numel()
     k = max(1, math.ceil(state.ratio * n))
