@@ -52,9 +52,7 @@ class LinkCollector(Collector):
 
     def _testbeds(self) -> list[Testbed]:
         out = []
-        for name in Ledger.all_names():
-            if self.only is not None and name not in self.only:
-                continue
+        for name in sorted(self.only) if self.only is not None else Ledger.all_names():
             try:
                 out.append(Testbed.attach(name))  # refuses testbeds not (or no longer) up and ready
             except TestbedError:

@@ -212,7 +212,7 @@ class Testbed:
         """Every check that needs the kernel, before anything is created. Returns the plan."""
         require_root()
         if exporter is not None:
-            _check_exporter_listen(exporter)
+            procs.check_listen(exporter, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
         if Ledger(topology.name).exists():
             raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
                              f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
@@ -473,25 +473,6 @@ def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
         ep = egress[(l.index, d)]
         row[d] = {"src": src, "dst": dst, "shape": l.shape(d).to_dict(), "netns": ep.ns, "ifname": ep.ifname}
     return row
-
-
-def _check_exporter_listen(listen: str) -> tuple[str, int]:
-    from collectors import bind_error, parse_listen
-
-    try:
-        host, port = parse_listen(listen)
-    except ValueError:
-        raise TestbedError(f"exporter address {listen!r} is not HOST:PORT",
-                           "write e.g. --exporter-listen 127.0.0.1:0 (port 0: any free port)") from None
-    try:
-        socket.getaddrinfo(host, port)
-    except OSError:
-        raise TestbedError(f"exporter address {listen!r}: host {host!r} does not resolve",
-                           "give an address of this host, e.g. --exporter-listen 127.0.0.1:0") from None
-    if port and (why := bind_error(host, port)):
-        raise TestbedError(f"the exporter cannot listen on {listen}: {why}",
-                           "choose another --exporter-listen, or 127.0.0.1:0 for any free port")
-    return host, port
 
 
 def exporter_target(name: str) -> Path:

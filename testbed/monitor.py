@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from collectors import bind_error, hostport, parse_listen
+from collectors import hostport
 from collectors.sd import read_target, targets_dir, watchers_dir
 
 from . import procs
@@ -44,16 +44,6 @@ from .errors import StateError, TestbedError
 
 DEFAULT_DIR = Path(os.environ.get("TESTBED_MONITOR_DIR", "/var/lib/testbed/monitor"))
 JOB = "testbed"
-
-
-def _listen(value: str, what: str) -> tuple[str, int]:
-    try:
-        host, port = parse_listen(value)
-    except ValueError:
-        port = 0
-    if port == 0:  # Prometheus' target file needs the real port
-        raise TestbedError(f"{what} {value!r} is not HOST:PORT", f"write e.g. {what} 127.0.0.1:9090")
-    return host, port
 
 
 def _alive(pid: int | None, marker: str) -> bool:
@@ -102,19 +92,10 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
         st = read_state(d) or {}
         raise StateError(f"the monitor in {d} is already running ({st.get('prometheus_url', f'pid {running[0]}')})",
                          "`testbed monitor down` stops it")
-    phost, pport = _listen(listen, "--listen")
-    if why := bind_error(phost, pport):
-        raise TestbedError(f"Prometheus cannot listen on {hostport(phost, pport)}: {why}",
-                           "choose another address with --listen HOST:PORT")
+    # a real port: it goes into the URLs printed and waited on
+    phost, pport = procs.check_listen(listen, "--listen", "127.0.0.1:9090", any_port=False)
     if runs:
-        try:
-            ehost, eport = parse_listen(exporter_listen)
-        except ValueError:
-            raise TestbedError(f"--exporter-listen {exporter_listen!r} is not HOST:PORT",
-                               "write e.g. 127.0.0.1:0 (any free port)") from None
-        if eport and (why := bind_error(ehost, eport)):
-            raise TestbedError(f"the exporter cannot listen on {hostport(ehost, eport)}: {why}",
-                               "choose another address with --exporter-listen HOST:PORT")
+        procs.check_listen(exporter_listen, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
     sd_dirs = [targets_dir(), d / "targets"]
     try:
         for t in sd_dirs:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
+
+from .errors import TestbedError
 
 
 def argv_of(pid: int) -> list[str]:
@@ -62,3 +65,29 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def check_listen(value: str, flag: str, example: str, any_port: bool = True) -> tuple[str, int]:
+    """A HOST:PORT a process testbed starts will listen on, checked before it starts.
+
+    Errors name ``flag`` and say what is wrong: the format, a host that does not resolve,
+    or an address that cannot be bound now (e.g. in use). Port 0 (any free port) only
+    when ``any_port``."""
+    from collectors import bind_error, parse_listen
+
+    try:
+        host, port = parse_listen(value)
+    except ValueError:
+        port = -1
+    if port < 0 or (port == 0 and not any_port):
+        raise TestbedError(f"{flag} {value!r} is not HOST:PORT" + ("" if any_port else " with a port"),
+                           f"write e.g. {flag} {example}")
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError:
+        raise TestbedError(f"{flag} {value!r}: host {host!r} does not resolve",
+                           f"give an address of this host, e.g. {flag} {example}") from None
+    if port and (why := bind_error(host, port)):
+        raise TestbedError(f"{flag} {value}: cannot listen there: {why}",
+                           f"choose another address, e.g. {flag} {example}")
+    return host, port
