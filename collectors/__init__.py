@@ -14,27 +14,4 @@ its run's records from its own process (:class:`collectors.training.RunExporter`
 """
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9464`` too; an empty host means 127.0.0.1) -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def hostport(host: str, port: int) -> str:
-    """``host:port`` for a URL or a target file; an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def bind_error(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on now (e.g. "Address already in use"), or None."""
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return e.strerror or str(e)
-    return None
+from testbed.sd import bind_error, hostport, parse_listen  # noqa: E402,F401  (the address helpers live in testbed)

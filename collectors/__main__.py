@@ -10,8 +10,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from . import parse_listen
-from .sd import write_target
+from testbed.sd import parse_listen, write_target
+
 from .links import LinkCollector
 from .training import TrainingCollector
 

@@ -222,8 +222,8 @@ class RunExporter:
     def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, start_http_server
 
-        from . import hostport
-        from .sd import write_target
+        from testbed.sd import hostport
+        from testbed.sd import write_target
 
         self.target = target
         self.collector = TrainingCollector([run_dir], keep_s=float("inf"))
@@ -247,7 +247,7 @@ class RunExporter:
         A run shorter than Prometheus' discovery delay (file-SD refresh plus the scrape
         manager's 5 s reload) may end before its first scrape; when a `testbed monitor`
         watches the targets, that first scrape is waited for too."""
-        from .sd import watchers
+        from testbed.sd import watchers
 
         now = time.monotonic()
         starts = [s for s, _ in self._scrapes]

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import List, Optional
 
@@ -32,6 +31,7 @@ link_app = typer.Typer(no_args_is_help=True, help="Show or change the links of a
 app.add_typer(link_app, name="link")
 monitor_app = typer.Typer(no_args_is_help=True, help="A real Prometheus scraping testbed's links and runs.")
 app.add_typer(monitor_app, name="monitor")
+
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
 TestbedOpt = typer.Option(None, "--testbed", "-t", help="Testbed name (default: the only one that is up).")
@@ -94,7 +94,7 @@ def up(
         topo = load_topology(file)
         if dry_run:
             from .core import host_routes
-            from .plan import action_to_dict, choose_subnet, make_plan
+            from .plan import choose_subnet, make_plan
 
             try:
                 routes = host_routes()
@@ -103,7 +103,7 @@ def up(
             plan = make_plan(topo, choose_subnet(topo, routes))
             if as_json:
                 _emit({"name": topo.name, "subnet": str(plan.subnet),
-                       "actions": [action_to_dict(a) for a in plan.actions]})
+                       "actions": [a.to_dict() for a in plan.actions]})
             else:
                 out.print(f"plan for [bold]{topo.name}[/]: {len(plan.actions)} actions, subnet {plan.subnet}")
                 for i, a in enumerate(plan.actions):
@@ -304,17 +304,8 @@ def exec(
         from .core import Testbed
 
         tb = Testbed.attach(_resolve_name(testbed))
-        info = tb.node(node)
+        argv = tb.command(node, cmd, cwd=None)  # through the node's backend (netns, container)
         out.file.flush()
-        if threading.active_count() == 1:
-            from .net import netns
-
-            netns.enter(info.netns)
-            try:
-                os.execvp(cmd[0], cmd)
-            except FileNotFoundError:
-                raise TestbedError(f"command not found: {cmd[0]}", "is it installed on this host?") from None
-        argv = tb.command(node, cmd)
         os.execv(argv[0], argv)
 
 

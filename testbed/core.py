@@ -14,36 +14,28 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
-from collections import OrderedDict
 from dataclasses import asdict, replace
-from typing import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Sequence
 
-from . import __version__, naming, procs
+from . import __version__, procs
+from .apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
+from .backends import BACKENDS
 from .backends import get as get_backend
-from .errors import KernelError, StateError, TestbedError, TopologyError
+from .errors import StateError, TestbedError, TopologyError
 from .ledger import Ledger, global_lock
 from .net import netns, tc
+from .net.handles import HandleCache, NetlinkPool  # noqa: F401  (NetlinkPool: the exporter's)
 from .net.rtnl import Rtnl
-from .plan import (AddAddress, CreateBridge, CreateNetns, CreateVeth, Endpoint, NodeInfo, Plan, SetSysctl, ShapeEgress,
-                   action_to_dict, choose_subnet, make_plan)
+from .plan import Endpoint, NodeInfo, Plan, choose_subnet, make_plan
+from .teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
 from .topology import Link, Topology, load_topology_dict
 from .units import Duration, Loss, Rate
 
-Progress = Callable[[int, int, str], None]
 DIRECTIONS = ("forward", "reverse")
-FAULT_ENV = "TESTBED_FAULT_STEP"  # test hook: SIGKILL ourselves before executing plan step N
-LEDGER_CHUNK = 64  # actions recorded per fsync; down treats recorded-but-never-made as already gone
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise TestbedError("building a testbed needs root (network namespaces, veth, tc)", "run with sudo")
 
 
 def host_routes() -> list[ipaddress.IPv4Network]:
@@ -58,137 +50,10 @@ def host_routes() -> list[ipaddress.IPv4Network]:
     return out
 
 
-class _Handles:
-    """A few open netlink handles, least recently used closed first (1024 workers, 1024 fds)."""
-
-    def __init__(self, capacity: int = 8):
-        self.capacity = capacity
-        self._h: OrderedDict[str, Rtnl] = OrderedDict()
-
-    def put(self, rt: Rtnl) -> Rtnl:
-        self._h[rt.ns] = rt
-        self._h.move_to_end(rt.ns)
-        while len(self._h) > self.capacity:
-            self._h.popitem(last=False)[1].close()
-        return rt
-
-    def get(self, ns: str) -> Rtnl:
-        rt = self._h.get(ns)
-        if rt is None:
-            return self.put(Rtnl.open(ns))
-        self._h.move_to_end(ns)
-        return rt
-
-    def close(self) -> None:
-        for rt in self._h.values():
-            rt.close()
-        self._h.clear()
-
-
 _IFINDEX: dict[tuple[str, int | None, str], int] = {}
 """(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
 life, and the inode tells a namespace apart from a later one of the same name, so
 repeated counter reads (the exporter's scrapes) skip the lookups."""
-
-
-class NetlinkPool:
-    """Netlink handles kept open between calls, keyed by (namespace, inode).
-
-    Reopening a handle costs about as much as the qdisc dump itself, so a long-lived reader
-    (the link exporter) keeps them. An open handle keeps its namespace alive after `ip netns
-    del`, so the owner must :meth:`prune` or :meth:`close`: the exporter prunes the handles a
-    scrape did not use, and `testbed down` stops a testbed's exporter before deleting its
-    namespaces.
-    """
-
-    def __init__(self) -> None:
-        self._h: dict[tuple[str, int], Rtnl] = {}
-        self._used: set[tuple[str, int]] = set()
-
-    def get(self, ns: str, ino: int) -> Rtnl:
-        key = (ns, ino)
-        self._used.add(key)
-        rt = self._h.get(key)
-        if rt is None:
-            rt = self._h[key] = Rtnl.open(ns)
-        return rt
-
-    def drop(self, ns: str, ino: int) -> None:
-        rt = self._h.pop((ns, ino), None)
-        if rt is not None:
-            rt.close()
-
-    def prune(self) -> None:
-        """Close the handles not used since the last prune."""
-        for key in set(self._h) - self._used:
-            self._h.pop(key).close()
-        self._used = set()
-
-    def close(self) -> None:
-        for rt in self._h.values():
-            rt.close()
-        self._h.clear()
-        self._used = set()
-
-
-def _execute(action, handles: _Handles) -> None:
-    if isinstance(action, CreateNetns):
-        rt = handles.put(Rtnl.create_netns(action.ns))
-        rt.init_namespace(action.tag)
-    elif isinstance(action, SetSysctl):
-        netns.set_sysctl(action.ns, action.key, action.value)
-    elif isinstance(action, CreateBridge):
-        handles.get(action.ns).add_bridge(action.ifname, action.stp, action.index)
-    elif isinstance(action, CreateVeth):
-        rt = handles.get(action.ns)
-        rt.add_veth(action.ifname, action.peer_ns, action.peer_ifname, action.master, action.index)
-        if action.peer_master:
-            handles.get(action.peer_ns).set_master_up(action.peer_ifname, action.peer_master)
-    elif isinstance(action, AddAddress):
-        handles.get(action.ns).add_address_up(action.ifname, action.address, action.prefixlen)
-    elif isinstance(action, ShapeEgress):
-        tc.apply(handles.get(action.ns), action.ifname, action.shape)
-    else:  # pragma: no cover - the plan only makes the types above
-        raise TypeError(action)
-
-
-class _Signals:
-    """While building: SIGINT, SIGTERM and SIGHUP only set a flag, checked between actions.
-
-    Raising KeyboardInterrupt asynchronously could land inside a pyroute2 call and leave
-    its event loop half-run (a noisy "Event loop is closed" at exit); an action takes a few
-    milliseconds, so checking between actions is just as prompt.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __enter__(self):
-        self.received: int | None = None
-        self._old = {}
-        for sig in self.SIGNALS:
-            try:
-                self._old[sig] = signal.signal(sig, self._note)
-            except ValueError:  # not the main thread: signals cannot be caught here anyway
-                pass
-        return self
-
-    def _note(self, signum, frame):
-        self.received = signum
-
-    def check(self) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt(f"signal {self.received}")
-
-    def __exit__(self, *exc):
-        for sig, h in self._old.items():
-            signal.signal(sig, h)
-
-
-def _ignore_interrupts():
-    try:
-        return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:
-        return {}
 
 
 class Testbed:
@@ -228,6 +93,10 @@ class Testbed:
                                     f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
                                     tc.NETEM_MISSING_HINT)
         plan = make_plan(topology, choose_subnet(topology, host_routes()))
+        for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
+            nodes = [w for w in topology.workers if w.backend == name]
+            if nodes and hasattr(backend, "preflight"):
+                backend.preflight(nodes)
         taken = [ns for ns in plan.namespaces if netns.exists(ns)]
         if taken:
             raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",
@@ -246,45 +115,7 @@ class Testbed:
             ledger.create()
             state = _initial_state(plan)
             ledger.write_state(state)
-            handles = _Handles()
-            fault = int(os.environ.get(FAULT_ENV, "-1"))
-            total = len(plan.actions)
-            recorded = 0
-            try:
-                with _Signals() as signals:
-                    for i, action in enumerate(plan.actions):
-                        signals.check()
-                        if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
-                            recorded = min(total, i + LEDGER_CHUNK)
-                            ledger.record(*(action_to_dict(a) for a in plan.actions[i:recorded]))
-                        if i == fault:
-                            os.kill(os.getpid(), signal.SIGKILL)
-                        _execute(action, handles)
-                        if progress:
-                            progress(i + 1, total, action.describe())
-                    state["ready"] = True
-                    ledger.write_state(state)
-                    if exporter is not None:
-                        signals.check()
-                        state["exporter"] = _start_exporter(ledger, exporter, fault == total)
-                        ledger.write_state(state)
-            except BaseException as e:
-                handles.close()
-                old = _ignore_interrupts()
-                try:
-                    problems = _teardown(topology.name)
-                finally:
-                    for s, h in old.items():
-                        signal.signal(s, h)
-                if isinstance(e, KeyboardInterrupt):
-                    raise TestbedError(f"interrupted while building '{topology.name}'; everything created was removed"
-                                       + (f" except: {'; '.join(problems)}" if problems else "")) from None
-                if problems and isinstance(e, TestbedError):
-                    e.message += f" (cleanup also failed: {'; '.join(problems)})"
-                raise
-            finally:
-                handles.close()
-                ledger.close()
+            apply_plan(plan, ledger, state, progress, exporter)
         tb = cls(state)
         tb._owned = True
         return tb
@@ -341,13 +172,19 @@ class Testbed:
         }
 
     # ------------------------------------------------------------------ processes
-    def command(self, node: str, argv: Sequence[str]) -> list[str]:
-        info = self.node(node)
-        return get_backend(info.backend or "netns").command(info.netns, argv)
+    def backend(self, node: str):
+        return get_backend(self.node(node).backend)
 
-    def spawn(self, node: str, argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+    def command(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (),
+                cwd: Path | None = None) -> list[str]:
+        """Host argv that runs ``argv`` inside ``node`` (through its backend; no shell)."""
+        info = self.node(node)
+        return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
+
+    def spawn(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None,
+              **popen_kwargs) -> subprocess.Popen:
         """Start ``argv`` inside ``node`` (no shell)."""
-        return subprocess.Popen(self.command(node, argv), **popen_kwargs)
+        return subprocess.Popen(self.command(node, argv, mounts=mounts, cwd=cwd), **popen_kwargs)
 
     def exec(self, node: str, argv: Sequence[str], **run_kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(node, argv), **run_kwargs)
@@ -406,7 +243,7 @@ class Testbed:
                 if not ok:
                     raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
                                        tc.NETEM_MISSING_HINT)
-            handles = _Handles()
+            handles = HandleCache()
             try:
                 for idx, l in new_links.items():
                     for d in dirs:
@@ -475,37 +312,6 @@ def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
     return row
 
 
-def exporter_target(name: str) -> Path:
-    from collectors.sd import targets_dir
-
-    return targets_dir() / f"testbed-{name}.json"
-
-
-def _start_exporter(ledger: Ledger, listen: str, fault: bool = False, timeout: float = 30.0) -> str:
-    """Start the testbed's link exporter on the host; returns its /metrics URL once it listens."""
-    from collectors.sd import read_target
-
-    target = exporter_target(ledger.name)
-    marker = f"--sd-file={target}"
-    ledger.record({"action": "StartExporter", "marker": marker, "target": str(target)})
-    target.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "collectors", "--testbed", ledger.name, "--listen", listen, marker,
-            "--sd-label", "exporter=links"]
-    log = ledger.dir / "exporter.log"
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # Ctrl-C in the terminal is ours to handle
-    if fault:  # test hook: die with the exporter running and recorded only in the ledger
-        os.kill(os.getpid(), signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while (addr := read_target(target)) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace").strip()[-600:]
-            raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
-        time.sleep(0.05)
-    return f"http://{addr}/metrics"
-
-
 def _initial_state(plan: Plan) -> dict:
     return {
         "name": plan.topology.name,
@@ -519,102 +325,3 @@ def _initial_state(plan: Plan) -> dict:
         "nodes": {n: asdict(i) for n, i in plan.nodes.items()},
         "egress": {f"{i}/{d}": asdict(ep) for (i, d), ep in plan.egress.items()},
     }
-
-
-# ---------------------------------------------------------------------- teardown
-
-
-def _teardown(name: str) -> list[str]:
-    """Undo everything in ``name``'s ledger, newest first; return the failures."""
-    ledger = Ledger(name)
-    entries = ledger.entries()
-    namespaces = [e["ns"] for e in entries if e.get("action") == "CreateNetns"]
-    problems: list[str] = []
-    # Host-side processes first: an exporter's open netlink handles would keep the
-    # namespaces alive after they are deleted.
-    for e in entries:
-        if e.get("action") == "StartExporter":
-            procs.terminate(procs.with_arg(e["marker"]))
-        if e.get("action") in ("StartExporter", "TargetFile"):
-            Path(e["target"]).unlink(missing_ok=True)
-    netns.kill_processes(namespaces)
-    for e in reversed(entries):
-        try:
-            if e.get("action") == "CreateNetns":
-                netns.remove(e["ns"])
-            elif e.get("ns") not in namespaces and e.get("action") in ("CreateVeth", "CreateBridge"):
-                # An object outside the testbed's own namespaces: delete it individually.
-                if netns.exists(e["ns"]):
-                    with Rtnl.open(e["ns"]) as rt:
-                        rt.delete_link(e["ifname"])
-            # Everything else lives inside a ledgered namespace and went with it.
-        except (TestbedError, OSError) as err:
-            problems.append(f"{e.get('action')} {e.get('ns')}: {err}")
-    if not problems:
-        ledger.remove()
-    return problems
-
-
-def down(name: str) -> bool:
-    """Tear down testbed ``name``; False if it was not up. Idempotent."""
-    require_root()
-    with global_lock():
-        if not Ledger(name).exists():
-            return False
-        problems = _teardown(name)
-    if problems:
-        raise KernelError(f"could not remove everything of '{name}': " + "; ".join(problems),
-                          f"fix the cause and run `testbed down {name}` again")
-    return True
-
-
-def down_all() -> list[str]:
-    """Tear down every testbed in the state dir, then any tagged namespace left without a ledger."""
-    require_root()
-    removed: list[str] = []
-    problems: list[str] = []
-    with global_lock():
-        for name in Ledger.all_names():
-            p = _teardown(name)
-            problems += p
-            if not p:
-                removed.append(name)
-        orphans: dict[str, list[str]] = {}
-        for ns in netns.list_all():
-            try:
-                with Rtnl.open(ns) as rt:
-                    owner = naming.testbed_of_tag(rt.lo_alias())
-            except TestbedError:
-                continue
-            if owner:
-                orphans.setdefault(owner, []).append(ns)
-        for owner, nss in orphans.items():
-            target = exporter_target(owner)  # its exporter, if the lost ledger had started one
-            procs.terminate(procs.with_arg(f"--sd-file={target}"))
-            target.unlink(missing_ok=True)
-            netns.kill_processes(nss)
-            for ns in nss:
-                try:
-                    netns.remove(ns)
-                except TestbedError as e:
-                    problems.append(str(e))
-            if owner not in removed:
-                removed.append(owner)
-    if problems:
-        raise KernelError("could not remove everything: " + "; ".join(problems))
-    return removed
-
-
-def list_testbeds() -> list[dict]:
-    out = []
-    for name in Ledger.all_names():
-        st = Ledger(name).read_state() or {}
-        out.append({
-            "name": name,
-            "ready": st.get("ready", False),
-            "created": st.get("created"),
-            "workers": sum(1 for n in st.get("nodes", {}).values() if n.get("kind") == "worker"),
-            "links": len(st.get("topology", {}).get("links", [])),
-            "source": st.get("source"),
-        })
-    return out

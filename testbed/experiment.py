@@ -16,7 +16,6 @@ remove what the run created; the records written so far stay.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import threading
@@ -223,13 +222,14 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         (run_dir / "topology.json").write_text(json.dumps(tb.topology.to_dict(), indent=2) + "\n")
 
         scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
-        argv = [req.module, *scheme_arg, *req.workload_args, "--out", str(run_dir.resolve())]
+        wargs, mounts = host_paths(req.workload_args)
+        argv = [req.module, *scheme_arg, *wargs, "--out", str(run_dir.resolve())]
         if req.exporter:
             exporter = _start_run_exporter(tb, run_id, run_dir)
         sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
         start_counters = sampler.sample()
         t_start = time.time()
-        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout)
+        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts)
         say(f"run {run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
         launcher.start()
         status = Status(run_dir, world=len(tb.workers))
@@ -299,13 +299,32 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         restore_signals()
 
 
+PATH_FLAGS = {"--init": "file", "--data-dir": "dir"}
+"""Workload arguments that name host files: made absolute, and their directories mounted
+into container workers at the same path."""
+
+
+def host_paths(args: list[str]) -> tuple[list[str], list[Path]]:
+    """``args`` with the paths of PATH_FLAGS made absolute, and the directories they need."""
+    out, mounts = list(args), []
+    for i, a in enumerate(args[:-1]):
+        kind = PATH_FLAGS.get(a)
+        if kind:
+            p = Path(args[i + 1]).resolve()
+            out[i + 1] = str(p)
+            mounts.append(p.parent if kind == "file" else p)
+    return out, list(dict.fromkeys(mounts))
+
+
 def _start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
-    from collectors.sd import targets_dir
     from collectors.training import RunExporter
+
+    from .actions import TargetFile
+    from .sd import targets_dir
 
     target = targets_dir() / f"run-{tb.name}-{run_id}.json"
     with global_lock():  # recorded first: `testbed down` removes it if this process dies
-        Ledger(tb.name).record({"action": "TargetFile", "target": str(target)})
+        Ledger(tb.name).record(TargetFile(str(target)).to_dict())
     return RunExporter(run_dir, target)
 
 
@@ -366,12 +385,3 @@ def _summarise(run_dir, run_id, request, links, start, end, duration, shapes) ->
             wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
     summary["mean_wire_tx_bytes_per_iteration"] = sum(wire) / len(wire) if wire else None
     return summary
-
-
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-
-
-def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id) or run_id in (".", ".."):
-        raise TestbedError(f"run id '{run_id}' is not a plain directory name", "use letters, digits, . _ -")
-    return run_id

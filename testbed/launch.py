@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import procs
 from .errors import TestbedError
 
 MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
@@ -89,9 +89,12 @@ class Launcher:
     """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
 
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = ()):
+        """``argv``: ``MODULE ARGS...`` run as ``python -m`` by the node's Python; ``mounts``:
+        host directories the ranks read or write (a container sees them at the same path)."""
         self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
         self.extra_env = extra_env or {}
+        self.mounts = [run_dir.resolve(), *mounts]
         self.ranks: list[RankProc] = []
 
     def start(self) -> None:
@@ -100,12 +103,14 @@ class Launcher:
         threads = max(1, (os.cpu_count() or 1) // world)
         master = workers[0].address
         for w in workers:
+            backend = self.tb.backend(w.name)
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
-                           gpu=w.gpu, threads=threads)
+                           gpu=w.gpu, threads=threads, base=backend.environment(w))
             env.update(self.extra_env)
             log = self.run_dir / f"rank{w.rank}.log"
+            argv = procs.python_argv(*self.argv, python=backend.python(w))
             with open(log, "wb") as f:
-                proc = self.tb.spawn(w.name, [sys.executable, "-m", *self.argv], env=env, stdout=f,
+                proc = self.tb.spawn(w.name, argv, mounts=self.mounts, cwd=self.run_dir, env=env, stdout=f,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # Ctrl-C reaches us, not the ranks
             self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl"))
@@ -123,6 +128,9 @@ class Launcher:
                 elif rc != 0:
                     self.stop()
                     how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                    why = getattr(self.tb.backend(r.node), "why_stopped", lambda info: None)(self.tb.node(r.node))
+                    if why:
+                        how += f": {why}"
                     raise RankFailed(f"rank {r.rank} (node {r.node}) {how}; the other ranks were stopped. "
                                      f"Last lines of {r.log}:\n{tail(r.log)}")
             if running == 0:

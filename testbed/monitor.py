@@ -1,7 +1,7 @@
 """`testbed monitor up|down|status`: a real Prometheus scraping testbed's exporters.
 
 Exporters start with what they describe and announce themselves through Prometheus'
-file-based service discovery (``collectors.sd``): `testbed up` starts one link exporter
+file-based service discovery (``testbed.sd``): `testbed up` starts one link exporter
 per testbed (stopped by `testbed down`), `testbed run` serves its run's training metrics
 while it runs. Their target files live in ``<state dir>/targets`` (tmpfs, like the
 testbeds). So Prometheus, once up, finds every testbed and run started before or after
@@ -36,10 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from collectors import hostport
-from collectors.sd import read_target, targets_dir, watchers_dir
-
 from . import procs
+from .sd import hostport, read_target, targets_dir, watchers_dir
 from .errors import StateError, TestbedError
 
 DEFAULT_DIR = Path(os.environ.get("TESTBED_MONITOR_DIR", "/var/lib/testbed/monitor"))

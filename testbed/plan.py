@@ -1,100 +1,30 @@
 """Plan: a Topology becomes an ordered list of small actions (pure; no I/O).
 
-``testbed up --dry-run`` prints the plan. :mod:`testbed.net.apply` executes it, writing
-each action to the ledger before performing it. Actions are ordered so that each worker's
-namespace is created, wired and shaped in one stretch (the executor keeps few netlink
-sockets open, even at 1024 workers).
+``testbed up --dry-run`` prints the plan. :mod:`testbed.apply` executes it, writing each
+action to the ledger before performing it; the actions themselves (:mod:`testbed.actions`)
+know how to apply and undo themselves. What a worker node is made of is its backend's
+business (:meth:`Backend.plan_node`); every later action reaches the node's interfaces
+through the namespace that the backend's actions named. Actions are ordered so that each
+worker's namespace is created, wired and shaped in one stretch (the executor keeps few
+netlink sockets open, even at 1024 workers).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import asdict, dataclass, field
-from typing import Iterable, Union
+from dataclasses import dataclass, field
+from typing import Iterable
 
 from . import naming
+from .actions import Action, AddAddress, CreateBridge, CreateNetns, CreateVeth, SetSysctl, ShapeEgress
 from .errors import TopologyError
-from .topology import Shape, Topology
+from .hosts import LOCAL
+from .topology import Topology
 
 PINNED_INDEX_BASE = 1 << 20
 DEFAULT_SUBNETS = tuple(ipaddress.ip_network(f"10.{b}.0.0/16") for b in range(200, 255)) + tuple(
     ipaddress.ip_network(f"172.{b}.0.0/16") for b in range(24, 32)
 )
-
-
-@dataclass(frozen=True)
-class CreateNetns:
-    ns: str
-    tag: str
-
-    def describe(self) -> str:
-        return f"netns add {self.ns}  (lo up, alias {self.tag})"
-
-
-@dataclass(frozen=True)
-class CreateBridge:
-    ns: str
-    ifname: str
-    switch: str
-    stp: bool = False
-    index: int | None = None
-
-    def describe(self) -> str:
-        return f"[{self.ns}] bridge {self.ifname} for switch {self.switch}" + (" stp on" if self.stp else "")
-
-
-@dataclass(frozen=True)
-class CreateVeth:
-    ns: str
-    ifname: str
-    peer_ns: str
-    peer_ifname: str
-    master: str | None = None
-    peer_master: str | None = None
-    link: int = -1
-    index: int | None = None
-
-    def describe(self) -> str:
-        m = f" master {self.master}" if self.master else ""
-        pm = f" master {self.peer_master}" if self.peer_master else ""
-        return f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}  (links[{self.link}])"
-
-
-@dataclass(frozen=True)
-class AddAddress:
-    ns: str
-    ifname: str
-    address: str
-    prefixlen: int
-
-    def describe(self) -> str:
-        return f"[{self.ns}] addr {self.address}/{self.prefixlen} dev {self.ifname} up"
-
-
-@dataclass(frozen=True)
-class SetSysctl:
-    ns: str
-    key: str
-    value: str
-
-    def describe(self) -> str:
-        return f"[{self.ns}] sysctl {self.key}={self.value}"
-
-
-@dataclass(frozen=True)
-class ShapeEgress:
-    ns: str
-    ifname: str
-    shape: Shape
-    link: int
-    direction: str
-
-    def describe(self) -> str:
-        return f"[{self.ns}] tc htb on {self.ifname}: {self.shape.describe()}  (links[{self.link}] {self.direction})"
-
-
-Action = Union[CreateNetns, SetSysctl, CreateBridge, CreateVeth, AddAddress, ShapeEgress]
-ACTION_TYPES = {c.__name__: c for c in (CreateNetns, SetSysctl, CreateBridge, CreateVeth, AddAddress, ShapeEgress)}
 
 
 @dataclass(frozen=True)
@@ -107,14 +37,17 @@ class NodeInfo:
     address: str | None
     rank: int | None = None
     gpu: int | None = None
+    host: str = LOCAL
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where one direction of a link is shaped: the egress interface of its source end."""
+    """Where one direction of a link is shaped: the egress interface of its source end,
+    addressed as (host, namespace handle, interface name)."""
 
     ns: str
     ifname: str
+    host: str = LOCAL
 
 
 @dataclass
@@ -128,7 +61,7 @@ class Plan:
 
     @property
     def namespaces(self) -> list[str]:
-        return [a.ns for a in self.actions if isinstance(a, CreateNetns)]
+        return [a.ns for a in self.actions if a.creates_namespace]
 
 
 def choose_subnet(topology: Topology, host_routes: Iterable[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
@@ -148,6 +81,8 @@ def choose_subnet(topology: Topology, host_routes: Iterable[ipaddress.IPv4Networ
 
 
 def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
+    from .backends import get as backend
+
     name = topology.name
     fabric = naming.fabric_netns(name)
     plan = Plan(topology, subnet)
@@ -182,7 +117,8 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
             info = plan.nodes[node_name]
             if info.kind == "worker":
                 if info.netns not in created:
-                    acts.append(CreateNetns(info.netns, naming.tag(name)))
+                    node = topology.node(node_name)
+                    acts.extend(backend(node.backend).plan_node(name, node, info.netns, naming.tag(name)))
                     created.add(info.netns)
                     acts.extend(SetSysctl(info.netns, k, v) for k, v in topology.node(node_name).sysctls)
                 ends[end] = (info.netns, naming.WORKER_IFACE, None)
@@ -203,11 +139,3 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
         acts.append(ShapeEgress(na, ia, link.forward, link.index, "forward"))
         acts.append(ShapeEgress(nb, ib, link.reverse, link.index, "reverse"))
     return plan
-
-
-def action_to_dict(action: Action) -> dict:
-    d = asdict(action)
-    d["action"] = type(action).__name__
-    if isinstance(action, ShapeEgress):
-        d["shape"] = action.shape.to_dict()
-    return d

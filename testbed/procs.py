@@ -11,9 +11,21 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 
 from .errors import TestbedError
+
+
+def python_argv(module: str, *args: str, python: str | None = None) -> list[str]:
+    """``python -m MODULE ARGS`` for a child started as root: the directory it is started
+    from never lands on its import path (``-P``; Python 3.10 drops sys.path[0] by hand), so
+    a ``collectors/`` or ``workloads/`` folder there cannot run in its place."""
+    exe = python or sys.executable
+    if python is not None or sys.version_info >= (3, 11):
+        return [exe, "-P", "-m", module, *args]
+    return [exe, "-c", "import runpy, sys; del sys.path[0]; sys.argv[0] = %r; "
+            "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % (module, module), *args]
 
 
 def argv_of(pid: int) -> list[str]:
@@ -22,6 +34,14 @@ def argv_of(pid: int) -> list[str]:
             return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return []
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def with_arg(arg: str) -> list[int]:
@@ -73,7 +93,7 @@ def check_listen(value: str, flag: str, example: str, any_port: bool = True) -> 
     Errors name ``flag`` and say what is wrong: the format, a host that does not resolve,
     or an address that cannot be bound now (e.g. in use). Port 0 (any free port) only
     when ``any_port``."""
-    from collectors import bind_error, parse_listen
+    from .sd import bind_error, parse_listen
 
     try:
         host, port = parse_listen(value)

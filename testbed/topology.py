@@ -23,7 +23,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 MAX_NODE_NAME = 63
 MAX_TESTBED_NAME = 32
 DEFAULT_RATE = Rate(10 * 10**9)
-BACKENDS = ("netns",)  # docker and ssh arrive with their own issues; the registry lists what exists
 NODE_KINDS = ("worker", "switch")
 MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
 
@@ -32,6 +31,7 @@ _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", *_SHAPE_K
 _TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet")
 _DEFAULT_KEYS = ("backend", "link", "sysctls")
 _NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls"), "switch": ("kind", "stp")}
+"""Keys every worker takes; each backend adds its own (testbed.backends, ``option_keys``)."""
 SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
 SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
 
@@ -89,6 +89,8 @@ class Node:
     stp: bool = False
     sysctls: tuple[tuple[str, str], ...] = ()
     """Network sysctls set inside the worker's namespace after it is created (key, value)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """The backend's own keys (e.g. docker's image, cpus), validated by that backend."""
 
     @property
     def is_worker(self) -> bool:
@@ -169,6 +171,10 @@ class Topology:
                     d["gpu"] = n.gpu
                 if n.sysctls:
                     d["sysctls"] = dict(n.sysctls)
+                if n.options:
+                    from .backends import get as backend
+
+                    d.update(backend(n.backend).export(n.options))
             elif n.stp:
                 d["stp"] = True
             nodes[n.name] = d
@@ -253,6 +259,13 @@ def _shape_fields(d: dict, path: str) -> dict:
     return out
 
 
+def shape_from_dict(d: Any, path: str = "shape") -> Shape:
+    """A Shape from its ``to_dict`` form (state and ledger files), validated like YAML."""
+    d = _mapping(d, path, "a link shape")
+    _unknown_keys(d, _SHAPE_KEYS, path)
+    return _check_shape(Shape(**_shape_fields(d, path)), path)
+
+
 def _check_shape(shape: Shape, path: str) -> Shape:
     if shape.jitter and not shape.delay:
         raise TopologyError(f"{path}.jitter", f"jitter {shape.jitter} needs a delay",
@@ -269,12 +282,16 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
             raise TopologyError(required, "missing", f"every topology needs '{required}:'")
     name = _name(top["name"], "name", MAX_TESTBED_NAME, "testbed name")
 
+    from .backends import BACKENDS
+
+    option_keys = tuple(dict.fromkeys(k for b in BACKENDS.values() for k in b.option_keys))
     defaults = _mapping(top.get("defaults") or {}, "defaults", "backend and link defaults")
-    _unknown_keys(defaults, _DEFAULT_KEYS, "defaults")
+    _unknown_keys(defaults, _DEFAULT_KEYS + option_keys, "defaults")
     default_backend = defaults.get("backend", "netns")
-    if default_backend not in BACKENDS:
+    if not isinstance(default_backend, str) or default_backend not in BACKENDS:
         raise TopologyError("defaults.backend", f"unknown backend {default_backend!r}",
                             f"choose one of: {', '.join(BACKENDS)}")
+    default_options = {k: defaults[k] for k in option_keys if k in defaults}
     dlink = _mapping(defaults.get("link") or {}, "defaults.link", "a link shape")
     _unknown_keys(dlink, _SHAPE_KEYS, "defaults.link")
     default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
@@ -292,17 +309,23 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
         if kind not in NODE_KINDS:
             raise TopologyError(f"{path}.kind", f"unknown or missing kind {kind!r}",
                                 f"choose one of: {', '.join(NODE_KINDS)}")
-        _unknown_keys(spec, _NODE_KEYS[kind], path)
+        _unknown_keys(spec, _NODE_KEYS[kind] + (option_keys if kind == "worker" else ()), path)
         if kind == "worker":
             backend = spec.get("backend", default_backend)
-            if backend not in BACKENDS:
+            if not isinstance(backend, str) or backend not in BACKENDS:
                 raise TopologyError(f"{path}.backend", f"unknown backend {backend!r}",
                                     f"choose one of: {', '.join(BACKENDS)}")
+            impl = BACKENDS[backend]
+            # defaults: apply to the workers whose backend takes them; a node's own keys must fit
+            opts = {k: v for k, v in default_options.items() if k in impl.option_keys}
+            opts.update({k: spec[k] for k in option_keys if k in spec})
+            options = impl.validate(opts, path)
             gpu = spec.get("gpu")
             if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
                 raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
             sysctls = {**default_sysctls, **_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
-            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items())))
+            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items()),
+                              options=options))
         else:
             stp = spec.get("stp", False)
             if not isinstance(stp, bool):

@@ -1,21 +1,26 @@
-"""Worker backends: what a worker node is made of. One small interface; a registry by name.
+"""Worker backends: what a worker node is made of, behind one small interface
+(:class:`testbed.backends.base.Backend`), in a registry by name.
 
-A backend turns a planned worker into something that can run processes on the emulated
-network. Creation and teardown of the network side are in the plan (so the ledger sees
-them); a backend adds how to run a command inside the node.
+``netns`` (the embedded default) exists; the topology validates ``backend:``
+against this registry, so a new backend appears in errors and docs by registering here.
 """
 
 from __future__ import annotations
 
+from .base import Backend
 from .netns import NetnsBackend
 
-BACKENDS = {"netns": NetnsBackend()}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(),)}
 
 
-def get(name: str):
+def names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def get(name: str | None) -> Backend:
     from ..errors import TestbedError
 
     try:
-        return BACKENDS[name]
+        return BACKENDS[name or "netns"]
     except KeyError:
         raise TestbedError(f"unknown backend '{name}'", f"choose one of: {', '.join(BACKENDS)}") from None

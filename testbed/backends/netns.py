@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
-import subprocess
+import shutil
 import sys
+from pathlib import Path
 from typing import Sequence
 
+from .. import procs
+from ..actions import CreateNetns
+from ..net import netns
+from .base import Backend
 
-class NetnsBackend:
+
+class NetnsBackend(Backend):
     name = "netns"
 
-    def command(self, ns: str, argv: Sequence[str]) -> list[str]:
-        """argv that runs ``argv`` inside namespace ``ns`` (with /sys showing its interfaces)."""
-        return [sys.executable, "-m", "testbed.nsexec", ns, "--", *argv]
+    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
+        return [CreateNetns(ns, tag)]
 
-    def spawn(self, ns: str, argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self.command(ns, argv), **popen_kwargs)
+    def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
+        # The host's file system is the node's: mounts and cwd need nothing.
+        return procs.python_argv("testbed.nsexec", info.netns, "--", *argv)
+
+    def python(self, info) -> str:
+        return sys.executable
+
+    def stop(self, info) -> None:
+        netns.kill_processes([info.netns])
+
+    def put(self, info, src: Path, dst: str) -> None:
+        shutil.copyfile(src, dst)
+
+    def get(self, info, src: str, dst: Path) -> None:
+        shutil.copyfile(src, dst)

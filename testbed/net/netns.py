@@ -123,6 +123,24 @@ def create(name: str) -> int:
     return _thread.submit(_create_in_thread, name).result()
 
 
+def attach(name: str, pid: int) -> None:
+    """Name the network namespace of process ``pid`` (a container's init) ``name``.
+
+    A bind mount, as ``ip netns attach`` makes: the name keeps the namespace itself, not
+    the pid, so a pid reused after the container died can never be mistaken for it."""
+    try:
+        _pr_netns.attach(name, pid)
+    except FileExistsError:
+        raise KernelError(f"network namespace '{name}' already exists",
+                          f"remove it with `ip netns del {name}` if it is stale") from None
+    except OSError as e:
+        try:
+            os.unlink(path(name))
+        except OSError:
+            pass
+        raise _oserror(f"naming the network namespace of pid {pid} as", name, e.errno or errno.EIO) from None
+
+
 def open_netlink(name: str) -> int:
     """A netlink (route) socket fd inside existing namespace ``name``."""
     return _thread.submit(_open_in_thread, name).result()
@@ -169,9 +187,10 @@ def pids_in(names: list[str]) -> dict[int, str]:
     return out
 
 
-def kill_processes(names: list[str], grace: float = 2.0) -> list[int]:
-    """SIGTERM every process inside the namespaces, SIGKILL what remains after ``grace``."""
-    pids = pids_in(names)
+def kill_processes(names: list[str], grace: float = 2.0, exclude: set[int] = frozenset()) -> list[int]:
+    """SIGTERM every process inside the namespaces (but ``exclude``), SIGKILL what remains
+    after ``grace``."""
+    pids = {p: n for p, n in pids_in(names).items() if p not in exclude}
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)

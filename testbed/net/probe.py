@@ -7,7 +7,6 @@ import os
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..errors import KernelError
 from . import netns
 from .rtnl import Rtnl
 
@@ -50,10 +49,3 @@ def probe() -> dict[str, tuple[bool, str]]:
         rt.close()
         netns.remove(name)
     return res
-
-
-def has(feature: str) -> bool:
-    try:
-        return probe()[feature][0]
-    except KernelError:
-        return False

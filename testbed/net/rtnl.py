@@ -133,6 +133,3 @@ class Rtnl:
                 return False
             raise translate(e, f"deleting {ifname}", self.ns) from None
         return True
-
-    def ifnames(self) -> dict[int, str]:
-        return {m["index"]: m.get_attr("IFLA_IFNAME") for m in self.call("listing links", "get_links")}

@@ -140,7 +140,7 @@ def test_compose_provisioning_points_at_files_that_exist(monkeypatch):
     mounted = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("."))
     assert prov["providers"][0]["options"]["path"] in mounted
     # the compose Prometheus discovers the same target files as `testbed monitor up`
-    from collectors.sd import targets_dir
+    from testbed.sd import targets_dir
 
     prom = yaml.safe_load((ROOT / "compose/prometheus/prometheus.yml").read_text())
     (pattern,) = prom["scrape_configs"][0]["file_sd_configs"][0]["files"]
@@ -249,7 +249,7 @@ def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypa
 
 def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path, monkeypatch):
     """A run shorter than Prometheus' discovery delay still gets scraped once, if someone watches."""
-    from collectors.sd import watchers_dir
+    from testbed.sd import watchers_dir
     from collectors.training import RunExporter
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))

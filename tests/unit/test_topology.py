@@ -57,7 +57,8 @@ def mutate(fn, base=None):
 
 @pytest.mark.parametrize("fn,path,words", [
     (lambda d: d.update(colour="red"), "colour", "unknown key"),
-    (lambda d: d["nodes"]["w0"].update(image="x"), "nodes.w0.image", "unknown key"),
+    (lambda d: d["nodes"]["w0"].update(colour="x"), "nodes.w0.colour", "unknown key"),
+    (lambda d: d["nodes"]["w0"].update(image="x"), "nodes.w0.image", "does not apply to backend netns"),
     (lambda d: d["links"][2].update(bandwidth="1gbit"), "links[2].bandwidth", "unknown key"),
     (lambda d: d.update(defaults={"link": {"rat": "1gbit"}}), "defaults.link.rat", "unknown key"),
     (lambda d: d["links"][2].update(rate="100mbps"), "links[2].rate", "ambiguous"),
@@ -160,7 +161,7 @@ def test_json_schema_accepts_shipped_and_rejects_typos():
     for path in SHIPPED:
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
     for bad in (mutate(lambda d: d["links"][2].update(rate="100mbps")),
-                mutate(lambda d: d["nodes"]["w0"].update(image="x")),
+                mutate(lambda d: d["nodes"]["w0"].update(colour="x")),
                 mutate(lambda d: d.update(colour="red"))):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)

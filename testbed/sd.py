@@ -1,4 +1,4 @@
-"""Prometheus file-based service discovery: one JSON file per exporter.
+"""Prometheus file-based service discovery (one JSON file per exporter) and listen addresses.
 
 Every exporter testbed starts announces itself by writing a target file, replaced
 atomically so Prometheus never reads half of one, and removed when the exporter stops::
@@ -16,13 +16,42 @@ import json
 import os
 from pathlib import Path
 
-from . import hostport
+from .ledger import state_root
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` too; an empty host means 127.0.0.1) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def hostport(host: str, port: int) -> str:
+    """``host:port`` for a URL or a target file; an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (e.g. "Address already in use"), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def targets_dir() -> Path:
-    from testbed.ledger import state_root
-
     return state_root() / "targets"
+
+
+def testbed_target(name: str) -> Path:
+    """The target file of testbed ``name``'s link exporter."""
+    return targets_dir() / f"testbed-{name}.json"
 
 
 def watchers_dir() -> Path:

@@ -1,0 +1,82 @@
+"""The node interface: what every backend (netns, docker, later vm) provides.
+
+In the spirit of containerlab's ``Node`` and Mininet's node/intf/link split, but small.
+A backend
+
+* validates its own topology keys (``image:``, ``cpus:``, ...) and plans the actions that
+  make a worker node and its network namespace (:meth:`Backend.plan_node`);
+* names the namespace handle through which :mod:`testbed.net` reaches the node's
+  interfaces (:meth:`Backend.namespace`), so links, shaping and counters never ask what a
+  node is made of;
+* runs processes inside the node (:meth:`Backend.command`, :meth:`Backend.python`,
+  :meth:`Backend.environment`) and stops them (:meth:`Backend.stop`);
+* moves files in and out (:meth:`Backend.put`, :meth:`Backend.get`).
+
+``testbed exec``, the launcher and ``down`` go through this interface only.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import TopologyError
+
+
+class Backend(abc.ABC):
+    name: str = ""
+    option_keys: tuple[str, ...] = ()
+    """Topology keys this backend takes on a worker (and under ``defaults:``)."""
+
+    def validate(self, options: dict[str, Any], path: str) -> tuple[tuple[str, Any], ...]:
+        """Check this backend's keys of one worker; return them normalised and hashable."""
+        if options:
+            key = next(iter(options))
+            raise TopologyError(f"{path}.{key}", f"'{key}' does not apply to backend {self.name}",
+                                "remove it, or choose the backend that takes it")
+        return ()
+
+    def export(self, options: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+        """The topology-file form of validated options (``validate(export(o)) == o``)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in options}
+
+    @abc.abstractmethod
+    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
+        """Actions that create the node and its network namespace ``ns`` (tagged ``tag``)."""
+        ...
+
+    def namespace(self, info) -> str:
+        """The network namespace handle (a name under /run/netns) of the node's interfaces."""
+        return info.netns
+
+    @abc.abstractmethod
+    def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
+        """Host argv that runs ``argv`` inside the node; ``mounts``: host directories the
+        command must see at the same path (run directories, checkpoints)."""
+        ...
+
+    @abc.abstractmethod
+    def python(self, info) -> str:
+        """The Python interpreter inside the node."""
+        ...
+
+    def environment(self, info) -> dict[str, str]:
+        """The base environment of a process inside the node (a rank's variables go on top)."""
+        return dict(os.environ)
+
+    @abc.abstractmethod
+    def stop(self, info) -> None:
+        """Stop every process running inside the node (the node itself stays)."""
+        ...
+
+    @abc.abstractmethod
+    def put(self, info, src: Path, dst: str) -> None:
+        """Copy host file ``src`` into the node at path ``dst``."""
+        ...
+
+    @abc.abstractmethod
+    def get(self, info, src: str, dst: Path) -> None:
+        """Copy the node's file ``src`` to host path ``dst``."""
+        ...
