@@ -31,7 +31,8 @@ link_app = typer.Typer(no_args_is_help=True, help="Show or change the links of a
 app.add_typer(link_app, name="link")
 monitor_app = typer.Typer(no_args_is_help=True, help="A real Prometheus scraping testbed's links and runs.")
 app.add_typer(monitor_app, name="monitor")
-
+image_app = typer.Typer(no_args_is_help=True, help="Worker images for backend: docker.")
+app.add_typer(image_app, name="image")
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
 TestbedOpt = typer.Option(None, "--testbed", "-t", help="Testbed name (default: the only one that is up).")
@@ -614,6 +615,25 @@ def version():
     out.print(__version__)
 
 
+
+
+@image_app.command("build")
+def image_build(
+    tag: str = typer.Option("testbed/worker:cpu", "--tag", help="Image tag to build."),
+    force: bool = typer.Option(False, "--force", help="Rebuild the last step even if the content key matches."),
+    as_json: bool = JsonOpt,
+):
+    """Build the CPU worker image offline (debootstrap + pinned torch + workloads; cached by content)."""
+    with _guard(as_json):
+        from .images import build
+
+        res = build(tag, say=(lambda m: None) if as_json else (lambda m: err.print(m, highlight=False, markup=False)),
+                    force=force)
+        if as_json:
+            _emit(res)
+        else:
+            out.print(f"{res['tag']}: {res['id'][:19]} ({'cached' if res['cached'] else 'built'} in "
+                      f"{res['seconds']:.1f} s)", highlight=False)
 
 
 MonitorDir = typer.Option(None, "--dir", help="Monitor directory: config, targets, TSDB "

@@ -59,6 +59,11 @@ def run_checks() -> list[Check]:
             checks.append(Check(k, False, "not probed (needs root)", "run `sudo testbed doctor`", required))
 
     checks.append(_docker())
+    from .images import DEFAULT_TAG, status as image_status
+
+    ok, detail = image_status(DEFAULT_TAG)
+    checks.append(Check("worker image", ok, detail,
+                        None if ok else "`sudo testbed image build` (offline; only for the docker backend)"))
     prom = shutil.which("prometheus")
     checks.append(Check("prometheus binary", bool(prom), prom or "not found",
                         None if prom else "apt-get install prometheus (needed by `testbed monitor`)"))

@@ -1,16 +1,17 @@
 """Worker backends: what a worker node is made of, behind one small interface
 (:class:`testbed.backends.base.Backend`), in a registry by name.
 
-``netns`` (the embedded default) exists; the topology validates ``backend:``
+``netns`` (the embedded default) and ``docker`` exist; the topology validates ``backend:``
 against this registry, so a new backend appears in errors and docs by registering here.
 """
 
 from __future__ import annotations
 
 from .base import Backend
+from .docker import DockerBackend
 from .netns import NetnsBackend
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(),)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(), DockerBackend())}
 
 
 def names() -> tuple[str, ...]:

@@ -1,0 +1,101 @@
+"""Actions and the node interface, without root: mixed plans, ledger round-trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+
+import pytest
+
+from testbed import actions
+from testbed.backends import BACKENDS
+from testbed.backends.docker import DEFAULT_IMAGE, StartContainer
+from testbed.errors import StateError, TopologyError
+from testbed.plan import make_plan
+from testbed.topology import load_topology_dict
+from tests.helpers import dumbbell
+
+SUBNET = ipaddress.ip_network("10.77.0.0/24")
+
+
+def _mixed(**w1) -> dict:
+    d = dumbbell("mix")
+    d["nodes"]["w1"].update(backend="docker", **w1)
+    return d
+
+
+def test_a_mixed_plan_makes_each_worker_with_its_backend_and_wires_both_alike():
+    plan = make_plan(load_topology_dict(_mixed(cpus=2, env={"A": "1"})), SUBNET)
+    made = {a.ns: a for a in plan.actions if a.creates_namespace}
+    assert type(made["mix.w0"]) is actions.CreateNetns
+    c = made["mix.w1"]
+    assert type(c) is StartContainer
+    assert (c.container, c.node, c.testbed, c.image, c.cpus, c.env, c.shm_size) == \
+        ("testbed-mix.w1", "w1", "mix", DEFAULT_IMAGE, 2.0, ("A=1",), "1g")
+    assert plan.namespaces == ["mix", "mix.w0", "mix.w1"]
+    # every later step reaches the container through its named namespace, as for netns
+    veths = [a for a in plan.actions if isinstance(a, actions.CreateVeth)]
+    assert {(v.peer_ns, v.peer_ifname) for v in veths if v.peer_ns != "mix"} == {("mix.w0", "eth0"), ("mix.w1", "eth0")}
+    shaped = {(a.ns, a.ifname) for a in plan.actions if isinstance(a, actions.ShapeEgress)}
+    assert ("mix.w1", "eth0") in shaped and ("mix.w0", "eth0") in shaped
+    # the container exists before anything is put into its namespace
+    order = [a.ns if a.creates_namespace else None for a in plan.actions]
+    first_use = next(i for i, a in enumerate(plan.actions) if getattr(a, "peer_ns", None) == "mix.w1")
+    assert order.index("mix.w1") < first_use
+    assert plan.nodes["w1"].backend == "docker" and plan.nodes["w1"].netns == "mix.w1"
+
+
+def test_every_registered_action_round_trips_through_the_ledger():
+    d = _mixed(volumes=["/data:/data:ro"], memory="2g")
+    d["defaults"] = {"sysctls": {"net.ipv4.tcp_congestion_control": "reno"}}
+    plan = make_plan(load_topology_dict(d), SUBNET)
+    samples = {type(a).__name__: a for a in plan.actions}
+    samples["StartExporter"] = actions.StartExporter("--sd-file=/x/t.json", "/x/t.json", "127.0.0.1:0", "/x/log")
+    samples["TargetFile"] = actions.TargetFile("/x/run.json")
+    assert set(samples) == set(actions.registered()), "a registered action has no sample here"
+    for a in samples.values():
+        line = json.dumps(a.to_dict())  # what the ledger holds
+        assert actions.from_dict(json.loads(line)) == a
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"action": "RmRf", "path": "/"}, "unknown action"),
+    ({"ns": "x"}, "names no action"),
+    ({"action": "CreateNetns", "ns": "a", "tag": "t", "evil": 1}, "unknown field"),
+    ({"action": "CreateNetns", "ns": {"$": 1}, "tag": "t"}, "not a plain value"),
+    ({"action": "CreateNetns", "ns": "a"}, "tag"),
+    ({"action": "ShapeEgress", "ns": "a", "ifname": "e", "link": 0, "direction": "forward",
+      "shape": {"rate": "fast"}}, "bad shape"),
+])
+def test_untrusted_ledger_entries_are_refused_with_the_reason(entry, words):
+    with pytest.raises(StateError) as e:
+        actions.from_dict(entry)
+    assert words in str(e.value)
+
+
+def test_backend_keys_are_validated_by_the_backend_and_round_trip():
+    t = load_topology_dict(_mixed(image="my/img:1", shm_size="2g", env={"X": 3}))
+    assert load_topology_dict(t.to_dict()) == t
+    for bad, path in ((dict(cpus=0), "nodes.w1.cpus"), (dict(memory="lots"), "nodes.w1.memory"),
+                      (dict(image="UPPER case"), "nodes.w1.image"), (dict(env={"1x": "a"}), "nodes.w1.env"),
+                      (dict(volumes=["rel:/x"]), "nodes.w1.volumes[0]")):
+        with pytest.raises(TopologyError) as e:
+            load_topology_dict(_mixed(**bad))
+        assert e.value.path == path, e.value
+    d = dumbbell("nd")
+    d["nodes"]["w0"]["image"] = "x"
+    with pytest.raises(TopologyError, match="does not apply to backend netns"):
+        load_topology_dict(d)
+    d = dumbbell("dd")
+    d["defaults"] = {"backend": "docker", "cpus": 1}
+    assert all(dict(w.options)["cpus"] == 1.0 for w in load_topology_dict(d).workers)
+    d["defaults"]["backend"] = "vmware"
+    with pytest.raises(TopologyError) as e:
+        load_topology_dict(d)
+    assert "choose one of: " + ", ".join(BACKENDS) in str(e.value)
+
+
+def test_every_action_is_a_frozen_dataclass_with_plain_fields():
+    for name, cls in actions.registered().items():
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
