@@ -123,7 +123,8 @@ def container(pid: int, netns_name: str, mounts: list[str], cwd: str | None, arg
             continue
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught anyway
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)  # die the same way, so the launcher sees the signal
         return 128 + sig
     return os.WEXITSTATUS(status)
