@@ -20,38 +20,16 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from testbed.files import JsonlTail
+
 LABELS = ["run_id", "scheme", "rank", "bw"]
 INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
 ITER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class _Tail:
-    """Complete JSON lines appended to a file since the last call."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next scrape
-        self.offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-
 @dataclass
 class _Rank:
-    tail: _Tail
+    tail: JsonlTail
     iterations: int = 0
     loss: float | None = None
     payload: int = 0
@@ -69,7 +47,7 @@ class _Run:
     info: dict
     dense_bytes: int | None
     ranks: dict[int, _Rank] = field(default_factory=dict)
-    evals: _Tail | None = None
+    evals: JsonlTail | None = None
     accuracy: float | None = None
     epoch: float | None = None
 
@@ -79,7 +57,7 @@ class _Run:
                 r = int(p.stem[4:])
             except ValueError:
                 continue
-            st = self.ranks.setdefault(r, _Rank(_Tail(p)))
+            st = self.ranks.setdefault(r, _Rank(JsonlTail(p)))
             for rec in st.tail.read():
                 st.iterations = max(st.iterations, int(rec.get("iter") or 0))
                 st.loss = rec.get("loss")
@@ -116,7 +94,7 @@ def _load(path: Path) -> _Run | None:
             "dataset": str(args.get("dataset", "")), "bw": str(req.get("bw") or ""),
             "world_size": str(config.get("world_size", "")), "testbed": str(req.get("testbed") or "")}
     r = _Run(path, run_id, info, config.get("dense_bytes"))
-    r.evals = _Tail(path / "eval.jsonl")
+    r.evals = JsonlTail(path / "eval.jsonl")
     return r
 
 

@@ -358,30 +358,54 @@ def _status_table(st) -> Table:
     return t
 
 
-WorkloadOpts = dict(
-    model=typer.Option(RUN_DEFAULTS["model"], "--model", help="cnn, resnet18, resnet152, vgg19, vit_b16."),
-    width=typer.Option(None, "--width", help="Model width multiplier."),
-    depth=typer.Option(None, "--depth", help="Model depth cap."),
-    dataset=typer.Option(RUN_DEFAULTS["dataset"], "--dataset", help="digits (bundled), cifar10, cifar100, synthetic."),
-    data_dir=typer.Option(None, "--data-dir", help="Directory with the CIFAR python-pickle folders."),
-    epochs=typer.Option(RUN_DEFAULTS["epochs"], "--epochs", help="Epochs (fractions allowed)."),
-    max_iters=typer.Option(None, "--max-iters", help="Stop after this many iterations."),
-    batch_size=typer.Option(RUN_DEFAULTS["batch_size"], "--batch-size", help="Per worker."),
-    lr=typer.Option(None, "--lr", help="Learning rate (workload default 0.05)."),
-    target_acc=typer.Option(None, "--target-acc", help="Accuracy (0-1) for time-to-accuracy."),
-    stop_at_target=typer.Option(False, "--stop-at-target", help="Stop once --target-acc is reached."),
-    seed=typer.Option(0, "--seed"),
-    prune_ratio=typer.Option(None, "--prune-ratio", help="pactrain: fraction pruned (0.5)."),
-    prune_method=typer.Option(None, "--prune-method", help="pactrain: magnitude or grasp."),
-    ternary=typer.Option(False, "--ternary", help="pactrain: ternary compact tensor."),
-    topk_ratio=typer.Option(None, "--topk-ratio", help="topk: fraction sent (0.01)."),
-    init=typer.Option(None, "--init", help="Checkpoint from python -m workloads.pretrain."),
-    backend=typer.Option("auto", "--backend", help="auto, gloo or nccl."),
-    eval_every=typer.Option(None, "--eval-every", help="Iterations between evaluations (default: each epoch)."),
-)
+_WORKLOAD_OPTIONS = [  # (name, type, typer option): shared by `run` and `sweep`
+    ("model", str, typer.Option(RUN_DEFAULTS["model"], "--model", help="cnn, resnet18, resnet152, vgg19, vit_b16.")),
+    ("width", Optional[float], typer.Option(None, "--width", help="Model width multiplier.")),
+    ("depth", Optional[int], typer.Option(None, "--depth", help="Model depth cap.")),
+    ("dataset", str, typer.Option(RUN_DEFAULTS["dataset"], "--dataset",
+                                  help="digits (bundled), cifar10, cifar100, synthetic.")),
+    ("data_dir", Optional[Path], typer.Option(None, "--data-dir", help="Directory with the CIFAR python-pickle folders.")),
+    ("epochs", float, typer.Option(RUN_DEFAULTS["epochs"], "--epochs", help="Epochs (fractions allowed).")),
+    ("max_iters", Optional[int], typer.Option(None, "--max-iters", help="Stop after this many iterations.")),
+    ("batch_size", int, typer.Option(RUN_DEFAULTS["batch_size"], "--batch-size", help="Per worker.")),
+    ("lr", Optional[float], typer.Option(None, "--lr", help="Learning rate (workload default 0.05).")),
+    ("target_acc", Optional[float], typer.Option(None, "--target-acc", help="Accuracy (0-1) for time-to-accuracy.")),
+    ("stop_at_target", bool, typer.Option(False, "--stop-at-target", help="Stop once --target-acc is reached.")),
+    ("seed", int, typer.Option(0, "--seed")),
+    ("prune_ratio", Optional[float], typer.Option(None, "--prune-ratio", help="pactrain: fraction pruned (0.5).")),
+    ("prune_method", Optional[str], typer.Option(None, "--prune-method", help="pactrain: magnitude or grasp.")),
+    ("ternary", bool, typer.Option(False, "--ternary", help="pactrain: ternary compact tensor.")),
+    ("topk_ratio", Optional[float], typer.Option(None, "--topk-ratio", help="topk: fraction sent (0.01).")),
+    ("init", Optional[Path], typer.Option(None, "--init", help="Checkpoint from python -m workloads.pretrain.")),
+    ("backend", str, typer.Option("auto", "--backend", help="auto, gloo or nccl.")),
+    ("eval_every", Optional[int], typer.Option(None, "--eval-every",
+                                               help="Iterations between evaluations (default: each epoch).")),
+]
+
+
+def _with_workload_options(fn):
+    """Add the workload options to a command; it receives them as one dict, ``workload``."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.name != "workload"]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=o, annotation=t)
+             for n, t, o in _WORKLOAD_OPTIONS]
+    cut = next(i for i, p in enumerate(own) if p.name == "as_json")  # --json stays last in --help
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i >= cut else p for i, p in enumerate(own)]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        workload = {n: kwargs.pop(n) for n, _, _ in _WORKLOAD_OPTIONS}
+        return fn(*args, workload=workload, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=own[:cut] + extra + own[cut:])
+    return wrapper
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@_with_workload_options
 def run(
     ctx: typer.Context,
     scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad or pactrain."),
@@ -390,18 +414,9 @@ def run(
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Directory for run directories."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds without progress from any rank before the run is stopped."),
-    model: str = WorkloadOpts["model"], width: Optional[float] = WorkloadOpts["width"],
-    depth: Optional[int] = WorkloadOpts["depth"], dataset: str = WorkloadOpts["dataset"],
-    data_dir: Optional[Path] = WorkloadOpts["data_dir"], epochs: float = WorkloadOpts["epochs"],
-    max_iters: Optional[int] = WorkloadOpts["max_iters"], batch_size: int = WorkloadOpts["batch_size"],
-    lr: Optional[float] = WorkloadOpts["lr"], target_acc: Optional[float] = WorkloadOpts["target_acc"],
-    stop_at_target: bool = WorkloadOpts["stop_at_target"], seed: int = WorkloadOpts["seed"],
-    prune_ratio: Optional[float] = WorkloadOpts["prune_ratio"], prune_method: Optional[str] = WorkloadOpts["prune_method"],
-    ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
-    init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
-    eval_every: Optional[int] = WorkloadOpts["eval_every"],
     exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
+    workload: dict = None,
 ):
     """Train SCHEME across the emulated network, one rank per worker, and record everything.
 
@@ -419,13 +434,9 @@ def run(
             raise TestbedError(f"--bw: {e}") from None
         if timeout <= 0:
             raise TestbedError(f"--timeout must be > 0, got {timeout}")
-        wargs = _workload_args(model=model, width=width, depth=depth, dataset=dataset, data_dir=data_dir,
-                               epochs=epochs, max_iters=max_iters, batch_size=batch_size, lr=lr,
-                               target_acc=target_acc, stop_at_target=stop_at_target, seed=seed,
-                               prune_ratio=prune_ratio, prune_method=prune_method, ternary=ternary,
-                               topk_ratio=topk_ratio, init=init, backend=backend, eval_every=eval_every,
-                               extra=ctx.args)
+        wargs = _workload_args(**workload, extra=ctx.args)
         _check_workload(scheme, wargs)
+        model, dataset, epochs, batch_size = (workload[k] for k in ("model", "dataset", "epochs", "batch_size"))
         if not as_json:
             err.print(f"[bold]testbed run {scheme}[/]: model {model}, dataset {dataset}, {epochs:g} epochs, "
                       f"batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
@@ -478,6 +489,7 @@ def _render_summary(s: dict) -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True})
+@_with_workload_options
 def sweep(
     ctx: typer.Context,
     schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", help="Comma-separated schemes."),
@@ -488,18 +500,9 @@ def sweep(
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Sweep on this running testbed."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Where the sweep directory and checkpoints go."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds without progress before a run is stopped."),
-    model: str = WorkloadOpts["model"], width: Optional[float] = WorkloadOpts["width"],
-    depth: Optional[int] = WorkloadOpts["depth"], dataset: str = WorkloadOpts["dataset"],
-    data_dir: Optional[Path] = WorkloadOpts["data_dir"], epochs: float = WorkloadOpts["epochs"],
-    max_iters: Optional[int] = WorkloadOpts["max_iters"], batch_size: int = WorkloadOpts["batch_size"],
-    lr: Optional[float] = WorkloadOpts["lr"], target_acc: Optional[float] = WorkloadOpts["target_acc"],
-    stop_at_target: bool = WorkloadOpts["stop_at_target"], seed: int = WorkloadOpts["seed"],
-    prune_ratio: Optional[float] = WorkloadOpts["prune_ratio"], prune_method: Optional[str] = WorkloadOpts["prune_method"],
-    ternary: bool = WorkloadOpts["ternary"], topk_ratio: Optional[float] = WorkloadOpts["topk_ratio"],
-    init: Optional[Path] = WorkloadOpts["init"], backend: str = WorkloadOpts["backend"],
-    eval_every: Optional[int] = WorkloadOpts["eval_every"],
     exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
+    workload: dict = None,
 ):
     """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
     with _guard(as_json):
@@ -518,12 +521,9 @@ def sweep(
                 raise TestbedError(f"--bw: {e}") from None
         if repeats < 1:
             raise TestbedError(f"--repeats must be >= 1, got {repeats}")
-        wargs = _workload_args(model=model, width=width, depth=depth, dataset=dataset, data_dir=data_dir,
-                               epochs=epochs, max_iters=max_iters, batch_size=batch_size, lr=lr,
-                               target_acc=target_acc, stop_at_target=stop_at_target, seed=seed,
-                               prune_ratio=prune_ratio, prune_method=prune_method, ternary=ternary,
-                               topk_ratio=topk_ratio, init=None, backend=backend, eval_every=eval_every,
-                               extra=ctx.args)
+        wargs = _workload_args(**{**workload, "init": None}, extra=ctx.args)
+        model, width, depth, dataset, data_dir, seed, init = (
+            workload[k] for k in ("model", "width", "depth", "dataset", "data_dir", "seed", "init"))
         for name in names:
             _check_workload(name, wargs)
         pre = ["--model", model, "--dataset", dataset, "--seed", str(seed), "--epochs", str(pretrain_epochs)]

@@ -29,7 +29,7 @@ from .core import DIRECTIONS, Testbed, list_testbeds
 from .ledger import Ledger, global_lock
 from .errors import TestbedError
 from .launch import Launcher, RankFailed
-from .report import read_jsonl
+from .files import JsonlTail, read_jsonl, write_json
 from .topology import Link, load_topology
 from .units import Rate
 
@@ -100,28 +100,6 @@ def _code_version() -> str:
         return r.stdout.strip() if r.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-
-
-class _Tail:
-    """The last JSON record of a growing JSONL file, read incrementally."""
-
-    def __init__(self, path: Path):
-        self.path, self.pos, self.last, self._buf = path, 0, None, ""
-
-    def poll(self) -> dict | None:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                f.seek(self.pos)
-                chunk = f.read()
-                self.pos = f.tell()
-        except FileNotFoundError:
-            return self.last
-        self._buf += chunk
-        *lines, self._buf = self._buf.split("\n")
-        for line in lines:
-            if line.strip():
-                self.last = json.loads(line)
-        return self.last
 
 
 class _LinkSampler:
@@ -214,12 +192,12 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
         request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
                    "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
-        (run_dir / "run.json").write_text(json.dumps({
+        write_json(run_dir / "run.json", {
             "run_id": run_id, "request": request, "bottlenecks": shapes,
             "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu}
                         for w in tb.workers],
-            "testbed_version": __version__, "code_version": _code_version()}, indent=2) + "\n")
-        (run_dir / "topology.json").write_text(json.dumps(tb.topology.to_dict(), indent=2) + "\n")
+            "testbed_version": __version__, "code_version": _code_version()})
+        write_json(run_dir / "topology.json", tb.topology.to_dict())
 
         scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
         wargs, mounts = host_paths(req.workload_args)
@@ -233,7 +211,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         say(f"run {run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
         launcher.start()
         status = Status(run_dir, world=len(tb.workers))
-        rank0, evals = _Tail(run_dir / "rank0.jsonl"), _Tail(run_dir / "eval.jsonl")
+        rank0, evals = JsonlTail(run_dir / "rank0.jsonl"), JsonlTail(run_dir / "eval.jsonl")
         last_sample = [time.monotonic()]
 
         def tick():
@@ -258,14 +236,14 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         end_counters = sampler.sample()
         duration = time.time() - t_start
         summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
-        _write(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary)
         if exporter is not None:
             exporter.finish()  # Prometheus gets the final records before the exporter goes
         payload = (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
         wire = summary["bottleneck"]["bytes"]
         if payload and wire < MIN_WIRE_FRACTION * payload:
             summary["status"] = "bypassed"
-            _write(run_dir / "summary.json", summary)
+            write_json(run_dir / "summary.json", summary)
             raise TrafficBypassed(
                 f"the collective traffic did not cross the bottleneck links: they carried {wire} bytes while "
                 f"each rank handed {payload:.0f} bytes to collectives", "the summary in "
@@ -328,12 +306,6 @@ def _start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
     return RunExporter(run_dir, target)
 
 
-def _write(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _mark(run_dir: Path | None, status: str, error: str) -> None:
     if run_dir is None or not run_dir.exists():
         return
@@ -345,7 +317,7 @@ def _mark(run_dir: Path | None, status: str, error: str) -> None:
     run = json.loads((run_dir / "run.json").read_text())
     summary.update(run_id=run["run_id"], status=status, error=error, request=run["request"],
                    bw=run["request"]["bw"], scheme=run["request"]["scheme"])
-    _write(path, summary)
+    write_json(path, summary)
 
 
 def _summarise(run_dir, run_id, request, links, start, end, duration, shapes) -> dict:

@@ -117,13 +117,10 @@ class Ledger:
             return None
 
     def write_state(self, state: dict) -> None:
+        from .files import write_json
+
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
+        write_json(self.state_path, state, indent=1)
 
     def remove(self) -> None:
         self.close()

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from . import procs
+from .files import write_json
 from .sd import hostport, read_target, targets_dir, watchers_dir
 from .errors import StateError, TestbedError
 
@@ -70,9 +70,7 @@ def read_state(d: Path) -> dict | None:
 
 
 def _write_state(d: Path, st: dict) -> None:
-    tmp = d / "state.json.tmp"
-    tmp.write_text(json.dumps(st, indent=2) + "\n")
-    os.replace(tmp, d / "state.json")
+    write_json(d / "state.json", st)
 
 
 def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
@@ -114,7 +112,7 @@ def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] |
                 f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={hostport(phost, pport)}"]
     exp_cmd = None
     if runs:
-        exp_cmd = [sys.executable, "-m", "collectors", "--listen", exporter_listen, marks["exporter"],
+        exp_cmd = [*procs.python_argv("collectors"), "--listen", exporter_listen, marks["exporter"],
                    "--sd-label", "exporter=runs"]
         for r in runs:
             exp_cmd += ["--runs", str(Path(r).resolve())]

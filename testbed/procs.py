@@ -60,6 +60,7 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)  # a stopped process must run to act on SIGTERM
             sent.append(pid)
         except ProcessLookupError:
             pass

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TestbedError
+from .files import read_jsonl, write_json
 
 
 @dataclass
@@ -59,19 +60,6 @@ class RunData:
             if e["accuracy"] >= target:
                 return e["train_s"]
         return None
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a line cut short by a crash ends the list."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            break  # a crash mid-line: keep what came before
-    return out
 
 
 def find_runs(dirs: list[Path]) -> list[RunData]:
@@ -141,7 +129,7 @@ def table(runs: list[RunData], target: float | None = None) -> list[dict]:
 def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = table(runs, target)
-    (out / "report.json").write_text(json.dumps({"rows": rows, "runs": [str(r.path) for r in runs]}, indent=2) + "\n")
+    write_json(out / "report.json", {"rows": rows, "runs": [str(r.path) for r in runs]})
     with open(out / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
         w.writeheader()

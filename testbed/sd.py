@@ -13,7 +13,6 @@ and at ``<monitor dir>/targets`` (for targets added by hand).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from .ledger import state_root
@@ -79,10 +78,9 @@ def watchers() -> list[dict]:
 
 def write_target(path: Path, host: str, port: int, labels: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    addr = hostport(host, port)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps([{"targets": [addr], "labels": labels}]) + "\n")
-    os.replace(tmp, path)
+    from .files import write_json
+
+    write_json(path, [{"targets": [hostport(host, port)], "labels": labels}], indent=None)
 
 
 def read_target(path: Path) -> str | None:

@@ -10,14 +10,14 @@ sweep goes on; the sweep then exits non-zero.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import procs
+from .files import write_json
 from .errors import TestbedError
 from .experiment import RunRequest, Status, obtain_testbed, run
 from .units import Rate
@@ -47,7 +47,7 @@ def checkpoint(req: SweepRequest, say: Callable[[str], None]) -> Path:
         return path
     say(f"pre-training -> {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", *(req.pretrain_args or []), "--out", str(path)],
+    p = subprocess.run(procs.python_argv("workloads.pretrain", *(req.pretrain_args or []), "--out", str(path)),
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise TestbedError(f"pre-training failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
@@ -90,7 +90,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
                         entry.update(status="failed", error=e.message)
                         say(f"run {run_id} failed: {e.message.splitlines()[0]}")
                     index["runs"].append(entry)
-                    (sweep_dir / "sweep.json").write_text(json.dumps(index, indent=2) + "\n")
+                    write_json(sweep_dir / "sweep.json", index)
     finally:
         if created and tb is not None:
             tb.down()

@@ -12,9 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import signal
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -188,34 +186,11 @@ def pids_in(names: list[str]) -> dict[int, str]:
 
 
 def kill_processes(names: list[str], grace: float = 2.0, exclude: set[int] = frozenset()) -> list[int]:
-    """SIGTERM every process inside the namespaces (but ``exclude``), SIGKILL what remains
-    after ``grace``."""
-    pids = {p: n for p, n in pids_in(names).items() if p not in exclude}
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        alive = {p for p in alive if _alive(p)}
-        if alive:
-            time.sleep(0.02)
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return list(pids)
+    """Stop every process inside the namespaces (but ``exclude``): SIGTERM, then SIGKILL
+    what remains after ``grace`` (:func:`testbed.procs.terminate`)."""
+    from .. import procs
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    return procs.terminate([p for p in pids_in(names) if p not in exclude], grace)
 
 
 def enter(name: str) -> None:
