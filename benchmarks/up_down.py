@@ -7,7 +7,11 @@ the namespaces, then one `ip -n NS -batch` and one `tc -n NS -batch` per namespa
 (batch lines cannot switch namespace). Both are measured in the same run, since these
 machines are noisy. Needs root.
 
-    sudo python -m benchmarks.up_down [--sizes 8,64,256,1024]
+A Docker row (``--docker-sizes``, default 8,32; needs a running engine and the worker
+image): `up`/`down` of a star of container workers next to creating and starting (then
+removing) the same containers with the docker SDK alone, one after another as `up` does.
+
+    sudo python -m benchmarks.up_down [--sizes 8,64,256,1024] [--docker-sizes 8,32]
 """
 
 from __future__ import annotations
@@ -95,9 +99,40 @@ def testbed_times(n: int) -> tuple[float, float]:
     return t_up, time.perf_counter() - t0
 
 
+def docker_floor(n: int) -> tuple[float, float]:
+    """The same containers as `up` makes (image, network none, init, shm, labels), SDK only."""
+    from testbed.backends.docker import DEFAULT_IMAGE, DEFAULT_SHM, client
+
+    dc = client()
+    t0 = time.perf_counter()
+    made = [dc.containers.run(DEFAULT_IMAGE, name=f"floor-w{i}", hostname=f"w{i}", network_mode="none",
+                              entrypoint=["sleep", "infinity"], init=True, detach=True, shm_size=DEFAULT_SHM,
+                              labels={"testbed": "floor", "testbed.node": f"w{i}"}) for i in range(n)]
+    for c in made:
+        c.reload()  # up reads each container's pid: the same round trip
+    t_up = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for c in made:
+        c.remove(force=True, v=True)
+    return t_up, time.perf_counter() - t0
+
+
+def docker_times(n: int) -> tuple[float, float]:
+    d = star(n, name="dbench", rate="1gbit")
+    d["defaults"]["backend"] = "docker"
+    t0 = time.perf_counter()
+    tb = Testbed.up(load_topology_dict(d))
+    t_up = time.perf_counter() - t0
+    assert tb.exec(f"w{n - 1}", ["ping", "-c1", "-W2", tb.address("w0")], stdout=subprocess.DEVNULL).returncode == 0
+    t0 = time.perf_counter()
+    down("dbench")
+    return t_up, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256,1024")
+    ap.add_argument("--docker-sizes", default="8,32", help="container workers ('' to skip)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -108,6 +143,13 @@ def main() -> None:
         tu, td = testbed_times(n)
         print(f"{n:7d} {tu:8.3f} {fu:9.3f} {tu / fu:9.2f} {td:9.3f} {fd:11.3f} {td / fd:11.2f}", flush=True)
         time.sleep(1.0)  # let the kernel finish freeing the namespaces (cleanup_net is asynchronous)
+    sizes = [int(x) for x in args.docker_sizes.split(",") if x.strip()]
+    if sizes:
+        print(f"{'docker':>7} {'up (s)':>8} {'SDK up':>9} {'up/SDK':>9} {'down (s)':>9} {'SDK down':>11} {'down/SDK':>11}")
+    for n in sizes:
+        fu, fd = docker_floor(n)
+        tu, td = docker_times(n)
+        print(f"{n:7d} {tu:8.3f} {fu:9.3f} {tu / fu:9.2f} {td:9.3f} {fd:11.3f} {td / fd:11.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -134,14 +134,14 @@ def test_container_to_container_goodput_follows_the_shaped_rate(docker_clean, tm
 
 
 def test_mixed_netns_and_container_workers_train_across_the_bottleneck(docker_clean, tmp_path):
-    """allreduce and pactrain, one rank in a namespace and one in a container; tc counters prove the path."""
+    """One rank in a namespace and one in a container; tc counters prove the path."""
     d = dumbbell("mixr", rate="1gbit")
     d["nodes"]["w1"]["backend"] = "docker"
     topo = _write(tmp_path, d)
     runs = tmp_path / "runs"
     cli_json("up", str(topo), "--no-exporter")
     try:
-        for scheme in ("allreduce", "pactrain"):
+        for scheme in ("allreduce",):
             s = cli_json("run", scheme, "--testbed", "mixr", "--bw", "200mbit", "--out", str(runs), *SHORT,
                          "--no-exporter")
             assert s["status"] == "ok" and s["world_size"] == 2 and s["iterations"] == 12
@@ -156,10 +156,12 @@ def test_mixed_netns_and_container_workers_train_across_the_bottleneck(docker_cl
 def test_runs_across_containers_and_a_killed_container_names_its_rank(docker_clean, engine, tmp_path):
     topo = _write(tmp_path, _docker_dumbbell("cr", "1gbit"))
     runs = tmp_path / "runs"
-    s = cli_json("run", "allreduce", "--topology", str(topo), "--bw", "200mbit", "--out", str(runs), *SHORT)
-    assert s["status"] == "ok" and s["iterations"] == 12
-    assert s["bottleneck"]["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
-    assert _containers(engine, "cr") == []  # the run brought the testbed up, and took it down
+    for scheme in ("allreduce", "pactrain"):
+        s = cli_json("run", scheme, "--topology", str(topo), "--bw", "200mbit", "--out", str(runs), *SHORT)
+        assert s["status"] == "ok" and s["iterations"] == 12 and s["scheme"] == scheme
+        # the tc counters of the shaped bottleneck carried every collective byte, both ways
+        assert s["bottleneck"]["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
+        assert _containers(engine, "cr") == []  # the run brought the testbed up, and took it down
     # now a long run, and its rank-1 container killed under it
     p = subprocess.Popen([*cli_argv(), "run", "allreduce", "--topology", str(topo), "--out", str(runs),
                           "--max-iters", "100000", "--eval-every", "100000"], stdout=subprocess.PIPE,
@@ -180,7 +182,7 @@ def test_runs_across_containers_and_a_killed_container_names_its_rank(docker_cle
         if p.poll() is None:
             p.kill()
     assert p.returncode == 1
-    assert "rank 1 (node w1)" in err and "container testbed-cr.w1" in err, err
+    assert "rank 1 (node w1) was killed by signal 9" in err and "container testbed-cr.w1 is exited" in err, err
     assert "Traceback" not in err
     assert _containers(engine, "cr") == []
 
