@@ -24,6 +24,7 @@ actions, known fields and plain JSON types, and names what is wrong otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -80,6 +81,11 @@ class Action:
         return d
 
 
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def from_dict(d: object) -> Action:
     """The action a ledger entry describes; StateError naming the problem otherwise."""
     if not isinstance(d, dict) or not isinstance(d.get("action"), str):
@@ -88,12 +94,11 @@ def from_dict(d: object) -> Action:
     if cls is None:
         raise StateError(f"ledger entry names an unknown action {d['action']!r}")
     kwargs = {}
-    names = {f.name: f for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     for k, v in d.items():
         if k == "action":
             continue
-        f = names.get(k)
-        if f is None:
+        if k not in names:
             raise StateError(f"ledger entry {d['action']}: unknown field {k!r}")
         if k == "shape":
             try:
