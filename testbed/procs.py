@@ -77,10 +77,8 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
 
 
 def _running(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # reap our own child, if it is one
-    except ChildProcessError:
-        pass
+    """Alive and not a zombie. Our own children are not reaped here: their Popen keeps
+    the exit status (a zombie already counts as stopped)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

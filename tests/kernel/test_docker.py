@@ -230,3 +230,28 @@ def test_missing_image_is_refused_before_anything_is_made(docker_clean, tmp_path
     r = cli("up", str(_write(tmp_path, d)))
     assert r.returncode == 1 and "testbed/no-such-image:1" in r.stderr and "testbed image build" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_node_interface_put_get_and_stop_on_namespace_and_container_workers(docker_clean, tmp_path):
+    """The parts of the backend interface runs do not need on one host (files cross by
+    mounts there), used by backends without a shared file system."""
+    from testbed import Testbed, load_topology_dict
+
+    d = dumbbell("nif")
+    d["nodes"]["w1"]["backend"] = "docker"
+    src = tmp_path / "in.txt"
+    src.write_text("payload\n")
+    with Testbed.up(load_topology_dict(d)) as tb:
+        for node in ("w0", "w1"):
+            info, be = tb.node(node), tb.backend(node)
+            be.put(info, src, f"/tmp/put-{node}.txt")
+            be.get(info, f"/tmp/put-{node}.txt", tmp_path / f"back-{node}.txt")
+            assert (tmp_path / f"back-{node}.txt").read_text() == "payload\n"
+            p = tb.spawn(node, ["sleep", "300"])
+            time.sleep(0.5)
+            assert p.poll() is None
+            be.stop(info)
+            assert p.wait(timeout=10) != 0
+        # stopping a container's processes leaves the container itself running
+        assert tb.exec("w1", ["true"]).returncode == 0
+        (Path("/tmp") / "put-w0.txt").unlink()
