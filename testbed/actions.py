@@ -311,6 +311,9 @@ class StartExporter(Action):
         ctx.results["exporter"] = f"http://{addr}/metrics"
 
     def release(self, td: Teardown) -> None:
+        _check_target(self.target, f"testbed-{td.testbed}.json")
+        if self.marker != f"--sd-file={self.target}":
+            raise TestbedError(f"exporter marker {self.marker!r} does not name its target file; left alone")
         procs.terminate(procs.with_arg(self.marker))
         Path(self.target).unlink(missing_ok=True)
 
@@ -326,4 +329,14 @@ class TargetFile(Action):
         return f"file-SD target {self.target}"
 
     def release(self, td: Teardown) -> None:
+        _check_target(self.target, f"run-{td.testbed}-*.json")
         Path(self.target).unlink(missing_ok=True)
+
+
+def _check_target(path: str, pattern: str) -> None:
+    """A target file named by a ledger is removed only if it is one this testbed writes."""
+    from .sd import targets_dir
+
+    p = Path(path)
+    if p.parent != targets_dir() or not p.match(pattern):
+        raise TestbedError(f"target file {path!r} is not {targets_dir()}/{pattern}; left alone")

@@ -99,3 +99,27 @@ def test_backend_keys_are_validated_by_the_backend_and_round_trip():
 def test_every_action_is_a_frozen_dataclass_with_plain_fields():
     for name, cls in actions.registered().items():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
+
+
+def test_teardown_leaves_alone_what_a_tampered_ledger_names(tmp_path, monkeypatch):
+    """Entries naming another testbed's namespace, or files outside the target directory,
+    are reported and nothing is touched (no root needed: nothing here reaches the kernel)."""
+    from testbed.ledger import Ledger
+    from testbed.teardown import teardown
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    victim = tmp_path / "precious.json"
+    victim.write_text("keep me")
+    led = Ledger("tb")
+    led.create()
+    led.record(actions.CreateNetns("other.w0", "testbed:tb").to_dict(),
+               actions.TargetFile(str(victim)).to_dict(),
+               actions.StartExporter("--config=/etc/x", str(tmp_path / "state" / "targets" / "testbed-tb.json")).to_dict(),
+               {"action": "Nope"})
+    led.close()
+    problems = teardown("tb")
+    assert any("'other.w0'" in p and "cannot have made" in p for p in problems), problems
+    assert any("precious.json" in p and "left alone" in p for p in problems), problems
+    assert any("marker" in p for p in problems) and any("unknown action" in p for p in problems), problems
+    assert victim.read_text() == "keep me"
+    assert led.exists(), "a ledger with problems is kept for another try"
