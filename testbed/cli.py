@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .errors import TestbedError
@@ -44,6 +45,11 @@ RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
                                    "metrics) to Prometheus on loopback, announced through file-based discovery.")
 ExporterListenOpt = typer.Option("127.0.0.1:0", "--exporter-listen", metavar="HOST:PORT",
                                  help="Where the exporter listens (port 0: any free port; loopback by default).")
+
+
+def _lit(*cells):
+    """Table cells printed literally: a user's link name `[/x]` is text, never Rich markup."""
+    return tuple(Text(c) if isinstance(c, str) else c for c in cells)
 
 
 class _Fail(Exception):
@@ -106,7 +112,7 @@ def up(
                 _emit({"name": topo.name, "subnet": str(plan.subnet),
                        "actions": [a.to_dict() for a in plan.actions]})
             else:
-                out.print(f"plan for [bold]{topo.name}[/]: {len(plan.actions)} actions, subnet {plan.subnet}")
+                out.print(f"plan for [bold]{escape(topo.name)}[/]: {len(plan.actions)} actions, subnet {plan.subnet}")
                 for i, a in enumerate(plan.actions):
                     out.print(f"{i:5d}  {a.describe()}", highlight=False, markup=False)
             return
@@ -125,8 +131,8 @@ def up(
             _emit(tb.to_dict())
         else:
             _render_testbed(tb.to_dict())
-            out.print(f"[green]testbed {tb.name} is up[/]: `testbed exec {tb.workers[0].name} -- CMD`, "
-                      f"`testbed link show`, `testbed down {tb.name}`")
+            out.print(f"[green]testbed {escape(tb.name)} is up[/]: `testbed exec {escape(tb.workers[0].name)} -- CMD`, "
+                      f"`testbed link show`, `testbed down {escape(tb.name)}`")
             if tb.to_dict()["exporter"]:
                 out.print("(`testbed monitor up` starts a Prometheus that scrapes the link metrics)")
 
@@ -154,9 +160,9 @@ def down(
         if as_json:
             _emit({"removed": removed})
         elif removed:
-            out.print(f"removed: {', '.join(removed)}")
+            out.print(f"removed: {', '.join(removed)}", markup=False)
         else:
-            out.print(f"nothing to remove{f' (testbed {name} is not up)' if name else ''}")
+            out.print(f"nothing to remove{f' (testbed {name} is not up)' if name else ''}", markup=False)
 
 
 # --------------------------------------------------------------------------- status
@@ -181,8 +187,8 @@ def status(
                 return
             t = Table("name", "state", "workers", "links", "topology file")
             for x in tbs:
-                t.add_row(x["name"], "up" if x["ready"] else "[red]incomplete (run down)[/]", str(x["workers"]),
-                          str(x["links"]), x["source"] or "")
+                t.add_row(*_lit(x["name"], "up" if x["ready"] else Text("incomplete (run down)", style="red"),
+                                str(x["workers"]), str(x["links"]), x["source"] or ""))
             out.print(t)
             return
         tb = Testbed.attach(name)
@@ -196,18 +202,19 @@ def _render_testbed(d: dict) -> None:
     nodes = Table("node", "kind", "rank", "backend", "netns", "interface", "address", title=f"testbed {d['name']}: nodes",
                   title_justify="left")
     for n in d["nodes"]:
-        nodes.add_row(n["name"], n["kind"], "" if n["rank"] is None else str(n["rank"]), n["backend"] or "",
-                      n["netns"], n["iface"] or "", f"{n['address']}/{d['subnet'].split('/')[1]}" if n["address"] else "")
+        nodes.add_row(*_lit(n["name"], n["kind"], "" if n["rank"] is None else str(n["rank"]), n["backend"] or "",
+                            n["netns"], n["iface"] or "",
+                            f"{n['address']}/{d['subnet'].split('/')[1]}" if n["address"] else ""))
     out.print(nodes)
     links = Table("link", "endpoints", "bottleneck", "forward (a->b)", "reverse (b->a)", "interfaces",
                   title="links", title_justify="left")
     for l in d["links"]:
-        links.add_row(l["name"], f"{l['a']} - {l['b']}", "yes" if l["bottleneck"] else "",
-                      _shape_str(l["forward"]["shape"]), _shape_str(l["reverse"]["shape"]),
-                      f"{l['forward']['ifname']} / {l['reverse']['ifname']}")
+        links.add_row(*_lit(l["name"], f"{l['a']} - {l['b']}", "yes" if l["bottleneck"] else "",
+                            _shape_str(l["forward"]["shape"]), _shape_str(l["reverse"]["shape"]),
+                            f"{l['forward']['ifname']} / {l['reverse']['ifname']}"))
     out.print(links)
     if d.get("exporter"):
-        out.print(f"link metrics: {d['exporter']}", highlight=False)
+        out.print(f"link metrics: {d['exporter']}", highlight=False, markup=False)
 
 
 def _shape_str(s: dict) -> str:
@@ -241,10 +248,10 @@ def link_show(testbed: Optional[str] = TestbedOpt, as_json: bool = JsonOpt):
             for d in ("forward", "reverse"):
                 x = l[d]
                 c = x["counters"]
-                t.add_row(l["name"] + (" *" if l["bottleneck"] else "") if d == "forward" else "",
-                          f"{x['src']}->{x['dst']}", _shape_str(x["shape"]), f"{c.get('bytes', 0):,}",
-                          f"{c.get('packets', 0):,}", str(c.get("drops", 0)), str(c.get("overlimits", 0)),
-                          f"{c.get('backlog_bytes', 0)}B")
+                t.add_row(*_lit(l["name"] + (" *" if l["bottleneck"] else "") if d == "forward" else "",
+                                f"{x['src']}->{x['dst']}", _shape_str(x["shape"]), f"{c.get('bytes', 0):,}",
+                                f"{c.get('packets', 0):,}", str(c.get("drops", 0)), str(c.get("overlimits", 0)),
+                                f"{c.get('backlog_bytes', 0)}B"))
         out.print(t)
         out.print("* bottleneck link")
 
@@ -288,7 +295,8 @@ def link_set(
                                                     "reverse": l.reverse.to_dict()} for l in links]})
         else:
             for l in links:
-                out.print(f"{l.name}: {l.a}->{l.b} {l.forward.describe()}, {l.b}->{l.a} {l.reverse.describe()}")
+                out.print(f"{l.name}: {l.a}->{l.b} {l.forward.describe()}, {l.b}->{l.a} {l.reverse.describe()}",
+                      markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------- exec
@@ -354,7 +362,7 @@ def _status_table(st) -> Table:
     t.add_row("iteration", it, "epoch", str(st.epoch), "loss", "-" if st.loss is None else f"{st.loss:.4f}",
               "accuracy", "-" if st.accuracy is None else f"{st.accuracy:.4f}")
     for name, u in sorted(st.utilisation.items()):
-        t.add_row("", "", "", "", "link", name, "utilisation", f"{u:.0%}")
+        t.add_row(*_lit("", "", "", "", "link", name, "utilisation", f"{u:.0%}"))
     return t
 
 
@@ -438,9 +446,9 @@ def run(
         _check_workload(scheme, wargs)
         model, dataset, epochs, batch_size = (workload[k] for k in ("model", "dataset", "epochs", "batch_size"))
         if not as_json:
-            err.print(f"[bold]testbed run {scheme}[/]: model {model}, dataset {dataset}, {epochs:g} epochs, "
-                      f"batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
-                      f"{testbed or topology or 'three_switch (default)'}", highlight=False)
+            err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(model)}, dataset {escape(dataset)}, "
+                      f"{epochs:g} epochs, batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
+                      f"{escape(str(testbed or topology or 'three_switch (default)'))}", highlight=False)
         req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
                          out=out_dir, timeout=timeout, exporter=exporter)
         summary = _run_with_display(req, run_experiment, as_json)
@@ -480,9 +488,9 @@ def _render_summary(s: dict) -> None:
                                    f"max {s['bottleneck'].get('max_utilisation') or 0:.0%}"),
     ]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(*_lit(k, v))
     out.print(t)
-    out.print(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)", highlight=False)
+    out.print(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)", highlight=False, markup=False)
 
 
 # --------------------------------------------------------------------------- sweep, report
@@ -545,7 +553,7 @@ def sweep(
             _emit(index)
         else:
             out.print(f"sweep directory: {index['dir']} ({len(index['runs']) - len(failed)} runs ok, "
-                      f"{len(failed)} failed); `testbed report {index['dir']}`", highlight=False)
+                      f"{len(failed)} failed); `testbed report {index['dir']}`", highlight=False, markup=False)
         if failed:
             raise typer.Exit(1)
 
@@ -570,21 +578,21 @@ def report(
             return
         for bw in dict.fromkeys(r["bw"] for r in result["rows"]):
             t = Table("scheme", "runs", "TTA (s)", "TTA / allreduce", "final acc", "iter (ms)",
-                      "iter / allreduce", "payload B/iter", "bottleneck B/iter", title=f"bottleneck {bw}")
+                      "iter / allreduce", "payload B/iter", "bottleneck B/iter", title=Text(f"bottleneck {bw}"))
             for r in (x for x in result["rows"] if x["bw"] == bw):
                 tta = ("-" if r["target_accuracy"] is None else
                        f"{r['tta_s']:.1f}" if r["tta_s"] is not None else f"not reached ({r['reached']}/{r['ok']})")
-                t.add_row(r["scheme"], f"{r['ok']}/{r['runs']}", tta,
-                          "-" if r["tta_vs_allreduce"] is None else f"{r['tta_vs_allreduce']:.2f}",
-                          "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}",
-                          "-" if r["mean_iter_s"] is None else f"{r['mean_iter_s'] * 1000:.0f}",
-                          "-" if r["iter_time_vs_allreduce"] is None else f"{r['iter_time_vs_allreduce']:.2f}",
-                          "-" if r["payload_bytes_per_iter"] is None else f"{r['payload_bytes_per_iter']:,.0f}",
-                          "-" if r["wire_bytes_per_iter"] is None else f"{r['wire_bytes_per_iter']:,.0f}")
+                t.add_row(*_lit(r["scheme"], f"{r['ok']}/{r['runs']}", tta,
+                                "-" if r["tta_vs_allreduce"] is None else f"{r['tta_vs_allreduce']:.2f}",
+                                "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}",
+                                "-" if r["mean_iter_s"] is None else f"{r['mean_iter_s'] * 1000:.0f}",
+                                "-" if r["iter_time_vs_allreduce"] is None else f"{r['iter_time_vs_allreduce']:.2f}",
+                                "-" if r["payload_bytes_per_iter"] is None else f"{r['payload_bytes_per_iter']:,.0f}",
+                                "-" if r["wire_bytes_per_iter"] is None else f"{r['wire_bytes_per_iter']:,.0f}"))
             out.print(t)
             for r in (x for x in result["rows"] if x["bw"] == bw and x["failed"]):
-                out.print(f"[yellow]{r['scheme']}: {'; '.join(r['failed'])}[/]", highlight=False)
-        out.print(f"written to {result['out']}: {', '.join(result['files'])}", highlight=False)
+                out.print(Text(f"{r['scheme']}: {'; '.join(r['failed'])}", style="yellow"), highlight=False, markup=False)
+        out.print(f"written to {result['out']}: {', '.join(result['files'])}", highlight=False, markup=False)
 
 
 # --------------------------------------------------------------------------- doctor
@@ -603,7 +611,8 @@ def doctor(as_json: bool = JsonOpt):
         t = Table("check", "", "detail", "hint")
         for c in checks:
             mark = "[green]ok[/]" if c.ok else ("[red]MISSING[/]" if c.required else "[yellow]no[/]")
-            t.add_row(c.name + (" (required)" if c.required else ""), mark, c.detail, c.hint or "")
+            t.add_row(*_lit(c.name + (" (required)" if c.required else ""), Text.from_markup(mark), c.detail,
+                            c.hint or ""))
         out.print(t)
         out.print("[green]ready to build testbeds[/]" if ok else "[red]required features are missing[/]")
     raise typer.Exit(0 if ok else 1)
@@ -633,7 +642,7 @@ def image_build(
             _emit(res)
         else:
             out.print(f"{res['tag']}: {res['id'][:19]} ({'cached' if res['cached'] else 'built'} in "
-                      f"{res['seconds']:.1f} s)", highlight=False)
+                      f"{res['seconds']:.1f} s)", highlight=False, markup=False)
 
 
 MonitorDir = typer.Option(None, "--dir", help="Monitor directory: config, targets, TSDB "
@@ -660,13 +669,13 @@ def monitor_up(
         if as_json:
             _emit(st)
             return
-        out.print(f"Prometheus: {st['prometheus_url']}  (graph: {st['prometheus_url']}/graph)", highlight=False)
+        out.print(f"Prometheus: {st['prometheus_url']}  (graph: {st['prometheus_url']}/graph)", highlight=False, markup=False)
         out.print(f"targets:    {', '.join(st['targets'])} (testbed up / run announce themselves there)",
-                  highlight=False)
+                  highlight=False, markup=False)
         if st["exporter_url"]:
-            out.print(f"runs:       {st['exporter_url']}", highlight=False)
+            out.print(f"runs:       {st['exporter_url']}", highlight=False, markup=False)
         out.print(f"data:       {st['dir']}/data; Grafana: `docker compose -f compose/docker-compose.yml up -d`, "
-                  "then http://127.0.0.1:3000", highlight=False)
+                  "then http://127.0.0.1:3000", highlight=False, markup=False)
 
 
 @monitor_app.command("down")
@@ -679,7 +688,7 @@ def monitor_down(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
         if as_json:
             _emit({"stopped": stopped})
         else:
-            out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"), highlight=False)
+            out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"), highlight=False, markup=False)
 
 
 @monitor_app.command("status")
@@ -693,17 +702,17 @@ def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
             _emit(st)
             return
         if not st["running"]:
-            out.print(f"monitor not running ({st['dir']}); `testbed monitor up` starts it", highlight=False)
+            out.print(f"monitor not running ({st['dir']}); `testbed monitor up` starts it", highlight=False, markup=False)
             raise typer.Exit(1)
-        out.print(f"Prometheus {st['prometheus_url']}", highlight=False)
+        out.print(f"Prometheus {st['prometheus_url']}", highlight=False, markup=False)
         if st["exporter_url"]:
             out.print(f"runs exporter {st['exporter_url']} ({'running' if st['exporter_running'] else 'NOT running'})",
-                      highlight=False)
+                      highlight=False, markup=False)
         if not st["targets"]:
-            out.print("no targets: bring a testbed up, or start a run", highlight=False)
+            out.print("no targets: bring a testbed up, or start a run", highlight=False, markup=False)
         for t in st["targets"]:
             out.print(f"  {t['exporter'] or 'target'} {t['url']}: {t['health']} {escape(t['last_error'])}",
-                      highlight=False)
+                      highlight=False, markup=False)
 
 
 def main() -> None:

@@ -30,10 +30,10 @@ from .ledger import Ledger, global_lock
 from .errors import TestbedError
 from .launch import Launcher, RankFailed
 from .files import JsonlTail, read_jsonl, write_json
-from .topology import Link, load_topology
+from .topology import SHIPPED_DIR, Link, load_topology
 from .units import Rate
 
-DEFAULT_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies" / "three_switch.yaml"
+DEFAULT_TOPOLOGY = SHIPPED_DIR / "three_switch.yaml"
 MIN_WIRE_FRACTION = 0.25
 """The bottlenecks must carry at least this fraction of the bytes one rank handed to
 collectives. An all-reduce or all-gather across a cut moves at least a full vector per

@@ -57,7 +57,11 @@ def global_lock(timeout: float = 120.0) -> Iterator[None]:
 
 class Ledger:
     def __init__(self, name: str):
-        self.name = name
+        from .topology import check_testbed_name
+
+        # the name becomes a path under the state directory: validated like a YAML name
+        # (no separators, no '..', no trailing newline, not a folder of the state dir)
+        self.name = check_testbed_name(name, "testbed name")
         self.dir = state_root() / name
         self.path = self.dir / "ledger.jsonl"
         self.state_path = self.dir / "state.json"
@@ -69,7 +73,10 @@ class Ledger:
         root = state_root()
         if not root.is_dir():
             return []
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "ledger.jsonl").exists())
+        from .topology import NAME_RE, RESERVED_NAMES
+
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and NAME_RE.fullmatch(p.name)
+                      and p.name not in RESERVED_NAMES and (p / "ledger.jsonl").exists())
 
     def exists(self) -> bool:
         return self.path.exists()

@@ -195,24 +195,57 @@ class Topology:
 # --------------------------------------------------------------------------- loading
 
 
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
+
+
 def load_topology(path: str | Path) -> Topology:
-    """Read and validate a topology file."""
+    """Read and validate a topology file; a bare name (``three_switch``) that is no file
+    here is one of the shipped topologies."""
     p = Path(path)
+    if not p.exists() and p.name == str(path) and (SHIPPED_DIR / f"{p.name}.yaml").is_file():
+        p = SHIPPED_DIR / f"{p.name}.yaml"
     try:
         text = p.read_text()
     except FileNotFoundError:
         raise TopologyError("", f"topology file '{path}' does not exist",
-                            "give the path of a YAML file, e.g. topologies/three_switch.yaml") from None
+                            f"give the path of a YAML file, or a shipped topology: {', '.join(shipped())}") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise TopologyError("", f"cannot read topology file '{path}': {e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as e:
+        raise TopologyError("", f"'{path}': duplicate key '{e.key}' at line {e.line} (first at line {e.first})",
+                            "YAML keeps only the last of duplicate keys; remove or rename one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise TopologyError("", f"'{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}",
                             "check indentation and quoting") from None
     return load_topology_dict(data, source=str(p))
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: construct_mapping names it
+                continue
+            if first is not None:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1, first)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def _unknown_keys(d: dict, allowed: Iterable[str], path: str) -> None:
@@ -232,10 +265,26 @@ def _mapping(value: Any, path: str, what: str) -> dict:
     return value
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent / "topologies"
+"""The topologies shipped inside the package (``topologies/`` in a checkout links here)."""
+
+RESERVED_NAMES = ("targets", "monitors")
+"""Folders of the state directory itself: no testbed may be called so."""
+
+
 def _name(value: Any, path: str, maxlen: int, what: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value) or len(value) > maxlen:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or len(value) > maxlen:
         raise TopologyError(path, f"invalid {what} {value!r}",
                             f"use 1-{maxlen} letters, digits, '-' or '_', starting with a letter or digit")
+    return value
+
+
+def check_testbed_name(value: Any, path: str = "name") -> str:
+    """A testbed name, from YAML or the command line: one rule for both."""
+    _name(value, path, MAX_TESTBED_NAME, "testbed name")
+    if value in RESERVED_NAMES:
+        raise TopologyError(path, f"testbed name {value!r} is reserved (a folder of the state directory)",
+                            "choose another name")
     return value
 
 
@@ -280,7 +329,7 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     for required in ("name", "nodes", "links"):
         if required not in top:
             raise TopologyError(required, "missing", f"every topology needs '{required}:'")
-    name = _name(top["name"], "name", MAX_TESTBED_NAME, "testbed name")
+    name = check_testbed_name(top["name"])
 
     from .backends import BACKENDS
 
@@ -413,11 +462,11 @@ def _sysctls(value: Any, path: str) -> dict[str, str]:
     d = _mapping(value, path, "sysctl key -> value, e.g. net.ipv4.tcp_congestion_control: reno")
     out = {}
     for k, v in d.items():
-        if not isinstance(k, str) or not SYSCTL_KEY_RE.match(k):
+        if not isinstance(k, str) or not SYSCTL_KEY_RE.fullmatch(k):
             raise TopologyError(f"{path}", f"{k!r} is not a network sysctl key",
                                 "only net.* keys are per node (they live in the node's network namespace), "
                                 "e.g. net.ipv4.tcp_congestion_control")
-        if isinstance(v, bool) or not isinstance(v, (str, int)) or not SYSCTL_VALUE_RE.match(str(v)):
+        if isinstance(v, bool) or not isinstance(v, (str, int)) or not SYSCTL_VALUE_RE.fullmatch(str(v)):
             raise TopologyError(f"{path}.{k}", f"invalid value {v!r}",
                                 "give a number or a word (letters, digits, '._-: /'), as `sysctl -w` would take it")
         out[k] = str(v)

@@ -144,7 +144,7 @@ def remove_container(dc, name: str, labels: dict[str, str]) -> bool:
 
 def _size(value: Any, path: str) -> str:
     v = str(value)
-    if isinstance(value, bool) or not SIZE_RE.match(v):
+    if isinstance(value, bool) or not SIZE_RE.fullmatch(v):
         raise TopologyError(path, f"invalid size {value!r}", "write bytes or a number with k, m or g, e.g. 2g")
     return v
 
@@ -157,7 +157,7 @@ class DockerBackend(Backend):
     def validate(self, options: dict[str, Any], path: str) -> tuple[tuple[str, Any], ...]:
         out: dict[str, Any] = {}
         image = options.get("image", DEFAULT_IMAGE)
-        if not isinstance(image, str) or not IMAGE_RE.match(image) or len(image) > 255:
+        if not isinstance(image, str) or not IMAGE_RE.fullmatch(image) or len(image) > 255:
             raise TopologyError(f"{path}.image", f"invalid image reference {image!r}",
                                 f"e.g. image: {DEFAULT_IMAGE} (see `testbed image build`)")
         out["image"] = image
@@ -178,7 +178,7 @@ class DockerBackend(Backend):
             raise TopologyError(f"{path}.env", f"env must map names to values, got {env!r}", "e.g. env: {FOO: bar}")
         pairs = []
         for k, v in items:
-            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+            if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
                 raise TopologyError(f"{path}.env", f"invalid variable name {k!r}", "letters, digits and _")
             if isinstance(v, bool) or not isinstance(v, (str, int, float)) or "\0" in str(v):
                 raise TopologyError(f"{path}.env.{k}", f"invalid value {v!r}", "give a string or a number")

@@ -1,6 +1,7 @@
 """Exporters without root: training records -> metrics, promtool, dashboards, compose files."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -159,10 +160,14 @@ def _compose_cmd():
 
 
 @pytest.mark.skipif(_compose_cmd() is None, reason="neither docker-compose nor the docker compose plugin is installed")
-def test_compose_file_validates():
-    r = subprocess.run([*_compose_cmd(), "-f", str(ROOT / "compose" / "docker-compose.yml"), "--profile", "prometheus",
-                        "config", "-q"], capture_output=True, text=True)
+def test_compose_file_validates_and_refuses_grafanas_default_password():
+    argv = [*_compose_cmd(), "-f", str(ROOT / "compose" / "docker-compose.yml"), "--profile", "prometheus", "config"]
+    env = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    r = subprocess.run(argv, capture_output=True, text=True, env={**env, "GRAFANA_ADMIN_PASSWORD": "s3cret-test"})
     assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret-test"
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in r.stderr
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")

@@ -165,3 +165,18 @@ def test_json_schema_accepts_shipped_and_rejects_typos():
                 mutate(lambda d: d.update(colour="red"))):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_duplicate_yaml_keys_are_errors_naming_the_key_and_line(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: dup\nnodes:\n  s0: {kind: switch}\n  w0: {kind: worker}\n  w1: {kind: worker}\n"
+                 "  w0: {kind: switch}\nlinks:\n  - endpoints: [w0, s0]\n  - endpoints: [w1, s0]\n")
+    with pytest.raises(TopologyError) as e:
+        load_topology(p)
+    assert "duplicate key 'w0' at line 6 (first at line 4)" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["tb\n", "targets", "monitors", "a/b", "..", ""])
+def test_testbed_names_match_in_full_and_never_name_state_folders(name):
+    with pytest.raises(TopologyError):
+        load_topology_dict({**mutate(lambda d: None), "name": name})

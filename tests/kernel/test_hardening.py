@@ -1,0 +1,91 @@
+"""Hardening, as an adversary would try it: output that is not markup, no code from the
+working directory, names that are not paths (issue: hardening a root tool)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import dumbbell
+from tests.kernel.conftest import cli, run
+
+pytestmark = pytest.mark.kernel
+TESTBED = str(Path(sys.executable).parent / "testbed")  # the console script a user runs
+
+
+def test_link_names_are_printed_literally_never_as_markup(clean_kernel, tmp_path):
+    d = dumbbell("mk")
+    d["links"][0]["name"] = "[/x]"
+    d["links"][1]["name"] = "[bold]y[/bold]"
+    topo = tmp_path / "mk.yaml"
+    topo.write_text(yaml.safe_dump(d))
+    wide = {"COLUMNS": "250"}  # no cell wrapped across lines
+    r = cli("up", str(topo), "--no-exporter", env=wide)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "[/x]" in r.stdout and "[bold]y[/bold]" in r.stdout
+        for argv in (("status", "mk"), ("link", "show"), ("link", "set", "[/x]", "--bw", "1gbit")):
+            r = cli(*argv, env=wide)
+            assert r.returncode == 0 and "Traceback" not in r.stderr, (argv, r.stderr)
+            assert "[/x]" in r.stdout, (argv, r.stdout)
+    finally:
+        assert cli("down", "mk").returncode == 0
+
+
+def test_no_code_from_the_working_directory_runs_as_root(clean_kernel, tmp_path):
+    """A directory holding look-alike packages of every module testbed starts as a child."""
+    marker = tmp_path / "PWNED"
+    for pkg, mods in (("collectors", ("__init__", "__main__")), ("testbed", ("__init__", "nsexec", "cli")),
+                      ("workloads", ("__init__", "train", "pretrain"))):
+        (tmp_path / pkg).mkdir()
+        for m in mods:
+            (tmp_path / pkg / f"{m}.py").write_text(f"open({str(marker)!r}, 'a').write('{pkg}.{m}\\n')\n")
+    topo = tmp_path / "cw.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("cw")))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        r = run([TESTBED, "up", str(topo)], cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        target = Path(os.environ["TESTBED_STATE_DIR"]) / "targets" / "testbed-cw.json"
+        assert target.exists(), "the real link exporter announced itself"
+        r = run([TESTBED, "exec", "w0", "--", "true"], cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        r = run([TESTBED, "run", "allreduce", "-t", "cw", "--out", str(tmp_path / "runs"), "--max-iters", "2",
+                 "--eval-every", "2", "--no-exporter"], cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+    finally:
+        run([TESTBED, "down", "cw"], cwd=tmp_path, env=env)
+    assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.parametrize("name", ["../../etc", "tb\n", "targets", "a/b", "-x"])
+def test_names_on_the_command_line_are_validated_like_names_in_yaml(clean_kernel, name):
+    for argv in (("down", name), ("status", name), ("link", "show", "-t", name)):
+        r = cli(*argv)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (argv, r.stderr)
+        assert "testbed name" in r.stderr or "No such option" in r.stderr or "Usage" in r.stderr, (argv, r.stderr)
+
+
+def test_first_run_after_a_non_editable_install_from_another_directory(clean_kernel, tmp_path):
+    """`pip install .` (a copy, not a link to the checkout), then the quick start's
+    `testbed run pactrain --bw 100mbit` from an unrelated directory (kept tiny)."""
+    root = Path(__file__).resolve().parents[2]
+    site = tmp_path / "site"
+    r = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(root)],
+            cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (site / "testbed" / "topologies" / "three_switch.yaml").is_file()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = run([sys.executable, "-c", "import testbed, workloads, collectors; print(testbed.__file__)"],
+            cwd=elsewhere, env=env)
+    assert r.stdout.startswith(str(site)), r.stdout + r.stderr
+    r = run([sys.executable, "-m", "testbed.cli", "run", "pactrain", "--bw", "100mbit", "--max-iters", "3",
+             "--eval-every", "3", "--no-exporter", "--json"], cwd=elsewhere, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert (elsewhere / "runs").is_dir()
