@@ -264,7 +264,7 @@ def link_set(
     delay: Optional[str] = typer.Option(None, "--delay", help="One-way delay, e.g. 10ms (needs netem)."),
     jitter: Optional[str] = typer.Option(None, "--jitter", help="Delay variation, e.g. 1ms (needs netem)."),
     loss: Optional[str] = typer.Option(None, "--loss", help="Packet loss, e.g. 0.1% (needs netem)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Queue limit in packets."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Queue limit in packets (1..10000000)."),
     direction: str = typer.Option("both", "--direction", help="both, forward (a->b) or reverse (b->a)."),
     testbed: Optional[str] = TestbedOpt,
     as_json: bool = JsonOpt,
@@ -272,22 +272,15 @@ def link_set(
     """Change a running link's shape in place (flows keep running)."""
     with _guard(as_json):
         from .core import Testbed
-        from .units import Duration, Loss, Rate, UnitError
 
         if link is not None and bottleneck:
             raise TestbedError("give a link or --bottleneck, not both")
 
-        def parse(opt: str, value: Optional[str], parser):
-            if value is None:
-                return None
-            try:
-                return parser(value)
-            except UnitError as e:
-                raise TestbedError(f"{opt}: {e}") from None
+        from .topology import parse_shape_values
 
-        changes = dict(rate=parse("--bw", bw, Rate.parse), delay=parse("--delay", delay, Duration.parse),
-                       jitter=parse("--jitter", jitter, Duration.parse), loss=parse("--loss", loss, Loss.parse),
-                       limit=limit)
+        changes = parse_shape_values(dict(rate=bw, delay=delay, jitter=jitter, loss=loss, limit=limit),
+                                     {"rate": "--bw", "delay": "--delay", "jitter": "--jitter", "loss": "--loss",
+                                      "limit": "--limit"})
         tb = Testbed.attach(_resolve_name(testbed))
         links = tb.set_links(tb.find_links(link, bottleneck=bottleneck), direction=direction, **changes)
         if as_json:
@@ -342,6 +335,13 @@ def _workload_args(*, model, width, depth, dataset, data_dir, epochs, max_iters,
     if stop_at_target:
         args.append("--stop-at-target")
     return args + list(extra)
+
+
+def _check_timeout(timeout: float) -> None:
+    import math
+
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise TestbedError(f"--timeout must be a number of seconds > 0, got {timeout}", "e.g. --timeout 300")
 
 
 def _check_workload(scheme: str, args: list[str]) -> None:
@@ -440,8 +440,7 @@ def run(
             rate = Rate.parse(bw) if bw is not None else None
         except UnitError as e:
             raise TestbedError(f"--bw: {e}") from None
-        if timeout <= 0:
-            raise TestbedError(f"--timeout must be > 0, got {timeout}")
+        _check_timeout(timeout)
         wargs = _workload_args(**workload, extra=ctx.args)
         _check_workload(scheme, wargs)
         model, dataset, epochs, batch_size = (workload[k] for k in ("model", "dataset", "epochs", "batch_size"))
@@ -529,6 +528,7 @@ def sweep(
                 raise TestbedError(f"--bw: {e}") from None
         if repeats < 1:
             raise TestbedError(f"--repeats must be >= 1, got {repeats}")
+        _check_timeout(timeout)
         wargs = _workload_args(**{**workload, "init": None}, extra=ctx.args)
         model, width, depth, dataset, data_dir, seed, init = (
             workload[k] for k in ("model", "width", "depth", "dataset", "data_dir", "seed", "init"))

@@ -32,7 +32,7 @@ from .net.handles import HandleCache, NetlinkPool  # noqa: F401  (NetlinkPool: t
 from .net.rtnl import Rtnl
 from .plan import Endpoint, NodeInfo, Plan, choose_subnet, make_plan
 from .teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
-from .topology import Link, Topology, load_topology_dict
+from .topology import Link, Topology, check_shape, load_topology_dict
 from .units import Duration, Loss, Rate
 
 DIRECTIONS = ("forward", "reverse")
@@ -231,10 +231,9 @@ class Testbed:
                 l = current.links[idx]
                 shapes = {d: l.shape(d) for d in DIRECTIONS}
                 for d in dirs:
-                    s = replace(shapes[d], **changes)
-                    if s.jitter and not s.delay:
-                        raise TestbedError(f"link {l.name}: jitter {s.jitter} needs a delay", "also pass --delay")
-                    shapes[d] = s
+                    # the loader's rules on the result (jitter needs delay, queue within bounds),
+                    # for every direction before any is changed
+                    shapes[d] = check_shape(replace(shapes[d], **changes), f"link {l.name} ({d})")
                 new_links[idx] = replace(l, forward=shapes["forward"], reverse=shapes["reverse"])
             if any(s.needs_netem for l in new_links.values() for s in (l.forward, l.reverse)):
                 from .net.probe import probe
@@ -244,11 +243,25 @@ class Testbed:
                     raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
                                        tc.NETEM_MISSING_HINT)
             handles = HandleCache()
+            done: list[tuple[Endpoint, Link, str]] = []
             try:
                 for idx, l in new_links.items():
                     for d in dirs:
                         ep = self.egress[(idx, d)]
                         tc.change(handles.get(ep.ns), ep.ifname, l.shape(d))
+                        done.append((ep, current.links[idx], d))
+            except BaseException as e:
+                # half-way: put back what was changed, so kernel and state agree again
+                failed = []
+                for ep, old, d in reversed(done):
+                    try:
+                        tc.change(handles.get(ep.ns), ep.ifname, old.shape(d))
+                    except Exception as err:  # reported with the original error below
+                        failed.append(f"{old.name} {d}: {err}")
+                if isinstance(e, TestbedError):
+                    e.message += (f" (the {len(done)} direction(s) changed before were restored)" if not failed
+                                  else f" (restoring failed too: {'; '.join(failed)})")
+                raise
             finally:
                 handles.close()
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)

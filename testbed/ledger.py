@@ -94,8 +94,13 @@ class Ledger:
     def record(self, *entries: dict) -> None:
         """Append entries durably (one write, one fsync) before the objects exist."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        os.write(self._fd, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode())
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        data = memoryview("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode())
+        while data:  # a short write (full disk, signal) must not leave an entry unrecorded
+            n = os.write(self._fd, data)
+            if n <= 0:
+                raise StateError(f"cannot append to the ledger {self.path}", "is the disk full?")
+            data = data[n:]
         os.fsync(self._fd)
 
     def close(self) -> None:
@@ -104,17 +109,25 @@ class Ledger:
             self._fd = None
 
     # ----------------------------------------------------------- reading
-    def entries(self) -> list[dict]:
+    def entries(self, problems: list[str] | None = None) -> list[dict]:
+        """The recorded entries. A torn last line (a crash mid-write: its action never ran)
+        is dropped; a bad line before others is reported in ``problems`` and skipped, so
+        it cannot hide the entries after it."""
         out = []
         try:
-            text = self.path.read_text()
+            text = self.path.read_text(errors="replace")
         except FileNotFoundError:
             return []
-        for line in text.splitlines():
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
-                break  # torn write at a crash: that action never ran
+                last = i == len(lines) - 1 or all(not x.strip() for x in lines[i + 1:])
+                if not last and problems is not None:
+                    problems.append(f"ledger line {i + 1} is damaged and was skipped: {line[:60]!r}")
         return out
 
     def read_state(self) -> dict | None:

@@ -37,7 +37,8 @@ def teardown(name: str) -> list[str]:
     ledger = Ledger(name)
     todo: list[actions.Action] = []
     problems: list[str] = []
-    for e in ledger.entries():
+    damaged: list[str] = []
+    for e in ledger.entries(damaged):
         try:
             a = actions.from_dict(e)
         except StateError as err:
@@ -60,6 +61,10 @@ def teardown(name: str) -> list[str]:
     finally:
         host.close()
     problems += td.problems
+    if damaged and not problems:
+        # what a damaged line named is unknown: remove whatever still carries this
+        # testbed's tag or labels (namespaces, containers), then the ledger can go
+        _recover({name}, problems)
     if not problems:
         ledger.remove()
     return problems
@@ -87,8 +92,6 @@ def down(name: str) -> bool:
 
 def down_all() -> list[str]:
     """Tear down every testbed in the state dir, then whatever a lost ledger left behind."""
-    from .sd import testbed_target
-
     require_root()
     removed: list[str] = []
     problems: list[str] = []
@@ -98,28 +101,7 @@ def down_all() -> list[str]:
             problems += p
             if not p:
                 removed.append(name)
-        for owner in _remove_labelled_containers(problems):
-            if owner not in removed:
-                removed.append(owner)
-        orphans: dict[str, list[str]] = {}
-        for ns in netns.list_all():
-            try:
-                with Rtnl.open(ns) as rt:
-                    owner = naming.testbed_of_tag(rt.lo_alias())
-            except TestbedError:
-                continue
-            if owner:
-                orphans.setdefault(owner, []).append(ns)
-        for owner, nss in orphans.items():
-            target = testbed_target(owner)  # its exporter, if the lost ledger had started one
-            procs.terminate(procs.with_arg(f"--sd-file={target}"))
-            target.unlink(missing_ok=True)
-            netns.kill_processes(nss)
-            for ns in nss:
-                try:
-                    netns.remove(ns)
-                except TestbedError as e:
-                    problems.append(str(e))
+        for owner in _recover(None, problems):
             if owner not in removed:
                 removed.append(owner)
     if problems:
@@ -127,7 +109,37 @@ def down_all() -> list[str]:
     return removed
 
 
-def _remove_labelled_containers(problems: list[str]) -> list[str]:
+def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
+    """Remove what testbeds ``names`` (None: any) left without a readable ledger entry:
+    containers labelled with this state directory, namespaces tagged ``testbed:NAME``
+    and those testbeds' exporters. Returns the testbeds found."""
+    from .sd import testbed_target
+
+    found = _remove_labelled_containers(problems, names)
+    orphans: dict[str, list[str]] = {}
+    for ns in netns.list_all():
+        try:
+            with Rtnl.open(ns) as rt:
+                owner = naming.testbed_of_tag(rt.lo_alias())
+        except TestbedError:
+            continue
+        if owner and (names is None or owner in names):
+            orphans.setdefault(owner, []).append(ns)
+    for owner, nss in orphans.items():
+        target = testbed_target(owner)  # its exporter, if the lost ledger had started one
+        procs.terminate(procs.with_arg(f"--sd-file={target}"))
+        target.unlink(missing_ok=True)
+        netns.kill_processes(nss)
+        for ns in nss:
+            try:
+                netns.remove(ns)
+            except TestbedError as e:
+                problems.append(str(e))
+        found.append(owner)
+    return list(dict.fromkeys(found))
+
+
+def _remove_labelled_containers(problems: list[str], names: set[str] | None = None) -> list[str]:
     """Containers labelled as made from this state directory (a lost ledger's)."""
     try:
         import docker
@@ -141,6 +153,8 @@ def _remove_labelled_containers(problems: list[str]) -> list[str]:
     owners = []
     try:
         for c in found:
+            if names is not None and c.labels.get("testbed") not in names:
+                continue
             try:
                 c.remove(force=True, v=True)
                 owners.append(c.labels.get("testbed", "?"))

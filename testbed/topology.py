@@ -9,6 +9,7 @@ routes) happen in :mod:`testbed.plan`'s preflight, still before anything is crea
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 MAX_NODE_NAME = 63
 MAX_TESTBED_NAME = 32
 DEFAULT_RATE = Rate(10 * 10**9)
+MAX_LIMIT = 10**7  # packets; also bounds the queue netem derives from rate x delay
+MTU_BYTES = 1514  # an Ethernet frame at MTU 1500: what netem queues
 NODE_KINDS = ("worker", "switch")
 MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
 
@@ -54,6 +57,14 @@ class Shape:
     @property
     def needs_netem(self) -> bool:
         return bool(self.delay or self.jitter or self.loss)
+
+    @property
+    def queue_packets(self) -> int:
+        """Packets the leaf queue holds: ``limit``, else >= 2x the bandwidth-delay product."""
+        if self.limit is not None:
+            return self.limit
+        bdp = self.rate.bytes_per_second * (self.delay.seconds + self.jitter.seconds) / MTU_BYTES
+        return max(1000, math.ceil(2 * bdp))
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"rate": str(self.rate)}
@@ -297,8 +308,8 @@ def _shape_fields(d: dict, path: str) -> dict:
             continue
         v = d[key]
         if key == "limit":
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**7:
-                raise TopologyError(f"{path}.limit", f"limit must be a number of packets (1..10000000), got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LIMIT:
+                raise TopologyError(f"{path}.limit", f"limit must be a number of packets (1..{MAX_LIMIT}), got {v!r}")
             out["limit"] = v
             continue
         try:
@@ -315,10 +326,33 @@ def shape_from_dict(d: Any, path: str = "shape") -> Shape:
     return _check_shape(Shape(**_shape_fields(d, path)), path)
 
 
+def parse_shape_values(values: dict[str, Any], flags: dict[str, str]) -> dict[str, Any]:
+    """Shape fields given on the command line (``{"rate": "100mbit", ...}``), checked by
+    exactly the rules of the topology loader; errors name the flag (``flags[key]``)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        try:
+            out.update(_shape_fields({key: value}, "x"))
+        except TopologyError as e:
+            raise TopologyError(flags[key], e.message.split(": ", 1)[-1], e.hint) from None
+    return out
+
+
+def check_shape(shape: Shape, path: str) -> Shape:
+    """Rules on a whole shape (each value is already valid on its own)."""
+    return _check_shape(shape, path)
+
+
 def _check_shape(shape: Shape, path: str) -> Shape:
     if shape.jitter and not shape.delay:
         raise TopologyError(f"{path}.jitter", f"jitter {shape.jitter} needs a delay",
                             "set delay too, e.g. delay: 10ms, jitter: 1ms")
+    if shape.queue_packets > MAX_LIMIT:
+        raise TopologyError(path, f"{shape.describe()} needs a queue of {shape.queue_packets} packets "
+                            f"(2x rate x delay), more than {MAX_LIMIT}",
+                            "lower the rate or the delay, or set limit: explicitly")
     return shape
 
 

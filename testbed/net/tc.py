@@ -18,7 +18,6 @@ qdisc, so counters and running flows survive.
 from __future__ import annotations
 
 import errno
-import math
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -41,10 +40,7 @@ def burst_bytes(shape: Shape) -> int:
 
 def queue_limit(shape: Shape) -> int:
     """Packets the leaf queue holds: the user's limit, else >= 2x the bandwidth-delay product."""
-    if shape.limit is not None:
-        return shape.limit
-    bdp_packets = shape.rate.bytes_per_second * (shape.delay.seconds + shape.jitter.seconds) / MTU_BYTES
-    return max(1000, math.ceil(2 * bdp_packets))
+    return shape.queue_packets
 
 
 def _class_kwargs(shape: Shape) -> dict:

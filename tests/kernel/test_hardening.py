@@ -89,3 +89,35 @@ def test_first_run_after_a_non_editable_install_from_another_directory(clean_ker
              "--eval-every", "3", "--no-exporter", "--json"], cwd=elsewhere, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     assert (elsewhere / "runs").is_dir()
+
+
+def _rates(ns: str, dev: str) -> list[str]:
+    out = run(["tc", "-n", ns, "class", "show", "dev", dev]).stdout.split()
+    return [out[i + 1] for i, w in enumerate(out) if w == "rate"]
+
+
+def test_cli_values_pass_the_loaders_rules_and_a_half_failed_link_set_is_undone(clean_kernel, tmp_path):
+    topo = tmp_path / "val.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("val", rate="100mbit")))
+    assert cli("up", str(topo), "--no-exporter").returncode == 0
+    try:
+        for argv, words in ((("link", "set", "s0-s1", "--limit", "10000001"), "--limit"),
+                            (("link", "set", "s0-s1", "--bw", "fast"), "--bw"),
+                            (("run", "allreduce", "-t", "val", "--timeout", "nan"), "--timeout"),
+                            (("run", "allreduce", "-t", "val", "--timeout", "0"), "--timeout"),
+                            (("sweep", "-t", "val", "--timeout", "-1"), "--timeout")):
+            r = cli(*argv, "--json")
+            assert r.returncode == 1 and "Traceback" not in r.stderr, (argv, r.stderr)
+            assert words in r.stdout, (argv, r.stdout)  # one JSON object naming the flag
+        # the testbed is still fully usable: nothing bad reached the state file
+        for argv in (("status", "val"), ("link", "show"), ("exec", "w0", "--", "true")):
+            assert cli(*argv).returncode == 0, argv
+        assert _rates("val", "l2a") == ["100Mbit"]
+        # one direction changes, the other fails (its HTB tree is gone): the first is put back
+        assert run(["tc", "-n", "val", "qdisc", "del", "dev", "l2b", "root"]).returncode == 0
+        r = cli("link", "set", "s0-s1", "--bw", "50mbit")
+        assert r.returncode == 1 and "restored" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert _rates("val", "l2a") == ["100Mbit"]
+        assert "100mbit" in cli("link", "show", "--json").stdout
+    finally:
+        assert cli("down", "val").returncode == 0

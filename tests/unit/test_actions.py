@@ -123,3 +123,21 @@ def test_teardown_leaves_alone_what_a_tampered_ledger_names(tmp_path, monkeypatc
     assert any("marker" in p for p in problems) and any("unknown action" in p for p in problems), problems
     assert victim.read_text() == "keep me"
     assert led.exists(), "a ledger with problems is kept for another try"
+
+
+def test_a_damaged_ledger_line_does_not_hide_the_entries_after_it(tmp_path, monkeypatch):
+    from testbed.ledger import Ledger
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    led = Ledger("tb")
+    led.create()
+    led.record(actions.CreateNetns("tb.w0", "testbed:tb").to_dict())
+    with open(led.path, "a") as f:
+        f.write('{"action": "CreateNe\x00garbage\n')
+    led.record(actions.CreateNetns("tb.w1", "testbed:tb").to_dict())
+    with open(led.path, "a") as f:
+        f.write('{"action": "CreateNetns", "ns": "tb.w2"')  # torn by a crash: never ran
+    damaged: list[str] = []
+    got = [e["ns"] for e in led.entries(damaged)]
+    assert got == ["tb.w0", "tb.w1"]
+    assert len(damaged) == 1 and "line 2" in damaged[0]
