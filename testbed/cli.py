@@ -571,7 +571,9 @@ def report(
 
         if target_acc is not None and not 0 < target_acc <= 1:
             raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
-        runs = find_runs(dirs)
+        runs = find_runs(dirs, warn=lambda m: err.print(Text(f"warning: {m}", style="yellow")))
+        if not runs:
+            raise TestbedError("no readable runs in " + ", ".join(map(str, dirs)), "see the warnings above")
         result = write(runs, out_dir or dirs[0] / "report", target_acc)
         if as_json:
             _emit(result)
@@ -715,10 +717,23 @@ def monitor_status(mdir: Optional[Path] = MonitorDir, as_json: bool = JsonOpt):
                       highlight=False, markup=False)
 
 
+def _quiet_exit() -> None:
+    """On the way out after a failure or interrupt, a further Ctrl-C must not print a
+    traceback from interpreter shutdown."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:
+            pass
+
+
 def main() -> None:
     try:
         app(standalone_mode=True)
     except _Fail as f:
+        _quiet_exit()
         if f.as_json:
             _emit(f.error.to_dict())
         else:
@@ -727,6 +742,7 @@ def main() -> None:
                 err.print(f"  [yellow]hint:[/] {escape(f.error.hint)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
+        _quiet_exit()
         err.print("[red]interrupted[/]")
         sys.exit(130)
 

@@ -15,7 +15,9 @@ remove what the run created; the records written so far stay.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -135,15 +137,23 @@ class _LinkSampler:
 
 
 def _install_signals() -> Callable[[], None]:
-    """SIGTERM (and SIGHUP) behave like Ctrl-C: unwind through the cleanup."""
+    """SIGTERM (and SIGHUP) behave like Ctrl-C: unwind through the cleanup. Returns what
+    puts every handler back (SIGINT's too, which the cleanup ignores)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    old.update({s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)})
     return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
+def _ignore_interrupts() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
 
 
 def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str], None],
@@ -159,9 +169,45 @@ def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str],
     return Testbed.up(topo, exporter="127.0.0.1:0" if exporter else None), True
 
 
+def check_out(out: Path) -> None:
+    """``--out`` must take files before anything is built (a clear error, nothing left)."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".testbed-write-check-"):
+            pass
+    except OSError as e:
+        raise TestbedError(f"--out {out}: cannot write there ({e.strerror or e})",
+                           "choose a writable directory with free space") from None
+
+
+@contextlib.contextmanager
+def run_lock(tb: Testbed):
+    """One run at a time per testbed: two would share the rendezvous port and each other's
+    counters. An flock, so a run that died holds nothing."""
+    import fcntl
+
+    path = Ledger(tb.name).dir / "run.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise TestbedError(f"testbed '{tb.name}' is busy with another run (pid {other or '?'})",
+                               "wait for it to finish, or use another testbed") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
+    check_out(req.out)
     restore_signals = _install_signals()
     tb: Testbed | None = None
     created = False
@@ -170,8 +216,10 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     sampler: _LinkSampler | None = None
     run_dir: Path | None = None
     exporter = None
+    lock = contextlib.ExitStack()
     try:
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
+        lock.enter_context(run_lock(tb))
         if len(tb.workers) < 1:
             raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]
@@ -250,6 +298,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                 f"{run_dir} says which links were counted; are the ranks on both sides of a bottleneck?")
         return summary
     except KeyboardInterrupt:
+        _ignore_interrupts()  # from here on nothing interrupts the cleanup (restored at the end)
         if launcher:
             launcher.stop()
         _mark(run_dir, "interrupted", "interrupted by a signal")
@@ -259,22 +308,27 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         _mark(run_dir, "failed", e.message)
         raise
     finally:
-        if launcher:
-            launcher.stop()
-        if exporter is not None:
-            exporter.close()
-        if sampler:
-            sampler.close()
-        if tb is not None:
-            if restore and not created:
-                for l, d, rate in restore:
-                    try:
-                        tb.set_links([l], rate=rate, direction=d)
-                    except TestbedError:
-                        pass  # the testbed went away meanwhile
-            if created:
-                tb.down()
-        restore_signals()
+        # cleanup runs to the end: a second Ctrl-C or SIGTERM is ignored until it is done
+        _ignore_interrupts()
+        try:
+            if launcher:
+                launcher.stop()
+            if exporter is not None:
+                exporter.close()
+            if sampler:
+                sampler.close()
+            if tb is not None:
+                if restore and not created:
+                    for l, d, rate in restore:
+                        try:
+                            tb.set_links([l], rate=rate, direction=d)
+                        except TestbedError:
+                            pass  # the testbed went away meanwhile
+                lock.close()
+                if created:
+                    tb.down()
+        finally:
+            restore_signals()
 
 
 PATH_FLAGS = {"--init": "file", "--data-dir": "dir"}

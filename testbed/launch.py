@@ -162,7 +162,14 @@ class Launcher:
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the rank's whole process group (it leads its own session): helper processes
+    it started (data loader workers, a shell) go with it."""
+    if proc.returncode is not None:
+        return
     try:
-        proc.send_signal(sig)
-    except ProcessLookupError:
-        pass
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass

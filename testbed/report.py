@@ -62,7 +62,22 @@ class RunData:
         return None
 
 
-def find_runs(dirs: list[Path]) -> list[RunData]:
+def _json_file(path: Path, warn) -> dict | None:
+    """A run's JSON file, or None (with a warning) when it is torn or not a JSON object."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warn(f"skipped {path.parent}: {path.name} is unreadable or torn ({e})")
+        return None
+    if not isinstance(d, dict):
+        warn(f"skipped {path.parent}: {path.name} is not a JSON object")
+        return None
+    return d
+
+
+def find_runs(dirs: list[Path], warn=lambda m: None) -> list[RunData]:
     runs = []
     for d in dirs:
         if not d.is_dir():
@@ -72,12 +87,18 @@ def find_runs(dirs: list[Path]) -> list[RunData]:
             raise TestbedError(f"{d}: no runs found (no run.json here or one level below)",
                                "give run directories made by `testbed run` or `testbed sweep`")
         for c in candidates:
-            s = c / "summary.json"
-            summary = json.loads(s.read_text()) if s.exists() else {}
+            summary = _json_file(c / "summary.json", warn)
+            if summary is None:
+                continue
             if not summary:
-                run = json.loads((c / "run.json").read_text())
-                summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
-                           "bw": run["request"]["bw"]}
+                run = _json_file(c / "run.json", warn)
+                try:
+                    summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
+                               "bw": run["request"]["bw"]}
+                except (TypeError, KeyError):
+                    if run is not None:
+                        warn(f"skipped {c}: run.json lacks run_id/request")
+                    continue
             runs.append(RunData(c, summary, read_jsonl(c / "eval.jsonl"), read_jsonl(c / "links.jsonl")))
     return runs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from . import procs
 from .files import write_json
 from .errors import TestbedError
-from .experiment import RunRequest, Status, obtain_testbed, run
+from .experiment import RunRequest, Status, check_out, obtain_testbed, run
 from .units import Rate
 
 
@@ -59,6 +59,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
     init = req.init or checkpoint(req, say)
+    check_out(req.out)
     sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while sweep_dir.exists():

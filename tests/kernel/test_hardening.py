@@ -121,3 +121,41 @@ def test_cli_values_pass_the_loaders_rules_and_a_half_failed_link_set_is_undone(
         assert "100mbit" in cli("link", "show", "--json").stdout
     finally:
         assert cli("down", "val").returncode == 0
+
+
+def test_runs_under_faults_unwritable_out_and_a_second_run_on_a_busy_testbed(clean_kernel, tmp_path):
+    topo = tmp_path / "flt.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("flt", rate="1gbit")))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)])
+    try:
+        r = cli("run", "allreduce", "--topology", str(topo), "--out", str(ro / "runs"), "--json")
+        assert r.returncode == 1 and "--out" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+    finally:
+        run(["umount", str(ro)])
+    assert run(["ip", "netns", "list"]).stdout.find("flt") < 0, "nothing was built"
+    assert cli("up", str(topo), "--no-exporter").returncode == 0
+    try:
+        import subprocess
+
+        first = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "-t", "flt", "--out",
+                                  str(tmp_path / "runs"), "--max-iters", "100000", "--no-exporter"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        import time
+
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "runs").glob("*/rank0.log")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        r = cli("run", "allreduce", "-t", "flt", "--out", str(tmp_path / "runs2"), "--json")
+        assert r.returncode == 1 and "busy with another run" in r.stdout, r.stdout + r.stderr
+        # Ctrl-C twice in quick succession: the cleanup still finishes
+        first.send_signal(2)
+        time.sleep(0.05)
+        first.send_signal(2)
+        err = first.communicate(timeout=60)[1]
+        # (the second signal may land after the cleanup, while the process exits: -2)
+        assert first.returncode in (1, -2) and "interrupted" in err and "Traceback" not in err, err
+        assert run(["pgrep", "-f", "workloads.train"]).stdout == "", "ranks left running"
+    finally:
+        assert cli("down", "flt").returncode == 0
