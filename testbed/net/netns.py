@@ -60,8 +60,14 @@ def _netlink_socket_fd() -> int:
 def _create_in_thread(name: str) -> int:
     if _libc.unshare(CLONE_NEWNET) != 0:
         raise _oserror("creating network namespace", name, ctypes.get_errno())
+    _bind(name, "thread-self", "mounting network namespace")
+    return _netlink_socket_fd()
+
+
+def _bind(name: str, pid, what: str) -> None:
+    """Bind-mount the network namespace of ``pid`` at /run/netns/NAME (pyroute2's attach)."""
     try:
-        _pr_netns.attach(name, "thread-self")
+        _pr_netns.attach(name, pid)
     except FileExistsError:
         raise KernelError(f"network namespace '{name}' already exists",
                           f"something else created it; remove it with `ip netns del {name}` if it is stale") from None
@@ -70,8 +76,7 @@ def _create_in_thread(name: str) -> int:
             os.unlink(path(name))
         except OSError:
             pass
-        raise _oserror("mounting network namespace", name, e.errno or errno.EIO) from None
-    return _netlink_socket_fd()
+        raise _oserror(what, name, e.errno or errno.EIO) from None
 
 
 def _setns(name: str) -> None:
@@ -126,17 +131,7 @@ def attach(name: str, pid: int) -> None:
 
     A bind mount, as ``ip netns attach`` makes: the name keeps the namespace itself, not
     the pid, so a pid reused after the container died can never be mistaken for it."""
-    try:
-        _pr_netns.attach(name, pid)
-    except FileExistsError:
-        raise KernelError(f"network namespace '{name}' already exists",
-                          f"remove it with `ip netns del {name}` if it is stale") from None
-    except OSError as e:
-        try:
-            os.unlink(path(name))
-        except OSError:
-            pass
-        raise _oserror(f"naming the network namespace of pid {pid} as", name, e.errno or errno.EIO) from None
+    _bind(name, pid, f"naming the network namespace of pid {pid} as")
 
 
 def open_netlink(name: str) -> int:
