@@ -13,7 +13,9 @@ Interface names are unique only within their namespace, so they stay far below t
 kernel's 15-character limit whatever the topology. ``.`` cannot occur in testbed or node
 names, so namespace names of different testbeds never collide. Every namespace carries
 the ownership tag ``testbed:NAME`` as the alias of its loopback, so ``down --all`` can
-recover even without the ledger.
+recover even without the ledger. The tag also names the state directory
+(``testbed:NAME@ID``, ID a hash of its path), so ``down --all`` of one state directory
+never touches another's testbeds.
 """
 
 from __future__ import annotations
@@ -52,11 +54,34 @@ def owned_namespace(testbed: str, ns: str) -> bool:
     return ns == fabric_netns(testbed) or re.fullmatch(re.escape(testbed) + r"\.[A-Za-z0-9][A-Za-z0-9_-]{0,62}", ns) is not None
 
 
-def tag(testbed: str) -> str:
-    return f"{TAG_PREFIX}{testbed}"
+DEFAULT_STATE = "/run/testbed"
 
 
-def testbed_of_tag(alias: str | None) -> str | None:
-    if alias and alias.startswith(TAG_PREFIX):
-        return alias[len(TAG_PREFIX):]
-    return None
+def state_id(state_dir: str | None = None) -> str:
+    """A short id of a state directory: tags say which one owns a namespace."""
+    import hashlib
+    import os
+
+    from .ledger import state_root
+
+    path = os.path.realpath(state_dir or str(state_root()))
+    return hashlib.sha256(path.encode()).hexdigest()[:12]
+
+
+def tag(testbed: str, state: str | None = None) -> str:
+    """``testbed:NAME@STATEID``: the testbed and the state directory that own an object."""
+    return f"{TAG_PREFIX}{testbed}@{state or state_id()}"
+
+
+def testbed_of_tag(alias: str | None, state: str | None = None) -> str | None:
+    """The testbed a tag names, if this state directory (``state``: its id) owns it.
+
+    Tags of other state directories, and anything else, are foreign: None. A tag without
+    a state id (written before ids existed) belongs to the default state directory."""
+    if not alias or not alias.startswith(TAG_PREFIX):
+        return None
+    name, sep, owner = alias[len(TAG_PREFIX):].partition("@")
+    mine = state or state_id()
+    if sep:
+        return name if owner == mine else None
+    return name if mine == state_id(DEFAULT_STATE) else None

@@ -7,8 +7,10 @@ namespace it names must be one this testbed's plan could have made (``NAME`` or
 ``NAME.NODE``); anything else is reported and left alone.
 
 ``down --all`` does that for every ledger in the state directory, then recovers what a
-lost ledger would hide: namespaces whose loopback carries the ``testbed:NAME`` tag, the
-exporters of those testbeds, and containers labelled with this state directory.
+lost ledger would hide: namespaces whose loopback carries a ``testbed:NAME@ID`` tag with
+this state directory's ID, the exporters of those testbeds (by their target files in
+this state directory), and containers labelled with this state directory. Namespaces
+without a tag, or tagged by another state directory, are never touched.
 """
 
 from __future__ import annotations
@@ -117,10 +119,11 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
 
     found = _remove_labelled_containers(problems, names)
     orphans: dict[str, list[str]] = {}
+    mine = naming.state_id()
     for ns in netns.list_all():
         try:
             with Rtnl.open(ns) as rt:
-                owner = naming.testbed_of_tag(rt.lo_alias())
+                owner = naming.testbed_of_tag(rt.lo_alias(), mine)
         except TestbedError:
             continue
         if owner and (names is None or owner in names):

@@ -159,3 +159,28 @@ def test_runs_under_faults_unwritable_out_and_a_second_run_on_a_busy_testbed(cle
         assert run(["pgrep", "-f", "workloads.train"]).stdout == "", "ranks left running"
     finally:
         assert cli("down", "flt").returncode == 0
+
+
+def test_down_all_removes_exactly_what_this_state_directory_owns(clean_kernel, tmp_path):
+    other = {"TESTBED_STATE_DIR": str(tmp_path / "other-state")}
+    a, b = tmp_path / "oa.yaml", tmp_path / "ob.yaml"
+    a.write_text(yaml.safe_dump(dumbbell("oa")))
+    b.write_text(yaml.safe_dump(dumbbell("ob")))
+    assert run(["ip", "netns", "add", "foreign1"]).returncode == 0
+    try:
+        assert cli("up", str(a)).returncode == 0               # ours, with its exporter
+        assert cli("up", str(b), env=other).returncode == 0    # another state directory's
+        state = Path(os.environ["TESTBED_STATE_DIR"])
+        import shutil
+
+        shutil.rmtree(state / "oa")  # our ledger is lost: tags and the target file remain
+        r = cli("down", "--all", "--json")
+        assert r.returncode == 0, r.stderr
+        assert '"oa"' in r.stdout and "ob" not in r.stdout
+        left = run(["ip", "netns", "list"]).stdout
+        assert "oa" not in left.split() and "ob" in left.split() and "foreign1" in left
+        assert not (state / "targets" / "testbed-oa.json").exists()
+        assert (tmp_path / "other-state" / "targets" / "testbed-ob.json").exists(), "the other exporter runs on"
+    finally:
+        cli("down", "--all", env=other)
+        run(["ip", "netns", "del", "foreign1"])

@@ -141,3 +141,17 @@ def test_a_damaged_ledger_line_does_not_hide_the_entries_after_it(tmp_path, monk
     got = [e["ns"] for e in led.entries(damaged)]
     assert got == ["tb.w0", "tb.w1"]
     assert len(damaged) == 1 and "line 2" in damaged[0]
+
+
+def test_ownership_tags_name_the_state_directory():
+    from testbed import naming
+
+    mine, other = naming.state_id("/srv/a"), naming.state_id("/srv/b")
+    t = naming.tag("tb", mine)
+    assert t == f"testbed:tb@{mine}" and mine != other
+    assert naming.testbed_of_tag(t, mine) == "tb"
+    assert naming.testbed_of_tag(t, other) is None  # another state directory's testbed
+    assert naming.testbed_of_tag("something else", mine) is None
+    # a tag from before state ids: the default state directory's
+    assert naming.testbed_of_tag("testbed:old", naming.state_id(naming.DEFAULT_STATE)) == "old"
+    assert naming.testbed_of_tag("testbed:old", mine) is None
