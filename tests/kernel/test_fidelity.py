@@ -18,11 +18,14 @@ pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 n
 @pytest.mark.parametrize("rate", ["100mbit", "500mbit", "1gbit"])
 def test_tcp_goodput_matches_configured_rate(clean_kernel, rate):
     with Testbed.up(load_topology_dict(dumbbell(name="fid", rate=rate))) as tb:
-        res = iperf3(tb, 3, "-O", "1")
-        goodput = res["end"]["sum_received"]["bits_per_second"]
-        ratio = goodput / Rate.parse(rate).bps
-        print(f"{rate}: goodput {goodput / 1e6:.1f} Mbit/s = {ratio:.3f} of the rate")
-        assert 0.90 <= ratio <= 1.0
+        ratios = []
+        # CPU noise on a 2-core machine can only lower goodput (0.825 of 1 Gbit seen once in
+        # CI, 0.95 otherwise), so up to three tries; none may exceed the rate
+        while len(ratios) < 3 and (not ratios or max(ratios) < 0.90):
+            res = iperf3(tb, 3, "-O", "1")
+            ratios.append(res["end"]["sum_received"]["bits_per_second"] / Rate.parse(rate).bps)
+        print(f"{rate}: goodput/rate {', '.join(f'{r:.3f}' for r in ratios)}")
+        assert 0.90 <= max(ratios) <= 1.0
 
 
 def test_link_set_takes_effect_within_a_second_on_a_running_flow(clean_kernel):
