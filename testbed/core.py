@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import __version__, procs
+from . import __version__, naming, procs
 from .apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
 from .backends import BACKENDS
 from .backends import get as get_backend
@@ -69,6 +69,11 @@ class Testbed:
         self.egress: dict[tuple[int, str], Endpoint] = {
             (int(k.split("/")[0]), k.split("/")[1]): Endpoint(**v) for k, v in state["egress"].items()
         }
+        # the state file is untrusted input: every namespace it names must be this testbed's
+        for ns in [n.netns for n in self.nodes.values()] + [e.ns for e in self.egress.values()]:
+            if not naming.owned_namespace(self.name, ns):
+                raise StateError(f"the state of testbed '{self.name}' names namespace {ns!r}, which it cannot own",
+                                 f"`testbed down {self.name}` removes what its ledger lists")
         self._owned = False
 
     # ------------------------------------------------------------------ building

@@ -31,13 +31,27 @@ def state_root() -> Path:
     return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) readable by root only; refuse a symlink or a
+    directory someone else owns, where the state of a root tool must not live."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"{path} is not a directory (a symlink?)", "remove it; testbed makes its own")
+    if st.st_uid != os.geteuid():
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to us", "remove it, or set TESTBED_STATE_DIR")
+    return path
+
+
 @contextlib.contextmanager
 def global_lock(timeout: float = 120.0) -> Iterator[None]:
     """Serialise mutations (up, down, link set) across processes."""
     root = state_root()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        private_dir(root)
+        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except PermissionError:
         raise TestbedError(f"cannot write the state directory {root}", "run as root (sudo testbed ...)") from None
     deadline = time.monotonic() + timeout
@@ -84,7 +98,8 @@ class Ledger:
     # ----------------------------------------------------------- writing
     def create(self) -> None:
         """Start a new ledger; refuses if one exists (the name is up or half up)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_root())
+        private_dir(self.dir)
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         except FileExistsError:
@@ -139,7 +154,8 @@ class Ledger:
     def write_state(self, state: dict) -> None:
         from .files import write_json
 
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_root())
+        private_dir(self.dir)
         write_json(self.state_path, state, indent=1)
 
     def remove(self) -> None:

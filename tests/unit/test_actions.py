@@ -155,3 +155,23 @@ def test_ownership_tags_name_the_state_directory():
     # a tag from before state ids: the default state directory's
     assert naming.testbed_of_tag("testbed:old", naming.state_id(naming.DEFAULT_STATE)) == "old"
     assert naming.testbed_of_tag("testbed:old", mine) is None
+
+
+def test_state_directories_are_private_and_never_a_symlink(tmp_path, monkeypatch):
+    import os
+    import stat as st
+
+    from testbed.ledger import Ledger
+
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    led = Ledger("tb")
+    led.create()
+    led.close()
+    for d in (tmp_path / "state", tmp_path / "state" / "tb"):
+        assert st.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "state" / "ln").symlink_to(elsewhere)
+    with pytest.raises(StateError, match="not a directory"):
+        Ledger("ln").write_state({})
+    assert list(elsewhere.iterdir()) == []
