@@ -143,7 +143,7 @@ def up(
 @app.command()
 def down(
     name: Optional[str] = typer.Argument(None, help="Testbed name (default: the only one that is up)."),
-    all_: bool = typer.Option(False, "--all", help="Remove every testbed, and any namespace tagged as testbed's."),
+    all_: bool = typer.Option(False, "--all", help="Remove every testbed of this state directory, and what its lost ledgers left (tagged namespaces, labelled containers)."),
     as_json: bool = JsonOpt,
 ):
     """Remove a testbed: every namespace, link, bridge, qdisc and process it created."""
