@@ -46,9 +46,14 @@ def register(cls: type["Action"]) -> type["Action"]:
     return cls
 
 
+_BACKENDS_LOADED = False
+
+
 def registered() -> dict[str, type["Action"]]:
+    global _BACKENDS_LOADED
     from . import backends  # noqa: F401  backends register their own action classes
 
+    _BACKENDS_LOADED = True
     return dict(_REGISTRY)
 
 
@@ -90,7 +95,9 @@ def from_dict(d: object) -> Action:
     """The action a ledger entry describes; StateError naming the problem otherwise."""
     if not isinstance(d, dict) or not isinstance(d.get("action"), str):
         raise StateError(f"ledger entry {str(d)[:80]!r} names no action")
-    cls = registered().get(d["action"])
+    if not _BACKENDS_LOADED:
+        registered()  # once: backends register their own action classes on import
+    cls = _REGISTRY.get(d["action"])
     if cls is None:
         raise StateError(f"ledger entry names an unknown action {d['action']!r}")
     kwargs = {}

@@ -100,7 +100,7 @@ class Testbed:
         plan = make_plan(topology, choose_subnet(topology, host_routes()))
         for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
             nodes = [w for w in topology.workers if w.backend == name]
-            if nodes and hasattr(backend, "preflight"):
+            if nodes:
                 backend.preflight(nodes)
         taken = [ns for ns in plan.namespaces if netns.exists(ns)]
         if taken:

@@ -128,7 +128,7 @@ class Launcher:
                 elif rc != 0:
                     self.stop()
                     how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-                    why = getattr(self.tb.backend(r.node), "why_stopped", lambda info: None)(self.tb.node(r.node))
+                    why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
                     if why:
                         how += f": {why}"
                     raise RankFailed(f"rank {r.rank} (node {r.node}) {how}; the other ranks were stopped. "

@@ -42,6 +42,13 @@ class Backend(abc.ABC):
         """The topology-file form of validated options (``validate(export(o)) == o``)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in options}
 
+    def preflight(self, nodes) -> None:
+        """Checks before anything is created (e.g. an engine reachable, images present)."""
+
+    def why_stopped(self, info) -> str | None:
+        """Why a process in this node may have died beyond its own doing (e.g. the node is gone)."""
+        return None
+
     @abc.abstractmethod
     def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
         """Actions that create the node and its network namespace ``ns`` (tagged ``tag``)."""
