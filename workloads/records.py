@@ -51,6 +51,8 @@ SUMMARY_FIELDS = {
     "mean_payload_bytes": "mean over ranks and iterations of payload bytes per iteration",
     "final_payload_bytes": "mean over ranks of the last iteration's payload bytes",
     "dense_bytes": "bytes of all gradients (what allreduce sends per iteration)",
+    "kept_fraction": "prunex: fraction of the pruned layers' weights kept at the end (else null)",
+    "placement": "domains of ranks (groups, names, hosts): switches under testbed, machines under torchrun",
 }
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads import data, pruning, records, schemes
+from workloads import data, placement, pruning, records, schemes
 from workloads.checkpoint import CheckpointError, load_into
 from workloads.models import MODELS, build_model
 
@@ -70,6 +70,15 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     p.add_argument("--terngrad-clip", type=float, default=2.5, help="terngrad: clip to N std deviations (0: off)")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--powersgd-start-iter", type=int, default=10)
+    p.add_argument("--spardl-density", type=float, default=0.01,
+                   help="spardl: fraction of each block's entries sent (the paper's experiments: 0.01)")
+    p.add_argument("--spardl-teams", default="auto",
+                   help="spardl: 1 (one team, as the published code), switch (a team per switch) or auto")
+    p.add_argument("--prunex-sparsity", type=float, default=0.5, help="prunex: fraction of output channels removed")
+    p.add_argument("--prunex-rho", type=float, default=0.1, help="prunex: ADMM penalty weight")
+    p.add_argument("--prunex-admm-every", type=int, default=10, help="prunex: iterations between Z/U updates")
+    p.add_argument("--prunex-prune-at", type=float, default=0.3,
+                   help="prunex: fraction of the run after which channel masks are fixed")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                    help="auto: nccl when CUDA is available, else gloo")
@@ -194,6 +203,18 @@ def _prepare(args):
         raise ValueError(f"--topk-ratio must be in (0, 1], got {args.topk_ratio}")
     if args.powersgd_start_iter < 2:
         raise ValueError(f"--powersgd-start-iter must be >= 2, got {args.powersgd_start_iter}")
+    if not 0 < args.spardl_density <= 1:
+        raise ValueError(f"--spardl-density must be in (0, 1], got {args.spardl_density}")
+    if args.spardl_teams not in ("1", "switch", "auto"):
+        raise ValueError(f"--spardl-teams must be 1, switch or auto, got {args.spardl_teams!r}")
+    if not 0 <= args.prunex_sparsity < 1:
+        raise ValueError(f"--prunex-sparsity must be in [0, 1), got {args.prunex_sparsity}")
+    if not (math.isfinite(args.prunex_rho) and args.prunex_rho >= 0):
+        raise ValueError(f"--prunex-rho must be a number >= 0, got {args.prunex_rho}")
+    if args.prunex_admm_every < 1:
+        raise ValueError(f"--prunex-admm-every must be >= 1, got {args.prunex_admm_every}")
+    if not 0 <= args.prunex_prune_at <= 1:
+        raise ValueError(f"--prunex-prune-at is a fraction of the run in [0, 1], got {args.prunex_prune_at}")
     return scheme, data.load(args.dataset, args.data_dir)
 
 
@@ -255,14 +276,6 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             total = sum(m.numel() for m in masks.values())
             print(f"pruned {total - kept}/{total} conv/linear weights ({args.prune_method})")
 
-    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_cap_mb, forward_sync_buffers=False)
-    opts = schemes.SchemeOptions(device=str(device), seed=args.seed, topk_ratio=args.topk_ratio,
-                                 powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
-                                 terngrad_clip=args.terngrad_clip, ternary=args.ternary, stable_iters=args.stable_iters)
-    state = scheme.attach(ddp, opts, masks)
-    timers = DDPTimes(ddp)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     per_epoch = data.iterations_per_epoch(ds, world, args.batch_size)
     if per_epoch == 0:
         raise ValueError(f"--batch-size {args.batch_size} x {world} ranks exceeds the "
@@ -270,6 +283,21 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     total = math.ceil(args.epochs * per_epoch)
     if args.max_iters:
         total = min(total, args.max_iters)
+    where = placement.discover()
+    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_cap_mb, forward_sync_buffers=False)
+    opts = schemes.SchemeOptions(device=str(device), seed=args.seed, topk_ratio=args.topk_ratio,
+                                 powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
+                                 terngrad_clip=args.terngrad_clip, ternary=args.ternary, stable_iters=args.stable_iters,
+                                 placement=where, total_iters=total, spardl_density=args.spardl_density,
+                                 spardl_teams=args.spardl_teams, prunex_sparsity=args.prunex_sparsity,
+                                 prunex_rho=args.prunex_rho, prunex_admm_every=args.prunex_admm_every,
+                                 prunex_prune_at=args.prunex_prune_at)
+    state = scheme.attach(ddp, opts, masks)
+    before_step = getattr(state, "before_step", None)
+    after_step = getattr(state, "after_step", None)
+    timers = DDPTimes(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, total) if args.lr_schedule == "cosine" else None)
     eval_every = args.eval_every or per_epoch
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -281,7 +309,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             records.write_json(out / "config.json", {
                 "args": vars(args), "world_size": world, "backend": backend, "iterations": total,
                 "iterations_per_epoch": per_epoch, "dense_bytes": dense_bytes,
-                "torch": torch.__version__, "device": str(device),
+                "torch": torch.__version__, "device": str(device), "placement": where.to_dict(),
                 "fields": {"iteration": records.ITER_FIELDS, "eval": records.EVAL_FIELDS}})
     it_log = records.JsonlWriter(out / f"rank{rank}.jsonl") if out else None
     ev_log = records.JsonlWriter(out / "eval.jsonl") if out and rank == 0 else None
@@ -302,7 +330,11 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(ddp(x), y)
             loss.backward()  # DDP's hooks communicate; returns when all buckets are reduced
+            if before_step:
+                before_step()
             opt.step()
+            if after_step:
+                after_step(opt)
             if sched:
                 sched.step()
             loss_v = loss.item()  # synchronises the device
@@ -353,7 +385,11 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             "mean_payload_bytes": float(pay[0] / pay[1]), "final_payload_bytes": float(pay[2] / world),
             "dense_bytes": dense_bytes, "prune_ratio": args.prune_ratio if scheme.prunes else None,
             "ternary": args.ternary if scheme.name == "pactrain" else None,
-            "topk_ratio": args.topk_ratio if scheme.name == "topk" else None})
+            "topk_ratio": args.topk_ratio if scheme.name == "topk" else None,
+            "spardl_density": args.spardl_density if scheme.name == "spardl" else None,
+            "prunex_sparsity": args.prunex_sparsity if scheme.name == "prunex" else None,
+            "kept_fraction": state.kept_fraction() if hasattr(state, "kept_fraction") else None,
+            "placement": where.to_dict()})
     for log in (it_log, ev_log):
         if log:
             log.close()

@@ -42,13 +42,20 @@ class Result:
 
 
 def train(world: int, out: Path, *args: str, module: str = "workloads.train", timeout: float = 300,
-          env: dict | None = None) -> Result:
+          env: dict | None = None, domains: list[int] | None = None) -> Result:
+    """``domains``: sizes of the switch domains (ranks in order), told to each rank as
+    testbed run does (GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, TESTBED_SWITCH)."""
     port = free_port()
     procs, logs = [], []
+    where = [(g, i, n) for g, n in enumerate(domains or []) for i in range(n)]
+    assert not domains or len(where) == world
     for r in range(world):
         e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                  **(env or {}))
+        if domains:
+            g, i, n = where[r]
+            e.update(GROUP_RANK=str(g), LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(n), TESTBED_SWITCH=f"s{g + 1}")
         log = out.parent / f"{out.name}.rank{r}.log"
         logs.append(log)
         f = open(log, "w")

@@ -37,6 +37,29 @@ class BucketKeys:
         return key
 
 
+def bucket_residual(state, key: tuple, bucket, buf: torch.Tensor) -> torch.Tensor:
+    """The bucket's error-feedback residual (``state.residuals``: bucket key -> tensor,
+    ``state.where``: id(parameter) -> (key, offset, length)); a new bucket takes over its
+    parameters' residuals from the old ones (DDP rebuilds its buckets after iteration 1)."""
+    residual = state.residuals.get(key)
+    if residual is not None:
+        return residual
+    residual = state.residuals[key] = torch.zeros_like(buf)
+    base, size = buf.data_ptr(), buf.element_size()
+    left = set()
+    for p, g in zip(bucket.parameters(), bucket.gradients()):  # gradients are views into buf
+        off, n = (g.data_ptr() - base) // size, g.numel()
+        old = state.where.get(id(p))
+        if old is not None:
+            okey, ooff, _ = old
+            residual[off:off + n] = state.residuals[okey][ooff:ooff + n]
+            left.add(okey)
+        state.where[id(p)] = (key, off, n)
+    for okey in left - {k for k, _, _ in state.where.values()}:
+        del state.residuals[okey]  # every parameter of that old bucket has moved
+    return residual
+
+
 def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Stochastic ternary quantisation: sign(x) * Bernoulli(|x| / scale), as int8.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ._common import Accounting, BucketKeys
+from ._common import Accounting, BucketKeys, bucket_residual
 
 
 @dataclass
@@ -35,32 +35,11 @@ class TopKState(Accounting):
     """Parameter identity -> (bucket key, offset, length) of its residual now."""
 
 
-def _residual(state: TopKState, key: tuple, bucket, buf: torch.Tensor) -> torch.Tensor:
-    """The bucket's residual; a new bucket takes over its parameters' residuals from the old ones."""
-    residual = state.residuals.get(key)
-    if residual is not None:
-        return residual
-    residual = state.residuals[key] = torch.zeros_like(buf)
-    base, size = buf.data_ptr(), buf.element_size()
-    left = set()
-    for p, g in zip(bucket.parameters(), bucket.gradients()):  # gradients are views into buf
-        off, n = (g.data_ptr() - base) // size, g.numel()
-        old = state.where.get(id(p))
-        if old is not None:
-            okey, ooff, _ = old
-            residual[off:off + n] = state.residuals[okey][ooff:ooff + n]
-            left.add(okey)
-        state.where[id(p)] = (key, off, n)
-    for okey in left - {k for k, _, _ in state.where.values()}:
-        del state.residuals[okey]  # every parameter of that old bucket has moved
-    return residual
-
-
 def topk_hook(state: TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
     group = state.process_group
     world = dist.get_world_size(group)
-    residual = _residual(state, state.keys(bucket), bucket, buf)
+    residual = bucket_residual(state, state.keys(bucket), bucket, buf)
     acc = residual.add_(buf)  # gradient + what earlier iterations did not send
     n = acc.numel()
     k = max(1, math.ceil(state.ratio * n))
