@@ -30,7 +30,7 @@ from . import __version__
 from .core import DIRECTIONS, Testbed, list_testbeds
 from .ledger import Ledger, global_lock
 from .errors import TestbedError
-from .launch import Launcher, RankFailed
+from .launch import Launcher, RankFailed, placement
 from .files import JsonlTail, read_jsonl, write_json
 from .topology import SHIPPED_DIR, Link, load_topology
 from .units import Rate
@@ -242,8 +242,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                    "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
         write_json(run_dir / "run.json", {
             "run_id": run_id, "request": request, "bottlenecks": shapes,
-            "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu}
-                        for w in tb.workers],
+            "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu,
+                         "switch": seat.switch} for w, seat in zip(tb.workers, placement(tb.topology))],
             "testbed_version": __version__, "code_version": _code_version()})
         write_json(run_dir / "topology.json", tb.topology.to_dict())
 

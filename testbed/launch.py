@@ -6,6 +6,12 @@ NCCL_SOCKET_IFNAME name the node's data-plane interface, NCCL is told to use TCP
 only (no InfiniBand, peer-to-peer or shared memory, a distinct host id per node), and
 CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``. Output goes to ``rank{R}.log``.
 
+Every rank is also told where it sits (``placement``), in torchrun's variables with a
+"node" being the switch the worker hangs off: GROUP_RANK (the switch's index, switches
+numbered in the order of their lowest rank), LOCAL_RANK and LOCAL_WORLD_SIZE (the rank's
+place in and the size of that switch's group), plus TESTBED_SWITCH, TESTBED_HOST and
+TESTBED_PLACEMENT (the run's placement.json). ``workloads.placement`` reads them.
+
 A rank that exits non-zero or is killed ends the run at once; so does a run in which no
 rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
 others are stopped (SIGTERM, then SIGKILL), and the error names the rank and shows the
@@ -14,6 +20,7 @@ tail of its log.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,8 +74,54 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
 
 
+@dataclass(frozen=True)
+class Seat:
+    """Where one rank sits: its switch domain and its place in it."""
+
+    rank: int
+    node: str
+    switch: str
+    """The switch the worker's link reaches (the worker's own name if it reaches no switch)."""
+    group_rank: int
+    local_rank: int
+    local_world_size: int
+    host: str = "local"
+
+    def env(self) -> dict[str, str]:
+        return {"GROUP_RANK": str(self.group_rank), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "TESTBED_SWITCH": self.switch,
+                "TESTBED_HOST": self.host}
+
+
+def placement(topology) -> list[Seat]:
+    """A seat per worker, in rank order (rank r = topology.workers[r])."""
+    workers = topology.workers
+    switches = {n.name for n in topology.switches}
+    domain_of = []
+    for w in workers:
+        link = topology.worker_link(w.name)
+        other = link.b if link.a == w.name else link.a
+        domain_of.append(other if other in switches else w.name)
+    order = list(dict.fromkeys(domain_of))  # first appearance = lowest rank
+    seats = []
+    for rank, (w, d) in enumerate(zip(workers, domain_of)):
+        members = [r for r, x in enumerate(domain_of) if x == d]
+        seats.append(Seat(rank, w.name, d, order.index(d), members.index(rank), len(members)))
+    return seats
+
+
+def placement_dict(seats: Sequence[Seat]) -> dict:
+    """placement.json: the domains as workloads.placement builds them, and every rank's seat."""
+    order = list(dict.fromkeys(s.switch for s in seats))
+    return {"groups": [[s.rank for s in seats if s.switch == d] for d in order], "names": order,
+            "hosts": [next(s.host for s in seats if s.switch == d) for d in order],
+            "ranks": [{"rank": s.rank, "node": s.node, "switch": s.switch, "group_rank": s.group_rank,
+                       "local_rank": s.local_rank, "local_world_size": s.local_world_size, "host": s.host}
+                      for s in seats]}
+
+
 def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, gpu: int | None,
-             threads: int, base: dict | None = None) -> dict[str, str]:
+             threads: int, base: dict | None = None, seat: Seat | None = None) -> dict[str, str]:
     """The environment of one rank: torchrun's variables plus data-plane pinning."""
     env = dict(os.environ if base is None else base)
     env.update({
@@ -82,6 +135,8 @@ def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, 
         "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
         "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
     })
+    if seat is not None:
+        env.update(seat.env())
     return env
 
 
@@ -96,16 +151,22 @@ class Launcher:
         self.extra_env = extra_env or {}
         self.mounts = [run_dir.resolve(), *mounts]
         self.ranks: list[RankProc] = []
+        self.seats = placement(tb.topology)
 
     def start(self) -> None:
         workers = self.tb.workers
         world = len(workers)
         threads = max(1, (os.cpu_count() or 1) // world)
         master = workers[0].address
+        where = self.run_dir / "placement.json"
+        where.write_text(json.dumps(placement_dict(self.seats), indent=1) + "\n")
         for w in workers:
             backend = self.tb.backend(w.name)
+            seat = self.seats[w.rank]
+            assert seat.node == w.name, (seat, w.name)
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
-                           gpu=w.gpu, threads=threads, base=backend.environment(w))
+                           gpu=w.gpu, threads=threads, base=backend.environment(w), seat=seat)
+            env["TESTBED_PLACEMENT"] = str(where.resolve())
             env.update(self.extra_env)
             log = self.run_dir / f"rank{w.rank}.log"
             argv = procs.python_argv(*self.argv, python=backend.python(w))

@@ -19,10 +19,16 @@ not a silent wrong hierarchy.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
+
+MAX_NAME = 64
+"""Longest switch or host name accepted from the environment (bytes)."""
+_SLOT = 256
 
 
 class PlacementError(ValueError):
@@ -85,9 +91,28 @@ def discover(group=None) -> Placement:
     mine = (_int_env("GROUP_RANK", 0), _int_env("LOCAL_RANK", 0) if "GROUP_RANK" in os.environ else rank,
             _int_env("LOCAL_WORLD_SIZE", world) if "GROUP_RANK" in os.environ else world,
             os.environ.get("TESTBED_SWITCH") or "", os.environ.get("TESTBED_HOST") or "local")
-    seen: list = [None] * world
-    dist.all_gather_object(seen, mine, group=group)
-    return build(rank, seen)
+    for what, name in ((mine[3], "TESTBED_SWITCH"), (mine[4], "TESTBED_HOST")):
+        if len(what.encode()) > MAX_NAME:
+            raise PlacementError(f"{name} is longer than {MAX_NAME} bytes")
+    # JSON in a fixed-size byte tensor, not all_gather_object: nothing a peer sends is unpickled
+    raw = json.dumps(mine).encode()
+    mine_t = torch.zeros(_SLOT, dtype=torch.uint8)
+    mine_t[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        mine_t = mine_t.cuda()
+    slots = [torch.zeros_like(mine_t) for _ in range(world)]
+    dist.all_gather(slots, mine_t, group=group)
+    return build(rank, [_decode(bytes(t.cpu().tolist()), r) for r, t in enumerate(slots)])
+
+
+def _decode(raw: bytes, rank: int) -> tuple[int, int, int, str, str]:
+    try:
+        g, local, size, switch, host = json.loads(raw.rstrip(b"\0").decode())
+        assert all(type(x) is int for x in (g, local, size)) and all(type(x) is str for x in (switch, host))
+    except (ValueError, TypeError, AssertionError):
+        raise PlacementError(f"rank {rank} sent an unreadable placement") from None
+    return g, local, size, switch, host
 
 
 def build(rank: int, seen: list[tuple[int, int, int, str, str]]) -> Placement:

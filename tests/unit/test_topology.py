@@ -180,3 +180,27 @@ def test_duplicate_yaml_keys_are_errors_naming_the_key_and_line(tmp_path):
 def test_testbed_names_match_in_full_and_never_name_state_folders(name):
     with pytest.raises(TopologyError):
         load_topology_dict({**mutate(lambda d: None), "name": name})
+
+
+def test_placement_groups_workers_by_the_switch_they_hang_off():
+    from testbed.launch import placement, placement_dict, rank_env
+    from workloads import placement as wp
+
+    three = load_topology(Path("testbed/topologies/three_switch.yaml"))
+    seats = placement(three)
+    assert [(s.node, s.switch, s.group_rank, s.local_rank, s.local_world_size) for s in seats] == \
+        [(f"w{r}", "s1" if r < 4 else "s2", r // 4, r % 4, 4) for r in range(8)]
+    d = placement_dict(seats)
+    assert d["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and d["names"] == ["s1", "s2"]
+    # what the ranks build from these variables is the same placement
+    envs = [rank_env(rank=s.rank, world=8, node=s.node, iface="eth0", master_addr="10.0.0.1", gpu=None,
+                     threads=1, base={}, seat=s) for s in seats]
+    seen = [(int(e["GROUP_RANK"]), int(e["LOCAL_RANK"]), int(e["LOCAL_WORLD_SIZE"]), e["TESTBED_SWITCH"],
+             e["TESTBED_HOST"]) for e in envs]
+    built = wp.build(5, seen)
+    assert [list(g) for g in built.groups] == d["groups"] and list(built.names) == d["names"]
+    # two workers wired to each other: each is a domain of its own
+    t = load_topology_dict({"name": "pair", "nodes": {"a": {"kind": "worker"}, "b": {"kind": "worker"}},
+                            "links": [{"endpoints": ["b", "a"]}]})
+    assert [(s.node, s.switch, s.group_rank, s.local_rank) for s in placement(t)] == [("a", "a", 0, 0),
+                                                                                   ("b", "b", 1, 0)]
