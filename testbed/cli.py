@@ -416,7 +416,7 @@ def _with_workload_options(fn):
 @_with_workload_options
 def run(
     ctx: typer.Context,
-    scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad or pactrain."),
+    scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad, pactrain, spardl, prunex or hier-allreduce."),
     bw: Optional[str] = typer.Option(None, "--bw", help="Rate of the bottleneck links for this run, e.g. 100mbit."),
     topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),

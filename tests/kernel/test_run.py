@@ -184,3 +184,38 @@ def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel)
     slow = next(r for r in rep["rows"] if r["bw"] == "100mbit" and r["scheme"] == "allreduce")
     fast = next(r for r in rep["rows"] if r["bw"] == "400mbit" and r["scheme"] == "allreduce")
     assert slow["mean_iter_s"] > fast["mean_iter_s"], "the bottleneck rate shows in the iteration time"
+
+
+def test_placement_aware_schemes_across_three_switch(tmp_path, clean_kernel):
+    """8 ranks behind two edge switches: each rank is told its switch, and what crosses the
+    shaped uplinks per iteration orders the schemes as their designs say."""
+    topo = yaml.safe_load((ROOT / "testbed" / "topologies" / "three_switch.yaml").read_text())
+    topo["name"] = "rplace"
+    path = _topology(tmp_path, topo)
+    cli_json("up", str(path))
+    per_iter = {}
+    try:
+        for scheme in ("allreduce", "hier-allreduce", "prunex", "spardl"):
+            r = cli("run", scheme, "--testbed", "rplace", "--bw", "500mbit", "--out", str(tmp_path / "runs"),
+                    "--max-iters", "10", "--eval-every", "10", "--json", "--", "--prunex-prune-at", "0.2",
+                    timeout=600)
+            assert r.returncode == 0, r.stdout + r.stderr
+            s = json.loads(r.stdout)
+            assert s["status"] == "ok" and s["world_size"] == 8 and s["iterations"] == 10, s
+            d = Path(s["run_dir"])
+            told = json.loads((d / "placement.json").read_text())
+            assert told["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and told["names"] == ["s1", "s2"]
+            seen = json.loads((d / "summary.json").read_text())["placement"]
+            assert seen["groups"] == told["groups"] and seen["names"] == told["names"], "ranks built the topology's"
+            workers = json.loads((d / "run.json").read_text())["workers"]
+            assert [w["switch"] for w in workers] == ["s1"] * 4 + ["s2"] * 4
+            per_iter[scheme] = s["bottleneck"]["bytes_per_iteration"]
+    finally:
+        cli("down", "rplace")
+    print("bottleneck bytes per iteration:", per_iter)
+    # leaders alone cross the uplinks (a flat all-reduce's ring crosses them twice per direction)
+    assert per_iter["hier-allreduce"] < 0.8 * per_iter["allreduce"]
+    # prunex: the same hierarchy, and after iteration 2 only the kept half of the channels
+    assert per_iter["prunex"] < 0.8 * per_iter["hier-allreduce"]
+    # spardl: blocks of 1 % of the entries (value + index)
+    assert per_iter["spardl"] < 0.2 * per_iter["allreduce"]
