@@ -1,7 +1,10 @@
-"""The PacTrain paper's comparison (Fig. 3) on the emulated three-switch testbed, CPU-sized.
+"""The papers' comparisons on the emulated three-switch testbed, CPU-sized.
 
-    sudo python -m benchmarks.paper_sweep [--epochs 8] [--target-acc 0.92] [--out runs/paper]
+    sudo python -m benchmarks.paper_sweep [--sections pactrain,prunex,spardl] [--epochs 8]
+                                          [--target-acc 0.92] [--out runs/paper]
     python -m benchmarks.paper_sweep --analyse runs/paper/sweep-...   (re-read, no runs)
+
+Section ``pactrain`` (the PacTrain paper's Fig. 3):
 
 Runs ``testbed sweep`` (8 gloo ranks on topologies/three_switch.yaml, the CNN on the bundled
 digits set, one shared pre-trained checkpoint) for allreduce, fp16, topk and pactrain at
@@ -16,22 +19,41 @@ iteration on the busiest bottleneck direction (measured from its tc counters ove
 run; eval and start-up traffic included). The bound on PacTrain's iteration-time speedup
 is (C + W_allreduce / R) / (C + W_pactrain / R); the benchmark reports the measured
 speedup as a fraction of it (target >= 0.9 at 100 Mbit).
+
+Section ``prunex`` (PruneX's claim: about 60 % less inter-node traffic than a flat dense
+all-reduce): allreduce, hier-allreduce and prunex on three_switch at ``--prunex-bw``; it
+prints the bytes per iteration on the switches' uplinks (tc counters, all directions) of
+prunex relative to allreduce and to hier-allreduce (hierarchy's gain apart from pruning's),
+with iteration time and time to accuracy.
+
+Section ``spardl`` (SparDL's claim: up to 4.9x faster than sparse all-reduce baselines,
+more so as ranks grow): spardl and topk (the top-k all-gather baseline) at the same
+density on 2, 4 and 8 workers split over two edge switches (three_switch's shape, fewer
+workers) at ``--spardl-bw``; it prints per-rank wire bytes per iteration (tx counters of
+each rank's interface) and iteration time, and topk / spardl for both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from testbed.report import RunData, find_runs, table
 from testbed.units import Rate
 
 SHAPED = ("100mbit", "500mbit", "1gbit")
 FREE = "10gbit"
+PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5", "pactrain 0.5 ternary")
+SCALE = (2, 4, 8)
+SECTIONS = ("pactrain", "prunex", "spardl")
+THREE = Path(__file__).resolve().parents[1] / "testbed" / "topologies" / "three_switch.yaml"
 
 
 def _testbed() -> list[str]:
@@ -49,6 +71,19 @@ def sweep(out: Path, schemes: str, bws: str, args: argparse.Namespace, *extra: s
     return Path(json.loads(p.stdout)["dir"])
 
 
+def scaled_topology(n: int, where: Path) -> Path:
+    """three_switch with n workers, half behind each edge switch (named scale<n>)."""
+    t = yaml.safe_load(THREE.read_text())
+    t["name"] = f"scale{n}"
+    workers = [f"w{i}" for i in range(n)]
+    t["nodes"] = {k: v for k, v in t["nodes"].items() if v.get("kind") == "switch" or k in workers}
+    t["links"] = ([{"endpoints": [w, "s1" if i < n // 2 else "s2"]} for i, w in enumerate(workers)]
+                  + [l for l in t["links"] if not str(l["endpoints"][0]).startswith("w")])
+    path = where / f"scale{n}.yaml"
+    path.write_text(yaml.safe_dump(t, sort_keys=False))
+    return path
+
+
 def busiest_bytes_per_iter(r: RunData) -> float:
     links = r.summary["bottleneck"]["links"]
     return max(v["bytes"] for v in links.values()) / r.summary["iterations"]
@@ -57,22 +92,97 @@ def busiest_bytes_per_iter(r: RunData) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("runs/paper"))
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     p.add_argument("--epochs", type=float, default=8)
     p.add_argument("--target-acc", type=float, default=0.92)
+    p.add_argument("--prunex-bw", default="100mbit")
+    p.add_argument("--spardl-bw", default="100mbit")
     p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
     args = p.parse_args()
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    if not sections or set(sections) - set(SECTIONS):
+        p.error(f"--sections: choose from {', '.join(SECTIONS)}")
 
     if args.analyse:
         dirs = args.analyse
     else:
-        dirs = [sweep(args.out, "allreduce,fp16,topk,pactrain", ",".join(SHAPED), args),
-                sweep(args.out, "pactrain", ",".join(SHAPED), args, "--ternary"),
-                sweep(args.out, "allreduce,pactrain", FREE, args)]
+        dirs = []
+        if "pactrain" in sections:
+            dirs += [sweep(args.out, "allreduce,fp16,topk,pactrain", ",".join(SHAPED), args),
+                     sweep(args.out, "pactrain", ",".join(SHAPED), args, "--ternary"),
+                     sweep(args.out, "allreduce,pactrain", FREE, args)]
+        if "prunex" in sections:
+            dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", args.prunex_bw, args))
+        if "spardl" in sections:
+            with tempfile.TemporaryDirectory() as tmp:
+                for n in SCALE:
+                    dirs.append(sweep(args.out, "topk,spardl", args.spardl_bw, args,
+                                      "--topology", str(scaled_topology(n, Path(tmp)))))
     runs = [r for r in find_runs(dirs) if r.status == "ok"]
+    print(f"\nsweep dirs: {', '.join(map(str, dirs))}; gloo on CPU, CNN on digits")
+    three = [r for r in runs if r.summary.get("world_size") == 8 and not str(r.summary.get("topology")).startswith("scale")]
+    if "pactrain" in sections:
+        pactrain_section([r for r in three if r.label in PACTRAIN], args)
+    if "prunex" in sections:
+        prunex_section([r for r in three if r.bw == args.prunex_bw], args)
+    if "spardl" in sections:
+        spardl_section([r for r in runs if str(r.summary.get("topology")).startswith("scale")], args)
+
+
+def _x(a, b) -> float:
+    return a / b if a is not None and b else float("nan")
+
+
+def prunex_section(runs: list[RunData], args) -> None:
+    by = {r.label: r for r in runs}
+    print(f"\nPruneX on three_switch at {args.prunex_bw}, 8 ranks (two switches of four); speedup = allreduce / scheme")
+    print(f"{'scheme':<16} {'uplinks MB/iter':>15} {'vs allreduce':>12} {'iter s':>7} {'iter speedup':>12} "
+          f"{'TTA s':>7} {'TTA speedup':>11} {'final acc':>9} {'kept':>5}")
+    base = by.get("allreduce")
+    for label in ("allreduce", "hier-allreduce", "prunex 0.5"):
+        r = by.get(label)
+        if r is None:
+            print(f"{label:<16} (no run)")
+            continue
+        s, b = r.summary, base.summary if base else {}
+        up = s["bottleneck"]["bytes_per_iteration"]
+        tta, btta = r.tta(args.target_acc), base.tta(args.target_acc) if base else None
+        print(f"{label:<16} {up / 1e6:15.3f} {_x(up, b.get('bottleneck', {}).get('bytes_per_iteration')):12.3f} "
+              f"{s['mean_iter_s']:7.3f} {_x(b.get('mean_iter_s'), s['mean_iter_s']):12.2f} "
+              f"{tta if tta is not None else float('nan'):7.1f} {_x(btta, tta):11.2f} {s['final_accuracy']:9.3f} "
+              f"{s.get('kept_fraction') or 1:5.2f}")
+    px, hier = by.get("prunex 0.5"), by.get("hier-allreduce")
+    if px and base and hier:
+        up = {k: v.summary["bottleneck"]["bytes_per_iteration"] for k, v in (("p", px), ("a", base), ("h", hier))}
+        print(f"prunex sends {1 - up['p'] / up['a']:.0%} less over the uplinks than allreduce (paper: about 60 %), "
+              f"{1 - up['p'] / up['h']:.0%} less than hier-allreduce (the pruning's share); "
+              f"hierarchy alone: {1 - up['h'] / up['a']:.0%} less (uplink bytes include start-up and evaluation)")
+
+
+def spardl_section(runs: list[RunData], args) -> None:
+    by = {(r.summary["world_size"], r.summary["scheme"]): r for r in runs}
+    print(f"\nSparDL vs the top-k all-gather at {args.spardl_bw}, workers split over two switches; density 0.01 both")
+    print(f"{'ranks':>5} {'topk wire KB/rank/iter':>22} {'spardl':>8} {'topk/spardl':>11} "
+          f"{'topk iter s':>11} {'spardl':>8} {'topk/spardl':>11} {'topk acc':>8} {'spardl acc':>10}")
+    for n in SCALE:
+        t, d = by.get((n, "topk")), by.get((n, "spardl"))
+        if t is None or d is None:
+            print(f"{n:>5} (missing runs)")
+            continue
+        tw, dw = (x.summary["mean_wire_tx_bytes_per_iteration"] for x in (t, d))
+        ti, di = (x.summary["mean_iter_s"] for x in (t, d))
+        print(f"{n:>5} {tw / 1e3:22.1f} {dw / 1e3:8.1f} {_x(tw, dw):11.2f} {ti:11.3f} {di:8.3f} {_x(ti, di):11.2f} "
+              f"{t.summary['final_accuracy']:8.3f} {d.summary['final_accuracy']:10.3f}")
+
+
+def pactrain_section(runs: list[RunData], args) -> None:
+    if not runs:
+        print("\nno PacTrain runs")
+        return
     rows = table(runs, args.target_acc)
     by = {(r.bw, r.label): r for r in runs}
 
-    print(f"\n8 ranks (gloo, CPU), CNN on digits, three_switch; sweep dirs: {', '.join(map(str, dirs))}")
+    print("\nPacTrain's comparison: 8 ranks, three_switch")
     print(f"target accuracy {rows[0]['target_accuracy']}; speedup = allreduce / scheme (higher is better)\n")
     print(f"{'rate':>8} {'scheme':<22} {'iter s':>7} {'iter speedup':>12} {'TTA s':>7} {'TTA speedup':>11} "
           f"{'final acc':>9} {'payload MB':>10} {'busiest link MB/iter':>20}")

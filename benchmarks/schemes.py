@@ -16,7 +16,15 @@ next to nothing and what remains is the scheme's own work):
 * for PacTrain also the pack/scatter work alone (index_select + zero + index_copy_ over
   its real buckets), timed directly, relative to backward.
 
-    python -m benchmarks.schemes [--model resnet18] [--batch-size 32] [--reps 5]
+    python -m benchmarks.schemes [--model resnet18] [--batch-size 32] [--reps 5] [--ranks 4]
+
+Then the schemes that need other ranks to mean anything (SparDL's rounds, PruneX's and
+hier-allreduce's leaders) in a gloo group of ``--ranks`` processes on this machine, in two
+"switch" domains as testbed run places them, next to allreduce and topk in the same
+group: payload per rank and what leaders send between domains, relative to allreduce's
+payload, and the iteration time (forward, backward with the hooks, step) relative to
+allreduce's. All ranks share this machine's cores, so the times say what the schemes'
+own work costs, not what a network would.
 
 Targets (issue 3): PacTrain's pack/scatter <= 5 % of backward; payload within 1 % of
 (1 - prune ratio) x dense.
@@ -36,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from workloads import pruning, schemes
+from workloads import placement, pruning, schemes
 from workloads.models import build_model
 from workloads.schemes.pactrain import _scatter
 from workloads.train import _free_port
@@ -60,6 +68,75 @@ def _capturing(hook, captured):
     return run
 
 
+GROUPED = {  # label -> (scheme, options): run in a group of --ranks processes
+    "allreduce": ("allreduce", {}),
+    "hier-allreduce": ("hier-allreduce", {}),
+    "prunex 0.5": ("prunex", {"prunex_sparsity": 0.5, "prunex_prune_at": 0.0}),  # masks fixed after iteration 1
+    "topk 0.01": ("topk", {"topk_ratio": 0.01}),
+    "spardl 0.01": ("spardl", {"spardl_density": 0.01}),
+}
+
+
+def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    half = world // 2
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GROUP_RANK=str(rank // half),
+                      LOCAL_RANK=str(rank % half), LOCAL_WORLD_SIZE=str(half), TESTBED_SWITCH=f"s{rank // half + 1}")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    where = placement.discover()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch_size, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (args.batch_size,), generator=g)
+    rows = {}
+    for label, (name, opts) in GROUPED.items():
+        torch.manual_seed(0)
+        ddp = DDP(build_model(args.model, 10), forward_sync_buffers=False)
+        state = schemes.get(name).attach(ddp, schemes.SchemeOptions(placement=where, total_iters=100, **opts), None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        times, payload = [], []
+        inter0 = 0
+        for i in range(args.warmup + args.reps):
+            if i == args.warmup:
+                inter0 = getattr(state, "inter_payload_bytes", 0)
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            if hasattr(state, "before_step"):
+                state.before_step()
+            opt.step()
+            if hasattr(state, "after_step"):
+                state.after_step(opt)
+            times.append(time.perf_counter() - t0)
+            payload.append(state.take_payload_bytes())  # once per iteration, as the train loop does
+        mine = torch.tensor([statistics.median(times[args.warmup:]), statistics.fmean(payload[args.warmup:]),
+                             (getattr(state, "inter_payload_bytes", 0) - inter0) / args.reps], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        rows[label] = (max(float(t[0]) for t in every), sum(float(t[1]) for t in every) / world,
+                       sum(float(t[2]) for t in every) if name in ("prunex", "hier-allreduce") else None)
+        del ddp, state, opt
+    if rank == 0:
+        base_t, base_p = rows["allreduce"][0], rows["allreduce"][1]
+        print(f"\n{world} ranks in two domains {[list(d) for d in where.groups]}, {args.model}, batch "
+              f"{args.batch_size}/rank, 1 thread per rank; allreduce iteration {base_t * 1000:.0f} ms")
+        print(f"{'scheme':<22}{'payload/allreduce':>18}{'between domains/allreduce':>27}{'iter/allreduce':>16}")
+        for label, (t, pay, inter) in rows.items():
+            between = "-" if inter is None else f"{inter / base_p:.4f}"
+            print(f"{label:<22}{pay / base_p:>18.4f}{between:>27}{t / base_t:>16.3f}")
+        print("(between domains: bytes all leaders hand to the leaders' all-reduce per iteration; a flat "
+              "all-reduce's share depends on gloo's algorithm, so it is measured on the wire by "
+              "`testbed run`, not here)")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def grouped(args: argparse.Namespace) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_grouped_rank, args=(args.ranks, _free_port(), args), nprocs=args.ranks, join=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
@@ -67,7 +144,10 @@ def main() -> None:
     p.add_argument("--prune-ratio", type=float, default=0.5)
     p.add_argument("--reps", type=int, default=5, help="measured iterations per scheme")
     p.add_argument("--warmup", type=int, default=6)
+    p.add_argument("--ranks", type=int, default=4, help="group size for spardl/prunex/hier-allreduce (even; 0: skip)")
     args = p.parse_args()
+    if args.ranks and (args.ranks < 2 or args.ranks % 2):
+        p.error("--ranks must be an even number >= 2, or 0")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
@@ -150,6 +230,8 @@ def main() -> None:
           f"off by {abs(measured / (1 - args.prune_ratio) - 1):.2%} (target <= 1 %; biases and "
           f"batch-norm parameters are not pruned: kept/all = {expected:.4f})")
     dist.destroy_process_group()
+    if args.ranks:
+        grouped(args)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,10 @@ class RunData:
         name = s.get("scheme", "?")
         if name == "topk" and s.get("topk_ratio") is not None:
             name += f" {s['topk_ratio']:g}"
+        if name == "spardl" and s.get("spardl_density") is not None:
+            name += f" {s['spardl_density']:g}"
+        if name == "prunex" and s.get("prunex_sparsity") is not None:
+            name += f" {s['prunex_sparsity']:g}"
         if name == "pactrain":
             if s.get("prune_ratio") is not None:
                 name += f" {s['prune_ratio']:g}"
@@ -117,17 +121,21 @@ def _mean(xs):
 
 
 def table(runs: list[RunData], target: float | None = None) -> list[dict]:
-    """One row per (bandwidth, variant): means over repeats."""
-    groups: dict[tuple[str, str], list[RunData]] = {}
+    """One row per (bandwidth, world size, variant): means over repeats. Rows are compared
+    with allreduce at the same bandwidth and world size; when the runs span several world
+    sizes, the scheme column names it ("spardl 0.01 (4 ranks)")."""
+    groups: dict[tuple[str, int, str], list[RunData]] = {}
     for r in runs:
-        groups.setdefault((r.bw, r.label), []).append(r)
+        groups.setdefault((r.bw, _world(r), r.label), []).append(r)
+    several = len({w for _, w, _ in groups}) > 1
     rows = []
-    for (bw, label), rs in groups.items():
+    for (bw, world, label), rs in groups.items():
         ok = [r for r in rs if r.status == "ok"]
         ttas = [r.tta(target) for r in ok]
         reached = [t for t in ttas if t is not None]
         rows.append({
-            "bw": bw, "scheme": label, "runs": len(rs), "ok": len(ok),
+            "bw": bw, "scheme": f"{label} ({world} ranks)" if several else label, "variant": label,
+            "world_size": world or None, "runs": len(rs), "ok": len(ok),
             "target_accuracy": target if target is not None else _mean(r.summary.get("target_accuracy") for r in ok),
             "reached": len(reached),
             "tta_s": statistics.fmean(reached) if reached and len(reached) == len(ok) else None,
@@ -138,13 +146,19 @@ def table(runs: list[RunData], target: float | None = None) -> list[dict]:
             "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status != "ok"],
         })
     for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
-        base = next((x for x in rows if x["bw"] == row["bw"] and x["scheme"] == "allreduce"), None)
+        base = next((x for x in rows if x["bw"] == row["bw"] and x["world_size"] == row["world_size"]
+                     and x["variant"] == "allreduce"), None)
         row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
                                    else None)
         row["iter_time_vs_allreduce"] = (row["mean_iter_s"] / base["mean_iter_s"]
                                          if base and base["mean_iter_s"] and row["mean_iter_s"] else None)
-    rows.sort(key=lambda x: (_bw_key(x["bw"]), x["scheme"] != "allreduce", x["scheme"]))
+    rows.sort(key=lambda x: (_bw_key(x["bw"]), x["world_size"] or 0, x["variant"] != "allreduce", x["variant"]))
     return rows
+
+
+def _world(r: RunData) -> int:
+    w = r.summary.get("world_size")
+    return w if type(w) is int and w > 0 else 0
 
 
 def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
