@@ -1,0 +1,5 @@
+"""``python -m testbed``: the same as the ``testbed`` command."""
+
+from .cli import main
+
+main()
