@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,6 +12,13 @@ import pytest
 
 if os.geteuid() != 0:
     pytest.skip("kernel tests need root (network namespaces, veth, tc)", allow_module_level=True)
+
+# The Ctrl-C tests send SIGINT to `testbed run`, which (like any Python program) only turns
+# it into KeyboardInterrupt if SIGINT was not ignored when it started. A suite launched as a
+# background job of a non-interactive shell inherits SIGINT ignored and would pass that on to
+# every child; a handler here makes the children start with the default instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run(argv, **kw) -> subprocess.CompletedProcess:

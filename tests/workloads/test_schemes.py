@@ -106,7 +106,8 @@ def test_terngrad_average_is_unbiased_across_ranks():
 
 
 def test_registry_lists_the_choices():
-    assert list(schemes.SCHEMES) == ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain"]
+    assert list(schemes.SCHEMES) == ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain", "spardl",
+                                     "prunex", "hier-allreduce"]
     with pytest.raises(ValueError, match="unknown scheme 'topk2'; choose one of: allreduce, fp16, topk"):
         schemes.get("topk2")
 
