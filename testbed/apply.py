@@ -53,9 +53,11 @@ class Signals:
             signal.signal(sig, h)
 
 
-def ignore_interrupts() -> dict:
+def ignore_interrupts(signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
+    """Ignore ``signals`` (for a cleanup that must finish); returns the previous handlers.
+    Off the main thread signals cannot be set, and nothing changes."""
     try:
-        return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        return {s: signal.signal(s, signal.SIG_IGN) for s in signals}
     except ValueError:
         return {}
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .apply import ignore_interrupts
 from .core import DIRECTIONS, Testbed, list_testbeds
 from .ledger import Ledger, global_lock
 from .errors import TestbedError
@@ -151,9 +152,7 @@ def _install_signals() -> Callable[[], None]:
 
 
 def _ignore_interrupts() -> None:
-    if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
+    ignore_interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 
 def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str], None],
