@@ -292,6 +292,75 @@ def link_set(
                       markup=False, highlight=False)
 
 
+@link_app.command("replay")
+def link_replay(
+    args: List[str] = typer.Argument(..., metavar="[LINK] TRACE",
+                                     help="The link (or --bottleneck) and the trace file."),
+    bottleneck: bool = typer.Option(False, "--bottleneck", help="Drive every link marked bottleneck."),
+    fmt: str = typer.Option("auto", "--format", help="csv (time_s,rate[,delay[,loss]]), mahimahi or auto."),
+    window: float = typer.Option(1.0, "--window", help="mahimahi: seconds per rate step."),
+    loop: bool = typer.Option(False, "--loop", help="csv: repeat (the last line, equal to the first, marks the period)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after this many seconds."),
+    direction: str = typer.Option("both", "--direction", help="both, forward (a->b) or reverse (b->a)."),
+    restore: bool = typer.Option(False, "--restore", help="Put the shapes from before back at the end."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Append each applied step as a JSON line here."),
+    testbed: Optional[str] = TestbedOpt,
+    as_json: bool = JsonOpt,
+):
+    """Drive running links through a bandwidth trace, each step in place at its time.
+
+    Runs in the foreground until the trace ends (a looping one: --duration or Ctrl-C).
+    Ctrl-C puts the shapes from before back.
+    """
+    with _guard(as_json):
+        import math
+
+        from .core import Testbed
+        from .replay import open_log, replay
+        from .trace import load_trace
+
+        want = 1 if bottleneck else 2
+        if len(args) != want:
+            raise TestbedError("give LINK TRACE, or --bottleneck TRACE" if not bottleneck
+                               else "with --bottleneck give only the TRACE file")
+        link, trace_file = (None, args[0]) if bottleneck else args
+        if direction not in ("both", "forward", "reverse"):
+            raise TestbedError(f"--direction {direction!r}: choose both, forward or reverse")
+        if duration is not None and not (math.isfinite(duration) and 0 < duration <= 7 * 24 * 3600):
+            raise TestbedError(f"--duration must be a number of seconds in (0, 604800], got {duration}")
+        trace = load_trace(Path(trace_file), fmt, window, loop)
+        if trace.loop and duration is None and as_json:
+            raise TestbedError("a looping trace with --json needs --duration (the JSON comes at the end)")
+        tb = Testbed.attach(_resolve_name(testbed))
+        links = tb.find_links(link, bottleneck=bottleneck)
+        names = ", ".join(l.name for l in links)
+
+        def show(rec):
+            if not as_json:
+                out.print(f"{rec['at_s']:9.3f} s  {names}: {rec['rate']}"
+                          + "".join(f" {k} {rec[k]}" for k in ("delay", "loss") if k in rec)
+                          + f"  (in force {rec['late_s'] * 1000:.1f} ms after its time)", markup=False, highlight=False)
+
+        logf = open_log(log)
+        try:
+            res = replay(tb, links, trace, direction=direction, duration_s=duration, restore=restore, log=logf,
+                         on_step=show)
+        except KeyboardInterrupt:
+            raise TestbedError(f"interrupted: the shapes from before were put back on {names}") from None
+        finally:
+            if logf:
+                logf.close()
+        late = res.lateness()
+        if as_json:
+            _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": str(trace_file),
+                   "period_s": trace.period_s, **res.to_dict()})
+        else:
+            out.print(f"{late['steps']} steps applied" + (f"; in force after their time: median "
+                      f"{late['median_s'] * 1000:.1f} ms, p95 {late['p95_s'] * 1000:.1f} ms, max "
+                      f"{late['max_s'] * 1000:.1f} ms" if late["steps"] else "")
+                      + ("; shapes from before restored" if res.restored else ""), markup=False, highlight=False)
+
+
 # --------------------------------------------------------------------------- exec
 
 

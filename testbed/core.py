@@ -215,8 +215,11 @@ class Testbed:
 
     def set_links(self, links: Iterable[Link], *, rate: Rate | None = None, delay: Duration | None = None,
                   jitter: Duration | None = None, loss: Loss | None = None, limit: int | None = None,
-                  direction: str = "both") -> list[Link]:
-        """Change running links in place; returns the links with their new shapes."""
+                  direction: str = "both", kinds: dict | None = None) -> list[Link]:
+        """Change running links in place; returns the links with their new shapes.
+
+        ``kinds``: a dict the caller keeps across calls (a trace replay), remembering each
+        direction's child qdisc so that it is read from the kernel once, not per change."""
         if direction not in ("both", *DIRECTIONS):
             raise TestbedError(f"unknown direction '{direction}'", "choose one of: both, forward, reverse")
         changes = {k: v for k, v in dict(rate=rate, delay=delay, jitter=jitter, loss=loss, limit=limit).items()
@@ -253,10 +256,16 @@ class Testbed:
                 for idx, l in new_links.items():
                     for d in dirs:
                         ep = self.egress[(idx, d)]
-                        tc.change(handles.get(ep.ns), ep.ifname, l.shape(d))
+                        if kinds is None:
+                            tc.change(handles.get(ep.ns), ep.ifname, l.shape(d))
+                        else:
+                            kinds[(idx, d)] = tc.change(handles.get(ep.ns), ep.ifname, l.shape(d),
+                                                        kinds.get((idx, d), tc.UNKNOWN_KIND))
                         done.append((ep, current.links[idx], d))
             except BaseException as e:
                 # half-way: put back what was changed, so kernel and state agree again
+                if kinds is not None:
+                    kinds.clear()  # read again next time
                 failed = []
                 for ep, old, d in reversed(done):
                     try:

@@ -82,16 +82,27 @@ def child_kind(rtnl: Rtnl, ifname: str) -> str | None:
     return None
 
 
-def change(rtnl: Rtnl, ifname: str, shape: Shape) -> None:
-    """Change a running link's shape in place (class ``change``; child ``replace``)."""
+UNKNOWN_KIND = "?"
+
+
+def change(rtnl: Rtnl, ifname: str, shape: Shape, kind: str | None = UNKNOWN_KIND) -> str | None:
+    """Change a running link's shape in place (class ``change``; child ``replace``).
+
+    ``kind``: the class's child qdisc as the caller last left it (read from the kernel when
+    not given: a dump of the namespace's qdiscs, the costly part with many interfaces).
+    Returns the child's kind afterwards, for the next call."""
     idx = rtnl.index(ifname)
     _tc(rtnl, f"changing htb class on {ifname}", "change-class", "htb", index=idx, **_class_kwargs(shape))
-    kind = child_kind(rtnl, ifname)
+    if kind == UNKNOWN_KIND:
+        kind = child_kind(rtnl, ifname)
     if shape.needs_netem or kind == "netem":
         _tc(rtnl, f"setting netem on {ifname}", "replace", "netem", index=idx, **_netem_kwargs(shape))
-    elif shape.limit is not None or kind == "pfifo":
+        return "netem"
+    if shape.limit is not None or kind == "pfifo":
         _tc(rtnl, f"setting pfifo on {ifname}", "replace", "pfifo", index=idx, handle=CHILD, parent=CLASS,
             limit=queue_limit(shape))
+        return "pfifo"
+    return kind
 
 
 def egress_stats(rtnl: Rtnl) -> dict[int, dict]:

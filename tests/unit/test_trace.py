@@ -116,3 +116,20 @@ def test_files_are_bounded_and_formats_detected(tmp_path):
     big.write_text("".join(f"{i},1gbit\n" for i in range(MAX_STEPS + 2)))
     with pytest.raises(TraceError, match=f"more than {MAX_STEPS}"):
         load_trace(big)
+
+
+def test_replay_refuses_a_trace_the_links_cannot_take_before_changing_anything():
+    from testbed.errors import TestbedError
+    from testbed.replay import ReplayResult, check
+    from testbed.topology import load_topology_dict
+    from tests.helpers import dumbbell
+
+    links = load_topology_dict(dumbbell("x", rate="1gbit", delay="10ms")).links
+    ok = parse_csv(["0,100mbit", "1,200mbit,20ms"])
+    check(links, ok)
+    # 400 Gbit/s with 1 s of delay needs a queue beyond the loader's limit: the step is named
+    bad = parse_csv(["0,100mbit", "2,400gbit,1s"], "t.csv")
+    with pytest.raises(TestbedError, match=r"t.csv step at 2 s: link .* needs a queue of"):
+        check(links, bad)
+    late = ReplayResult(steps=[{"late_s": x} for x in (0.004, 0.001, 0.002, 0.010)]).lateness()
+    assert late == {"steps": 4, "median_s": 0.003, "p95_s": 0.010, "max_s": 0.010}

@@ -1,0 +1,67 @@
+"""How late trace steps are in force, for 1 and 64 links changed at once (`link replay`).
+
+A trace alternating between two rates every ``--every`` seconds is replayed on the
+bottleneck links: one link (a dumbbell) and 64 links (64 workers on one switch, every
+worker link a bottleneck). For each step, "late" is the time from its scheduled instant
+to the return of the last tc call that puts it in force (both directions of every
+link); the benchmark prints its median, 95th percentile and maximum, and the median time
+the changes themselves took (so a step that takes longer than ``--every`` shows as
+growing lateness, not hidden). Target: 20 ms.
+
+    sudo python -m benchmarks.replay_latency [--steps 50] [--every 0.5] [--links 1,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from testbed import Testbed, load_topology_dict
+from testbed.replay import replay
+from testbed.trace import parse_csv
+
+TARGET_S = 0.020
+
+
+def topology(n: int) -> dict:
+    if n == 1:
+        return {"name": "lat1", "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch"},
+                                          "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
+                "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]},
+                          {"endpoints": ["s0", "s1"], "rate": "1gbit", "bottleneck": True}]}
+    nodes = {"s0": {"kind": "switch"}, **{f"w{i}": {"kind": "worker"} for i in range(n)}}
+    return {"name": f"lat{n}", "nodes": nodes,
+            "links": [{"endpoints": [f"w{i}", "s0"], "rate": "1gbit", "bottleneck": True} for i in range(n)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--every", type=float, default=0.5, help="seconds between steps")
+    ap.add_argument("--links", default="1,64")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root")
+    os.environ.setdefault("TESTBED_STATE_DIR", tempfile.mkdtemp(prefix="testbed-bench-"))
+    lines = [f"{i * args.every:.6f},{'100mbit' if i % 2 else '200mbit'}" for i in range(args.steps)]
+    trace = parse_csv(lines, "alternating")
+    print(f"{args.steps} steps, one every {args.every * 1000:.0f} ms; late = scheduled -> last tc call returned")
+    print(f"{'links':>6} {'directions':>10} {'late: median ms':>16} {'p95 ms':>8} {'max ms':>8} {'within 20 ms':>12} "
+          f"{'applying: median ms':>20}")
+    for n in (int(x) for x in args.links.split(",")):
+        with Testbed.up(load_topology_dict(topology(n))) as tb:
+            links = tb.find_links(bottleneck=True)
+            res = replay(tb, links, trace)
+            late = sorted(s["late_s"] for s in res.steps)
+            summary = res.lateness()
+            within = sum(x <= TARGET_S for x in late) / len(late)
+            apply = sorted(s["apply_s"] for s in res.steps)[len(res.steps) // 2]
+            print(f"{len(links):>6} {2 * len(links):>10} {summary['median_s'] * 1000:>16.1f} "
+                  f"{summary['p95_s'] * 1000:>8.1f} {summary['max_s'] * 1000:>8.1f} {within:>12.0%} "
+                  f"{apply * 1000:>20.1f}")
+
+
+if __name__ == "__main__":
+    main()

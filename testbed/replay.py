@@ -1,0 +1,152 @@
+"""Drive running links through a trace (``testbed link replay``), in the foreground.
+
+Each step is applied in place at its time, as ``link set`` does (HTB's class is changed,
+queued packets stay), under the same rules: every distinct step is checked against each
+link's shape before the first is applied, so a trace that would be refused half-way is
+refused at the start. The state file follows every step, so ``link show`` and the
+exporter's capacity gauge show the shape in force.
+
+Each applied step is one JSON line (``log``): wall time, the step's scheduled offset,
+how late the change was in force (``late_s``: from its scheduled time to the return of
+the last tc call), how long applying it took (``apply_s``) and the values. On an interrupt, or with ``restore``, the shapes from
+before the replay are put back.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+from .apply import ignore_interrupts
+from .errors import TestbedError
+from .core import DIRECTIONS
+from .topology import Link, check_shape
+from .trace import Step, Trace
+
+
+@dataclass
+class ReplayResult:
+    steps: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    restored: bool = False
+
+    def lateness(self) -> dict:
+        """Distribution of ``late_s`` over the applied steps (seconds)."""
+        late = sorted(s["late_s"] for s in self.steps)
+        if not late:
+            return {"steps": 0}
+        return {"steps": len(late), "median_s": statistics.median(late),
+                "p95_s": late[min(len(late) - 1, round(0.95 * (len(late) - 1)))], "max_s": late[-1]}
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "lateness": self.lateness(), "interrupted": self.interrupted,
+                "restored": self.restored}
+
+
+def _changes(step: Step) -> dict:
+    d = {"rate": step.rate}
+    if step.delay is not None:
+        d["delay"] = step.delay
+    if step.loss is not None:
+        d["loss"] = step.loss
+    return d
+
+
+def check(links: Sequence[Link], trace: Trace, direction: str = "both") -> None:
+    """Refuse, before anything changes, a trace whose steps the links' shapes cannot take."""
+    dirs = DIRECTIONS if direction == "both" else (direction,)
+    seen = set()
+    for s in trace.steps:
+        if s.values() in seen:
+            continue
+        seen.add(s.values())
+        for l in links:
+            for d in dirs:
+                try:
+                    check_shape(replace(l.shape(d), **_changes(s)), f"link {l.name} ({d})")
+                except TestbedError as e:
+                    raise TestbedError(f"{trace.source or 'trace'} step at {s.at_s:g} s: {e.message}", e.hint) from None
+
+
+def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", duration_s: float | None = None,
+           restore: bool = False, log: IO[str] | None = None, on_step: Callable[[dict], None] | None = None,
+           clock: Callable[[], float] = time.monotonic) -> ReplayResult:
+    """Apply ``trace`` to ``links`` of the running testbed ``tb``; returns what was applied.
+
+    Ends after the last step (a looping trace: after ``duration_s``, or on an interrupt);
+    ``duration_s`` also cuts a trace short. A KeyboardInterrupt ends it early, the shapes
+    from before are put back, and the interrupt is re-raised.
+    """
+    if duration_s is None and trace.loop:
+        duration_s = float("inf")
+    check(links, trace, direction)
+    names = [l.name for l in links]
+    before = [(l, d, l.shape(d)) for l in links for d in (DIRECTIONS if direction == "both" else (direction,))]
+    result = ReplayResult()
+    until = trace.steps[-1].at_s if duration_s is None else duration_s
+    t0 = clock()
+    wall0 = time.time()
+    kinds: dict = {}  # each direction's child qdisc, read from the kernel once
+    old_handlers = _terminate_as_interrupt()
+    try:
+        for at, step in trace.events(until):
+            due = t0 + at
+            while (left := due - clock()) > 0:
+                time.sleep(min(left, 0.5))
+            start = clock()
+            tb.set_links(links, direction=direction, kinds=kinds, **_changes(step))  # by index, under the lock
+            done = clock()
+            rec = {"time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at, "late_s": done - due,
+                   "apply_s": done - start}
+            result.steps.append(rec)
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+            if on_step:
+                on_step(rec)
+        if duration_s is not None and duration_s != float("inf"):
+            while (left := t0 + duration_s - clock()) > 0:
+                time.sleep(min(left, 0.5))
+    except KeyboardInterrupt:
+        result.interrupted = True
+        restore = True
+        raise
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        if restore:  # nothing interrupts putting the shapes back
+            old = ignore_interrupts()
+            try:
+                for l, d, shape in before:
+                    tb.set_links([l], direction=d, rate=shape.rate, delay=shape.delay, loss=shape.loss)
+                result.restored = True
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+    return result
+
+
+def _terminate_as_interrupt() -> dict:
+    """SIGTERM and SIGHUP end a replay as Ctrl-C does (shapes put back); returns the old handlers."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    except ValueError:  # not the main thread
+        return {}
+
+
+def open_log(path: Path | None) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as e:
+        raise TestbedError(f"--log {path}: cannot write ({e.strerror or e})") from None
