@@ -53,6 +53,18 @@ class Signals:
             signal.signal(sig, h)
 
 
+def interrupt_on(signals=(signal.SIGTERM, signal.SIGHUP)) -> dict:
+    """Make ``signals`` raise KeyboardInterrupt (so they unwind through the same cleanup as
+    Ctrl-C); returns the previous handlers. Off the main thread nothing changes."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return {s: signal.signal(s, interrupt) for s in signals}
+    except ValueError:
+        return {}
+
+
 def ignore_interrupts(signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
     """Ignore ``signals`` (for a cleanup that must finish); returns the previous handlers.
     Off the main thread signals cannot be set, and nothing changes."""

@@ -317,7 +317,7 @@ def link_replay(
 
         from .core import Testbed
         from .replay import open_log, replay
-        from .trace import load_trace
+        from .trace import MAX_SPAN_S, load_trace
 
         want = 1 if bottleneck else 2
         if len(args) != want:
@@ -326,8 +326,8 @@ def link_replay(
         link, trace_file = (None, args[0]) if bottleneck else args
         if direction not in ("both", "forward", "reverse"):
             raise TestbedError(f"--direction {direction!r}: choose both, forward or reverse")
-        if duration is not None and not (math.isfinite(duration) and 0 < duration <= 7 * 24 * 3600):
-            raise TestbedError(f"--duration must be a number of seconds in (0, 604800], got {duration}")
+        if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_SPAN_S):
+            raise TestbedError(f"--duration must be a number of seconds in (0, {MAX_SPAN_S:g}], got {duration}")
         trace = load_trace(Path(trace_file), fmt, window, loop)
         if trace.loop and duration is None and as_json:
             raise TestbedError("a looping trace with --json needs --duration (the JSON comes at the end)")

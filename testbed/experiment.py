@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .apply import ignore_interrupts
+from .apply import ignore_interrupts, interrupt_on
 from .core import DIRECTIONS, Testbed, list_testbeds
 from .ledger import Ledger, global_lock
 from .errors import TestbedError
@@ -142,12 +142,7 @@ def _install_signals() -> Callable[[], None]:
     puts every handler back (SIGINT's too, which the cleanup ignores)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-
-    def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    old = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
-    old.update({s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)})
+    old = {signal.SIGINT: signal.getsignal(signal.SIGINT), **interrupt_on()}
     return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
@@ -239,10 +234,11 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
         request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
                    "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+        seats = placement(tb.topology)
         write_json(run_dir / "run.json", {
             "run_id": run_id, "request": request, "bottlenecks": shapes,
             "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu,
-                         "switch": seat.switch} for w, seat in zip(tb.workers, placement(tb.topology))],
+                         "switch": seat.switch} for w, seat in zip(tb.workers, seats)],
             "testbed_version": __version__, "code_version": _code_version()})
         write_json(run_dir / "topology.json", tb.topology.to_dict())
 
@@ -254,7 +250,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
         start_counters = sampler.sample()
         t_start = time.time()
-        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts)
+        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts, seats=seats)
         say(f"run {run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
         launcher.start()
         status = Status(run_dir, world=len(tb.workers))

@@ -144,14 +144,15 @@ class Launcher:
     """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
 
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
-                 extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = ()):
+                 extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
+                 seats: Sequence[Seat] | None = None):
         """``argv``: ``MODULE ARGS...`` run as ``python -m`` by the node's Python; ``mounts``:
         host directories the ranks read or write (a container sees them at the same path)."""
         self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
         self.extra_env = extra_env or {}
         self.mounts = [run_dir.resolve(), *mounts]
         self.ranks: list[RankProc] = []
-        self.seats = placement(tb.topology)
+        self.seats = list(seats) if seats is not None else placement(tb.topology)
 
     def start(self) -> None:
         workers = self.tb.workers

@@ -8,8 +8,8 @@ exporter's capacity gauge show the shape in force.
 
 Each applied step is one JSON line (``log``): wall time, the step's scheduled offset,
 how late the change was in force (``late_s``: from its scheduled time to the return of
-the last tc call), how long applying it took (``apply_s``) and the values. On an interrupt, or with ``restore``, the shapes from
-before the replay are put back.
+the last tc call), how long applying it took (``apply_s``) and the values. On an
+interrupt, or with ``restore``, the shapes from before the replay are put back.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
-from .apply import ignore_interrupts
+from .apply import ignore_interrupts, interrupt_on
 from .errors import TestbedError
 from .core import DIRECTIONS
 from .topology import Link, check_shape
@@ -93,7 +93,7 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
     t0 = clock()
     wall0 = time.time()
     kinds: dict = {}  # each direction's child qdisc, read from the kernel once
-    old_handlers = _terminate_as_interrupt()
+    old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
     try:
         for at, step in trace.events(until):
             due = t0 + at
@@ -130,17 +130,6 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
                 for sig, handler in old.items():
                     signal.signal(sig, handler)
     return result
-
-
-def _terminate_as_interrupt() -> dict:
-    """SIGTERM and SIGHUP end a replay as Ctrl-C does (shapes put back); returns the old handlers."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        return {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    except ValueError:  # not the main thread
-        return {}
 
 
 def open_log(path: Path | None) -> IO[str] | None:

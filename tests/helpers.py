@@ -46,3 +46,40 @@ def iperf3(tb, seconds: float, *extra: str, server: str = "w1", client: str = "w
     finally:
         srv.kill()
         srv.wait()
+
+
+class TcSampler:
+    """Samples one link direction's tc byte counter every ``every`` seconds in a thread
+    (``with TcSampler(ep) as s: ...``); ``rate_between(t0, t1)`` is the wire rate in bit/s
+    between two monotonic times, from the first and last samples inside them."""
+
+    def __init__(self, ep, every: float = 0.05):
+        import threading
+
+        self.ep, self.every = ep, every
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        from testbed.net import tc
+        from testbed.net.rtnl import Rtnl
+
+        with Rtnl.open(self.ep.ns) as rt:
+            idx = rt.index(self.ep.ifname)
+            while not self._stop.is_set():
+                self.samples.append((time.monotonic(), tc.egress_stats(rt)[idx]["bytes"]))
+                time.sleep(self.every)
+
+    def __enter__(self) -> "TcSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def rate_between(self, t0: float, t1: float) -> float:
+        pts = [(t, b) for t, b in self.samples if t0 <= t <= t1]
+        (ta, ba), (tb, bb) = pts[0], pts[-1]
+        return (bb - ba) * 8 / (tb - ta)

@@ -7,10 +7,8 @@ import time
 import pytest
 
 from testbed import Testbed, load_topology_dict
-from testbed.net import tc
-from testbed.net.rtnl import Rtnl
 from testbed.units import Rate
-from tests.helpers import dumbbell, iperf3
+from tests.helpers import TcSampler, dumbbell, iperf3
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 not installed (apt-get install iperf3)")
 
@@ -31,36 +29,16 @@ def test_tcp_goodput_matches_configured_rate(clean_kernel, rate):
 def test_link_set_takes_effect_within_a_second_on_a_running_flow(clean_kernel):
     """Sample the bottleneck's tc byte counter while a flow runs; change 500 -> 100 Mbit/s."""
     with Testbed.up(load_topology_dict(dumbbell(name="chg", rate="500mbit"))) as tb:
-        ep = tb.egress[(2, "forward")]
-        samples: list[tuple[float, int]] = []
-        stop = threading.Event()
-
-        def sampler():
-            with Rtnl.open(ep.ns) as rt:
-                idx = rt.index(ep.ifname)
-                while not stop.is_set():
-                    samples.append((time.monotonic(), tc.egress_stats(rt)[idx]["bytes"]))
-                    time.sleep(0.05)
-
         result = {}
         flow = threading.Thread(target=lambda: result.update(iperf3(tb, 6)))
         flow.start()
-        th = threading.Thread(target=sampler)
-        th.start()
-        time.sleep(3.0)
-        t_change = time.monotonic()
-        tb.set_links(tb.find_links("s0-s1"), rate=Rate.parse("100mbit"))
-        flow.join()
-        stop.set()
-        th.join()
-
-        def rate_between(t0, t1):
-            pts = [(t, b) for t, b in samples if t0 <= t <= t1]
-            (ta, ba), (tb_, bb) = pts[0], pts[-1]
-            return (bb - ba) * 8 / (tb_ - ta)
-
-        before = rate_between(t_change - 1.5, t_change)
-        after = rate_between(t_change + 1.0, t_change + 2.5)
+        with TcSampler(tb.egress[(2, "forward")]) as wire:
+            time.sleep(3.0)
+            t_change = time.monotonic()
+            tb.set_links(tb.find_links("s0-s1"), rate=Rate.parse("100mbit"))
+            flow.join()
+        before = wire.rate_between(t_change - 1.5, t_change)
+        after = wire.rate_between(t_change + 1.0, t_change + 2.5)
         print(f"wire rate before {before / 1e6:.1f} Mbit/s, from 1 s after the change {after / 1e6:.1f} Mbit/s")
         assert 0.90 * 500e6 <= before <= 1.02 * 500e6
         assert 0.90 * 100e6 <= after <= 1.02 * 100e6

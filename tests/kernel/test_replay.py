@@ -15,11 +15,9 @@ import pytest
 import yaml
 
 from testbed import Testbed, load_topology_dict
-from testbed.net import tc
-from testbed.net.rtnl import Rtnl
 from testbed.replay import replay
 from testbed.trace import parse_csv
-from tests.helpers import dumbbell, iperf3
+from tests.helpers import TcSampler, dumbbell, iperf3
 from tests.kernel.conftest import cli, run
 
 pytestmark = [pytest.mark.kernel]
@@ -40,33 +38,17 @@ def test_a_step_trace_is_followed_by_a_running_flow(clean_kernel):
     steps = [(0.0, 200e6), (3.0, 50e6), (6.0, 200e6)]
     trace = parse_csv([f"{t},{int(r / 1e6)}mbit" for t, r in steps], "steps")
     with Testbed.up(load_topology_dict(dumbbell(name="rpl", rate="1gbit"))) as tb:
-        ep = tb.egress[(2, "forward")]
-        samples: list[tuple[float, int]] = []
-        stop = threading.Event()
-
-        def sampler():
-            with Rtnl.open(ep.ns) as rt:
-                idx = rt.index(ep.ifname)
-                while not stop.is_set():
-                    samples.append((time.monotonic(), tc.egress_stats(rt)[idx]["bytes"]))
-                    time.sleep(0.05)
-
         result = {}
         flow = threading.Thread(target=lambda: result.update(iperf3(tb, 11)))
         flow.start()
         time.sleep(1.5)  # the flow is up
-        th = threading.Thread(target=sampler)
-        th.start()
-        t0 = time.monotonic()
-        res = replay(tb, tb.find_links(bottleneck=True), trace, duration_s=9.0)
-        flow.join()
-        stop.set()
-        th.join()
+        with TcSampler(tb.egress[(2, "forward")]) as counter:
+            t0 = time.monotonic()
+            res = replay(tb, tb.find_links(bottleneck=True), trace, duration_s=9.0)
+            flow.join()
 
         def rate_between(a, b):
-            pts = [(t, n) for t, n in samples if t0 + a <= t <= t0 + b]
-            (ta, na), (tb_, nb) = pts[0], pts[-1]
-            return (nb - na) * 8 / (tb_ - ta)
+            return counter.rate_between(t0 + a, t0 + b)
 
         seen = []
         for (start, rate), end in zip(steps, [3.0, 6.0, 9.0]):

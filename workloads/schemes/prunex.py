@@ -74,8 +74,8 @@ def hier_hook(state: HierState, bucket) -> torch.futures.Future[torch.Tensor]:
     if state.intra is not None:
         dist.all_reduce(buf, group=state.intra)
         state.payload_bytes += buf.numel() * buf.element_size()
+    x = buf if kept is None else buf.index_select(0, kept)
     if state.domains > 1:
-        x = buf if kept is None else buf.index_select(0, kept)
         if state.leaders is not None:
             dist.all_reduce(x, group=state.leaders)
             n = x.numel() * x.element_size()
@@ -85,12 +85,8 @@ def hier_hook(state: HierState, bucket) -> torch.futures.Future[torch.Tensor]:
             dist.broadcast(x, src=state.leader, group=state.intra)
             if state.rank == state.leader:
                 state.payload_bytes += x.numel() * x.element_size()
-        if kept is not None:
-            buf.zero_().index_copy_(0, kept, x)
-    elif kept is not None:  # one domain: the intra all-reduce was the whole job
-        keep = torch.zeros_like(buf)
-        keep[kept] = 1
-        buf.mul_(keep)
+    if kept is not None:  # pruned positions receive zero
+        buf.zero_().index_copy_(0, kept, x)
     buf.div_(state.world)
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(buf)
@@ -197,7 +193,7 @@ class PruneXState(HierState):
     def _fix(self, rows: list[torch.Tensor], optimizer) -> None:
         masks = {}
         for l, m in zip(self.layers, rows):
-            for p, shape in ((l.weight, l.weight.shape), (l.bias, None)):
+            for p in (l.weight, l.bias):
                 if p is None:
                     continue
                 mask = m.view(-1, *[1] * (p.dim() - 1)).expand(p.shape).clone()
