@@ -28,8 +28,9 @@ from .backends import get as get_backend
 from .errors import StateError, TestbedError, TopologyError
 from .ledger import Ledger, global_lock
 from .net import netns, tc
-from .net.handles import HandleCache, NetlinkPool  # noqa: F401  (NetlinkPool: the exporter's)
+from .net.handles import NetlinkPool  # noqa: F401  (the exporter's)
 from .net.rtnl import Rtnl
+from .net.tcbatch import LinkChanger
 from .plan import Endpoint, NodeInfo, Plan, choose_subnet, make_plan
 from .teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
 from .topology import Link, Topology, check_shape, load_topology_dict
@@ -215,11 +216,12 @@ class Testbed:
 
     def set_links(self, links: Iterable[Link], *, rate: Rate | None = None, delay: Duration | None = None,
                   jitter: Duration | None = None, loss: Loss | None = None, limit: int | None = None,
-                  direction: str = "both", kinds: dict | None = None) -> list[Link]:
+                  direction: str = "both", changer: LinkChanger | None = None) -> list[Link]:
         """Change running links in place; returns the links with their new shapes.
 
-        ``kinds``: a dict the caller keeps across calls (a trace replay), remembering each
-        direction's child qdisc so that it is read from the kernel once, not per change."""
+        All directions are changed with one netlink datagram per namespace. ``changer``: one
+        the caller keeps across calls (a trace replay), so that interface indexes, child
+        qdiscs and encoded requests are learnt once, not per change."""
         if direction not in ("both", *DIRECTIONS):
             raise TestbedError(f"unknown direction '{direction}'", "choose one of: both, forward, reverse")
         changes = {k: v for k, v in dict(rate=rate, delay=delay, jitter=jitter, loss=loss, limit=limit).items()
@@ -250,34 +252,29 @@ class Testbed:
                 if not ok:
                     raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
                                        tc.NETEM_MISSING_HINT)
-            handles = HandleCache()
-            done: list[tuple[Endpoint, Link, str]] = []
+            own = changer is None
+            changer = changer or LinkChanger()
+            todo = [(self.egress[(idx, d)], l.shape(d), f"{l.name} {d}: changing the shape")
+                    for idx, l in new_links.items() for d in dirs]
             try:
-                for idx, l in new_links.items():
-                    for d in dirs:
-                        ep = self.egress[(idx, d)]
-                        if kinds is None:
-                            tc.change(handles.get(ep.ns), ep.ifname, l.shape(d))
-                        else:
-                            kinds[(idx, d)] = tc.change(handles.get(ep.ns), ep.ifname, l.shape(d),
-                                                        kinds.get((idx, d), tc.UNKNOWN_KIND))
-                        done.append((ep, current.links[idx], d))
+                changer.apply(todo)
             except BaseException as e:
-                # half-way: put back what was changed, so kernel and state agree again
-                if kinds is not None:
-                    kinds.clear()  # read again next time
-                failed = []
-                for ep, old, d in reversed(done):
-                    try:
-                        tc.change(handles.get(ep.ns), ep.ifname, old.shape(d))
-                    except Exception as err:  # reported with the original error below
-                        failed.append(f"{old.name} {d}: {err}")
+                # the others may have applied: put back their shapes from before, so kernel and state agree
+                failed = set(getattr(e, "failed", ()))
+                try:
+                    changer.apply([(self.egress[(idx, d)], current.links[idx].shape(d), f"{l.name} {d}: restoring")
+                                   for idx, l in new_links.items() for d in dirs
+                                   if f"{l.name} {d}: changing the shape" not in failed])
+                    restored = ""
+                except Exception as err:  # reported with the original error below
+                    restored = str(err)
                 if isinstance(e, TestbedError):
-                    e.message += (f" (the {len(done)} direction(s) changed before were restored)" if not failed
-                                  else f" (restoring failed too: {'; '.join(failed)})")
+                    e.message += (" (the shapes from before were restored)" if not restored
+                                  else f" (restoring failed too: {restored})")
                 raise
             finally:
-                handles.close()
+                if own:
+                    changer.close()
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
             state["topology"] = self.topology.to_dict()
             self._state = state

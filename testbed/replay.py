@@ -26,6 +26,7 @@ from typing import IO
 from .apply import ignore_interrupts, interrupt_on
 from .errors import TestbedError
 from .core import DIRECTIONS
+from .net.tcbatch import LinkChanger
 from .topology import Link, check_shape
 from .trace import Step, Trace
 
@@ -87,12 +88,18 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
         duration_s = float("inf")
     check(links, trace, direction)
     names = [l.name for l in links]
-    before = [(l, d, l.shape(d)) for l in links for d in (DIRECTIONS if direction == "both" else (direction,))]
+    dirs = DIRECTIONS if direction == "both" else (direction,)
+    before = [(l, d, l.shape(d)) for l in links for d in dirs]
     result = ReplayResult()
     until = trace.steps[-1].at_s if duration_s is None else duration_s
+    changer = LinkChanger()  # indexes, child qdiscs, encoded requests and sockets kept between steps
+    changer.learn(tb.egress[(l.index, d)] for l in links for d in dirs)
+    for step in {s.values(): s for s in trace.steps}.values():  # each distinct step encoded before the clock starts
+        for l in links:
+            for d in dirs:
+                changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
     t0 = clock()
     wall0 = time.time()
-    kinds: dict = {}  # each direction's child qdisc, read from the kernel once
     old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
     try:
         for at, step in trace.events(until):
@@ -100,7 +107,7 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
             while (left := due - clock()) > 0:
                 time.sleep(min(left, 0.5))
             start = clock()
-            tb.set_links(links, direction=direction, kinds=kinds, **_changes(step))  # by index, under the lock
+            tb.set_links(links, direction=direction, changer=changer, **_changes(step))  # by index, under the lock
             done = clock()
             rec = {"time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at, "late_s": done - due,
                    "apply_s": done - start}
@@ -120,6 +127,7 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
+        changer.close()
         if restore:  # nothing interrupts putting the shapes back
             old = ignore_interrupts()
             try:

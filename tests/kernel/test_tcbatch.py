@@ -1,0 +1,54 @@
+"""Batched, pre-encoded shape changes leave the kernel exactly as pyroute2's tc path does."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from testbed import Testbed, load_topology_dict
+from testbed.errors import KernelError
+from testbed.net import tc
+from testbed.net.rtnl import Rtnl
+from testbed.net.tcbatch import LinkChanger
+from testbed.units import Rate
+from tests.helpers import dumbbell
+from tests.kernel.conftest import run
+
+pytestmark = [pytest.mark.kernel]
+
+
+def _tc_view(ns: str, dev: str) -> str:
+    """Class and qdisc details, with the device name and counters taken out."""
+    text = ""
+    for what in ("class", "qdisc"):
+        text += run(["tc", "-n", ns, "-d", what, "show", "dev", dev]).stdout
+    return re.sub(r"\bdirect_packets_stat \d+", "", re.sub(r"\bdev \S+", "dev X", text))
+
+
+def test_batched_changes_equal_tc_change_and_refusals_are_named(clean_kernel):
+    with Testbed.up(load_topology_dict(dumbbell("tcb", rate="100mbit"))) as tb:
+        link = tb.find_links("s0-s1")[0]
+        fwd, rev = tb.egress[(link.index, "forward")], tb.egress[(link.index, "reverse")]
+        changer = LinkChanger()
+        try:
+            base = link.shape("forward")
+            # rate only (no child), then a queue limit (a pfifo child appears), then the rate
+            # again with the pfifo kept, as tc.change keeps it
+            kind = tc.child_kind(Rtnl.open(rev.ns), rev.ifname)
+            for shape in (replace(base, rate=Rate.parse("37mbit")), replace(base, rate=Rate.parse("2gbit"), limit=500),
+                          replace(base, rate=Rate.parse("3mbit"), limit=500)):
+                changer.apply([(fwd, shape, "test")])
+                with Rtnl.open(rev.ns) as rt:
+                    kind = tc.change(rt, rev.ifname, shape, kind)
+                assert _tc_view(fwd.ns, fwd.ifname) == _tc_view(rev.ns, rev.ifname), shape
+            assert "rate 3Mbit" in _tc_view(fwd.ns, fwd.ifname) and "pfifo" in _tc_view(fwd.ns, fwd.ifname)
+            # a refusal names the interface and what was being done; the other requests applied
+            assert run(["tc", "-n", rev.ns, "qdisc", "del", "dev", rev.ifname, "root"]).returncode == 0
+            with pytest.raises(KernelError, match=rf"{rev.ifname}.*No such file"):
+                changer.apply([(fwd, replace(base, rate=Rate.parse("5mbit")), "fwd"),
+                               (rev, replace(base, rate=Rate.parse("5mbit")), "rev")])
+            assert "rate 5Mbit" in _tc_view(fwd.ns, fwd.ifname)
+        finally:
+            changer.close()
