@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import signal
 import subprocess
 import time
@@ -323,6 +324,29 @@ class StartExporter(Action):
             raise TestbedError(f"exporter marker {self.marker!r} does not name its target file; left alone")
         procs.terminate(procs.with_arg(self.marker))
         Path(self.target).unlink(missing_ok=True)
+
+
+@register
+@dataclass(frozen=True)
+class StartReplay(Action):
+    """A trace replay running in the background (``link replay --background``, ``run
+    --bw-trace``, a topology ``schedule:``): a host process found by its ``--replay-id``."""
+
+    marker: str
+    log: str
+
+    def describe(self) -> str:
+        return f"trace replay (steps logged to {self.log})"
+
+    def release(self, td: Teardown) -> None:
+        if not REPLAY_MARKER.fullmatch(self.marker):
+            raise TestbedError(f"replay marker {self.marker!r} is not --replay-id=<32 hex digits>; left alone")
+        # killed outright: the links go with the testbed, and putting the shapes back would
+        # wait for the lock this teardown holds
+        procs.terminate(procs.with_arg(self.marker), grace=0.0)
+
+
+REPLAY_MARKER = re.compile(r"--replay-id=[0-9a-f]{32}")
 
 
 @register

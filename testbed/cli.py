@@ -294,7 +294,7 @@ def link_set(
 
 @link_app.command("replay")
 def link_replay(
-    args: List[str] = typer.Argument(..., metavar="[LINK] TRACE",
+    args: Optional[List[str]] = typer.Argument(None, metavar="[LINK] TRACE",
                                      help="The link (or --bottleneck) and the trace file."),
     bottleneck: bool = typer.Option(False, "--bottleneck", help="Drive every link marked bottleneck."),
     fmt: str = typer.Option("auto", "--format", help="csv (time_s,rate[,delay[,loss]]), mahimahi or auto."),
@@ -304,21 +304,41 @@ def link_replay(
     direction: str = typer.Option("both", "--direction", help="both, forward (a->b) or reverse (b->a)."),
     restore: bool = typer.Option(False, "--restore", help="Put the shapes from before back at the end."),
     log: Optional[Path] = typer.Option(None, "--log", help="Append each applied step as a JSON line here."),
+    background: bool = typer.Option(False, "--background", help="Run it as a background process (recorded in the "
+                                     "ledger; `--stop` or `testbed down` ends it)."),
+    stop: bool = typer.Option(False, "--stop", help="Stop the testbed's background replays (shapes put back)."),
+    replay_id: Optional[str] = typer.Option(None, "--replay-id", hidden=True),
+    while_pid: Optional[int] = typer.Option(None, "--while-pid", hidden=True),
     testbed: Optional[str] = TestbedOpt,
     as_json: bool = JsonOpt,
 ):
     """Drive running links through a bandwidth trace, each step in place at its time.
 
-    Runs in the foreground until the trace ends (a looping one: --duration or Ctrl-C).
-    Ctrl-C puts the shapes from before back.
+    Runs in the foreground until the trace ends (a looping one: --duration or Ctrl-C), or
+    with --background as a process of its own. Ctrl-C, SIGTERM and --stop put the shapes
+    from before back.
     """
     with _guard(as_json):
         import math
 
         from .core import Testbed
-        from .replay import open_log, replay
+        from .replay import check, open_log, replay, start_background, stop_background
         from .trace import MAX_SPAN_S, load_trace
 
+        if stop:
+            if args or background or bottleneck:
+                raise TestbedError("--stop takes no LINK, TRACE or --background", "write: testbed link replay --stop")
+            tb = Testbed.attach(_resolve_name(testbed))
+            pids = stop_background(tb.name)
+            if as_json:
+                _emit({"testbed": tb.name, "stopped": pids})
+            else:
+                out.print(f"stopped {len(pids)} background replay(s) of {tb.name}"
+                          + ("; each put the shapes from before back" if pids else ""), markup=False, highlight=False)
+            return
+        args = args or []
+        if while_pid is not None and while_pid <= 0:
+            raise TestbedError(f"--while-pid {while_pid}: not a process id")
         want = 1 if bottleneck else 2
         if len(args) != want:
             raise TestbedError("give LINK TRACE, or --bottleneck TRACE" if not bottleneck
@@ -329,11 +349,23 @@ def link_replay(
         if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_SPAN_S):
             raise TestbedError(f"--duration must be a number of seconds in (0, {MAX_SPAN_S:g}], got {duration}")
         trace = load_trace(Path(trace_file), fmt, window, loop)
-        if trace.loop and duration is None and as_json:
+        if trace.loop and duration is None and as_json and not background:
             raise TestbedError("a looping trace with --json needs --duration (the JSON comes at the end)")
         tb = Testbed.attach(_resolve_name(testbed))
         links = tb.find_links(link, bottleneck=bottleneck)
         names = ", ".join(l.name for l in links)
+        if background:
+            check(links, trace, direction)  # refused here, not in a process nobody watches
+            bg = start_background(tb, Path(trace_file), link=link, fmt=fmt, window_s=window, loop=loop,
+                                  duration_s=duration, direction=direction, restore=restore, log=log)
+            if as_json:
+                _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": str(trace_file),
+                       "pid": bg.proc.pid, "log": str(bg.log), "output": str(bg.output)})
+            else:
+                out.print(f"replaying {trace_file} on {names} in the background (pid {bg.proc.pid}); steps are "
+                          f"logged to {bg.log}; `testbed link replay --stop` or `testbed down` ends it",
+                          markup=False, highlight=False)
+            return
 
         def show(rec):
             if not as_json:
@@ -344,7 +376,7 @@ def link_replay(
         logf = open_log(log)
         try:
             res = replay(tb, links, trace, direction=direction, duration_s=duration, restore=restore, log=logf,
-                         on_step=show)
+                         on_step=show, stop=None if while_pid is None else lambda: not _pid_alive(while_pid))
         except KeyboardInterrupt:
             raise TestbedError(f"interrupted: the shapes from before were put back on {names}") from None
         finally:
@@ -359,6 +391,10 @@ def link_replay(
                       f"{late['median_s'] * 1000:.1f} ms, p95 {late['p95_s'] * 1000:.1f} ms, max "
                       f"{late['max_s'] * 1000:.1f} ms" if late["steps"] else "")
                       + ("; shapes from before restored" if res.restored else ""), markup=False, highlight=False)
+
+
+def _pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 # --------------------------------------------------------------------------- exec

@@ -15,14 +15,17 @@ interrupt, or with ``restore``, the shapes from before the replay are put back.
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+from . import procs
 from .apply import ignore_interrupts, interrupt_on
 from .errors import TestbedError
 from .core import DIRECTIONS
@@ -77,12 +80,16 @@ def check(links: Sequence[Link], trace: Trace, direction: str = "both") -> None:
 
 def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", duration_s: float | None = None,
            restore: bool = False, log: IO[str] | None = None, on_step: Callable[[dict], None] | None = None,
-           clock: Callable[[], float] = time.monotonic) -> ReplayResult:
+           stop: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> ReplayResult:
     """Apply ``trace`` to ``links`` of the running testbed ``tb``; returns what was applied.
 
     Ends after the last step (a looping trace: after ``duration_s``, or on an interrupt);
     ``duration_s`` also cuts a trace short. A KeyboardInterrupt ends it early, the shapes
-    from before are put back, and the interrupt is re-raised.
+    from before are put back, and the interrupt is re-raised. ``stop`` (asked about five
+    times a second while waiting) returning True ends it the same way, without raising.
+
+    ``log`` gets a ``start`` line (wall time of the trace's 0 s, links, steps), then one
+    ``step`` line per applied step.
     """
     if duration_s is None and trace.loop:
         duration_s = float("inf")
@@ -98,18 +105,29 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
         for l in links:
             for d in dirs:
                 changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
+    poll = 0.5 if stop is None else 0.2
+
+    def wait_until(due: float) -> None:
+        while (left := due - clock()) > 0:
+            if stop is not None and stop():
+                raise _Stopped
+            time.sleep(min(left, poll))
+
     t0 = clock()
     wall0 = time.time()
+    if log is not None:
+        log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
+                              "trace": trace.source, "steps": len(trace.steps), "period_s": trace.period_s}) + "\n")
+        log.flush()
     old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
     try:
         for at, step in trace.events(until):
             due = t0 + at
-            while (left := due - clock()) > 0:
-                time.sleep(min(left, 0.5))
+            wait_until(due)
             start = clock()
             tb.set_links(links, direction=direction, changer=changer, **_changes(step))  # by index, under the lock
             done = clock()
-            rec = {"time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at, "late_s": done - due,
+            rec = {"event": "step", "time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at, "late_s": done - due,
                    "apply_s": done - start}
             result.steps.append(rec)
             if log is not None:
@@ -117,9 +135,11 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
                 log.flush()
             if on_step:
                 on_step(rec)
-        if duration_s is not None and duration_s != float("inf"):
-            while (left := t0 + duration_s - clock()) > 0:
-                time.sleep(min(left, 0.5))
+        if duration_s is not None:
+            wait_until(t0 + duration_s)
+    except _Stopped:
+        result.interrupted = True
+        restore = True
     except KeyboardInterrupt:
         result.interrupted = True
         restore = True
@@ -140,6 +160,10 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
     return result
 
 
+class _Stopped(Exception):
+    pass
+
+
 def open_log(path: Path | None) -> IO[str] | None:
     if path is None:
         return None
@@ -147,3 +171,105 @@ def open_log(path: Path | None) -> IO[str] | None:
         return open(path, "a", encoding="utf-8")
     except OSError as e:
         raise TestbedError(f"--log {path}: cannot write ({e.strerror or e})") from None
+
+
+@dataclass
+class Background:
+    """A replay process started by :func:`start_background`."""
+
+    proc: subprocess.Popen
+    log: Path
+    output: Path
+    marker: str
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM: the replay puts the shapes from before back and exits."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self) -> str:
+        try:
+            return self.output.read_text(errors="replace").strip()[-600:]
+        except OSError:
+            return ""
+
+
+def start_background(tb, trace_path: Path, *, link: str | None = None, fmt: str = "auto", window_s: float = 1.0,
+                     loop: bool = False, duration_s: float | None = None, direction: str = "both",
+                     restore: bool = False, log: Path | None = None, while_pid: int | None = None,
+                     ready_timeout: float = 30.0) -> Background:
+    """Start ``testbed link replay`` as a background process, recorded in the testbed's
+    ledger first (``down`` stops it, also after a crash); returns once it has started its
+    clock (the ``start`` line in its log). ``while_pid``: it ends, putting the shapes back,
+    when that process is gone (a run that was killed)."""
+    from .actions import StartReplay
+    from .ledger import Ledger, global_lock
+
+    rid = secrets.token_hex(16)
+    marker = f"--replay-id={rid}"
+    ledger = Ledger(tb.name)
+    log = (log or ledger.dir / f"replay-{rid[:8]}.jsonl").resolve()
+    output = ledger.dir / f"replay-{rid[:8]}.out"
+    argv = procs.python_argv(
+        "testbed", "link", "replay", *([link] if link else ["--bottleneck"]), str(trace_path.resolve()),
+        "--format", fmt, "--window", repr(window_s), "--direction", direction, "--log", str(log),
+        "--testbed", tb.name, marker, *(["--loop"] if loop else []), *(["--restore"] if restore else []),
+        *(["--duration", repr(duration_s)] if duration_s is not None else []),
+        *(["--while-pid", str(while_pid)] if while_pid else []))
+    with global_lock():
+        ledger.record(StartReplay(marker, str(log)).to_dict())
+    start = log.stat().st_size if log.exists() else 0
+    with open(output, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd="/")  # Ctrl-C in the terminal is not its to take
+    bg = Background(proc, log, output, marker)
+    deadline = time.monotonic() + ready_timeout
+    while not _started(log, start):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            bg.stop(grace=5.0)
+            raise TestbedError(f"the trace replay did not start: {bg.tail() or 'no output'}", f"see {output}")
+        time.sleep(0.05)
+    return bg
+
+
+def _started(log: Path, offset: int) -> bool:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return b'"event": "start"' in f.read(4096)
+    except OSError:
+        return False
+
+
+def stop_background(name: str, grace: float = 30.0) -> list[int]:
+    """Stop the background replays of testbed ``name`` (each puts its shapes back); their pids."""
+    from .actions import REPLAY_MARKER, StartReplay, from_dict
+    from .ledger import Ledger
+
+    pids = []
+    for e in Ledger(name).entries():
+        if e.get("action") != "StartReplay":
+            continue
+        a = from_dict(e)
+        if isinstance(a, StartReplay) and REPLAY_MARKER.fullmatch(a.marker):
+            pids += procs.terminate(procs.with_arg(a.marker), grace=grace)
+    return pids
+
+
+def running_background(name: str) -> list[dict]:
+    """The background replays of testbed ``name`` still running: pid and log."""
+    from .actions import REPLAY_MARKER, StartReplay, from_dict
+    from .ledger import Ledger
+
+    out = []
+    for e in Ledger(name).entries():
+        if e.get("action") == "StartReplay":
+            a = from_dict(e)
+            if isinstance(a, StartReplay) and REPLAY_MARKER.fullmatch(a.marker):
+                out += [{"pid": pid, "log": a.log} for pid in procs.with_arg(a.marker)]
+    return out

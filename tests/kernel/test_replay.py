@@ -94,7 +94,9 @@ def test_cli_replay_restores_on_ctrl_c_and_refuses_bad_traces(clean_kernel, tmp_
         assert r.returncode == 0, r.stdout + r.stderr
         out = json.loads(r.stdout)
         assert [s["rate"] for s in out["steps"]] == ["100mbit", "40mbit"] and not out["restored"]
-        assert [json.loads(x)["rate"] for x in log.read_text().splitlines()] == ["100mbit", "40mbit"]
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert [x["event"] for x in lines] == ["start", "step", "step"]
+        assert [x["rate"] for x in lines[1:]] == ["100mbit", "40mbit"] and lines[0]["links"] == ["s0-s1"]
         assert _htb_rates("rpc", "l2a") == ["40Mbit"]
         assert cli("link", "set", "s0-s1", "--bw", "300mbit").returncode == 0
 
@@ -116,3 +118,69 @@ def test_cli_replay_restores_on_ctrl_c_and_refuses_bad_traces(clean_kernel, tmp_
         assert "300mbit" in json.dumps(show) and "10mbit" not in json.dumps(show), "state agrees with the kernel"
     finally:
         assert cli("down", "rpc").returncode == 0
+
+
+def _pids_with(marker_prefix: str) -> list[int]:
+    from testbed.procs import argv_of
+
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and any(a.startswith(marker_prefix) for a in argv_of(int(p.name)))]
+
+
+def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_kernel, tmp_path):
+    topo = tmp_path / "rbg.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("rbg", rate="300mbit")))
+    loop = tmp_path / "loop.csv"
+    loop.write_text("0,10mbit\n0.5,20mbit\n1,10mbit\n")
+    assert cli("up", str(topo), "--no-exporter").returncode == 0
+    try:
+        before = sorted(_htb_rates("rbg", "l2a") + _htb_rates("rbg", "l2b"))
+        # a bad trace is refused by the command itself, and nothing is started
+        bad = tmp_path / "bad.csv"
+        bad.write_text("0,10mbit\n1,0mbit\n")
+        r = cli("link", "replay", "--bottleneck", str(bad), "--background", "--json")
+        assert r.returncode == 1 and "bad.csv" in r.stdout and not _pids_with("--replay-id="), r.stdout
+        r = cli("link", "replay", "--bottleneck", str(loop), "--loop", "--background", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        started = json.loads(r.stdout)
+        assert _pids_with("--replay-id=") == [started["pid"]]
+        ledger = Path(clean_kernel["state_dir"]) / "rbg" / "ledger.jsonl"
+        assert '"StartReplay"' in ledger.read_text()
+        seen = set()
+        deadline = time.monotonic() + 20
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen.update(_htb_rates("rbg", "l2a"))
+            time.sleep(0.05)
+        assert seen == {"10Mbit", "20Mbit"}, seen
+        status = json.loads(cli("link", "replay", "--stop", "--json").stdout)
+        assert status["stopped"] == [started["pid"]] and not _pids_with("--replay-id=")
+        assert sorted(_htb_rates("rbg", "l2a") + _htb_rates("rbg", "l2b")) == before, "shapes put back"
+        steps = [json.loads(x) for x in Path(started["log"]).read_text().splitlines()]
+        assert steps[0]["event"] == "start" and {s["rate"] for s in steps[1:]} == {"10mbit", "20mbit"}
+
+        # started again; then `down` removes it with the testbed
+        assert cli("link", "replay", "s0-s1", str(loop), "--loop", "--background").returncode == 0
+        assert len(_pids_with("--replay-id=")) == 1
+    finally:
+        assert cli("down", "rbg").returncode == 0
+    assert not _pids_with("--replay-id="), "down stopped the background replay"
+
+
+def test_a_replay_tied_to_a_process_puts_the_shapes_back_when_it_dies(clean_kernel, tmp_path):
+    """What `run --bw-trace` relies on after `kill -9` of the run: its replay notices."""
+    loop = tmp_path / "loop.csv"
+    loop.write_text("0,10mbit\n0.5,20mbit\n1,10mbit\n")
+    with Testbed.up(load_topology_dict(dumbbell("rtie", rate="300mbit"))) as tb:
+        owner = subprocess.Popen(["sleep", "60"])
+        try:
+            from testbed.replay import start_background
+
+            bg = start_background(tb, loop, link="s0-s1", loop=True, while_pid=owner.pid)
+            time.sleep(0.3)
+            assert _htb_rates("rtie", "l2a") in (["10Mbit"], ["20Mbit"])
+            owner.kill()
+            owner.wait()
+            assert bg.proc.wait(10) == 0, bg.tail()
+            assert _htb_rates("rtie", "l2a") == ["300Mbit"] and _htb_rates("rtie", "l2b") == ["300Mbit"]
+        finally:
+            owner.kill()
