@@ -309,6 +309,7 @@ def link_replay(
     stop: bool = typer.Option(False, "--stop", help="Stop the testbed's background replays (shapes put back)."),
     replay_id: Optional[str] = typer.Option(None, "--replay-id", hidden=True),
     while_pid: Optional[int] = typer.Option(None, "--while-pid", hidden=True),
+    start_on: Optional[Path] = typer.Option(None, "--start-on", hidden=True),
     testbed: Optional[str] = TestbedOpt,
     as_json: bool = JsonOpt,
 ):
@@ -376,7 +377,8 @@ def link_replay(
         logf = open_log(log)
         try:
             res = replay(tb, links, trace, direction=direction, duration_s=duration, restore=restore, log=logf,
-                         on_step=show, stop=None if while_pid is None else lambda: not _pid_alive(while_pid))
+                         on_step=show, stop=None if while_pid is None else lambda: not _pid_alive(while_pid),
+                         start_when=None if start_on is None else start_on.exists)
         except KeyboardInterrupt:
             raise TestbedError(f"interrupted: the shapes from before were put back on {names}") from None
         finally:
@@ -523,6 +525,11 @@ def run(
     ctx: typer.Context,
     scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad, pactrain, spardl, prunex or hier-allreduce."),
     bw: Optional[str] = typer.Option(None, "--bw", help="Rate of the bottleneck links for this run, e.g. 100mbit."),
+    bw_trace: Optional[Path] = typer.Option(None, "--bw-trace", help="The bottleneck links follow this trace (CSV "
+                                            "time_s,rate[,delay,loss] or Mahimahi) during the run."),
+    trace_format: str = typer.Option("auto", "--trace-format", help="--bw-trace's format: csv, mahimahi or auto."),
+    trace_window: float = typer.Option(1.0, "--trace-window", help="mahimahi: seconds per rate step."),
+    trace_loop: bool = typer.Option(False, "--trace-loop", help="csv: repeat the trace until the run ends."),
     topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Directory for run directories."),
@@ -537,6 +544,8 @@ def run(
     Arguments after `--` go to `python -m workloads.train` unchanged.
     """
     with _guard(as_json):
+        import math
+
         from .experiment import RunRequest
         from .experiment import run as run_experiment
         from .units import Rate, UnitError
@@ -551,10 +560,13 @@ def run(
         model, dataset, epochs, batch_size = (workload[k] for k in ("model", "dataset", "epochs", "batch_size"))
         if not as_json:
             err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(model)}, dataset {escape(dataset)}, "
-                      f"{epochs:g} epochs, batch {batch_size}/worker, bottleneck {rate or 'as configured'}, topology "
+                      f"{epochs:g} epochs, batch {batch_size}/worker, bottleneck {rate or (f'trace {escape(str(bw_trace))}' if bw_trace else 'as configured')}, topology "
                       f"{escape(str(testbed or topology or 'three_switch (default)'))}", highlight=False)
+        if not (math.isfinite(trace_window) and trace_window > 0):
+            raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
         req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
-                         out=out_dir, timeout=timeout, exporter=exporter)
+                         out=out_dir, timeout=timeout, exporter=exporter, bw_trace=bw_trace,
+                         trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop)
         summary = _run_with_display(req, run_experiment, as_json)
         if as_json:
             _emit(summary)

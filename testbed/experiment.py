@@ -3,6 +3,9 @@
     run(request) -> summary
       testbed: attach to --testbed NAME (left up), or bring up the topology (torn down after)
       --bw: set on the bottleneck links for the run, previous rates restored afterwards
+      --bw-trace: the bottleneck links follow a trace during the run (a background replay,
+        its steps in trace.jsonl), the shapes from before restored afterwards; each
+        iteration's record gets the rate in force while it ran (link_rate_bps)
       tc byte counters of the bottleneck links read at start and end (and sampled into
         links.jsonl every second): the proof that the collectives crossed the shaped links
       one rank per worker (testbed.launch), records into runs/<run_id>/
@@ -33,7 +36,7 @@ from .ledger import Ledger, global_lock
 from .errors import TestbedError
 from .launch import Launcher, RankFailed, placement
 from .files import JsonlTail, read_jsonl, write_json
-from .topology import SHIPPED_DIR, Link, load_topology
+from .topology import SHIPPED_DIR, Link, Shape, load_topology
 from .units import Rate
 
 DEFAULT_TOPOLOGY = SHIPPED_DIR / "three_switch.yaml"
@@ -66,6 +69,11 @@ class RunRequest:
     """Stored in summary.json under "request" (e.g. the sweep's repeat number)."""
     module: str = "workloads.train"
     """The workload each rank runs (``python -m MODULE``); only workloads.train takes --scheme."""
+    bw_trace: Path | None = None
+    """A trace (CSV or Mahimahi, :mod:`testbed.trace`) the bottleneck links follow during the run."""
+    trace_format: str = "auto"
+    trace_window: float = 1.0
+    trace_loop: bool = False
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
@@ -108,18 +116,30 @@ def _code_version() -> str:
 class _LinkSampler:
     """Samples the bottleneck counters into links.jsonl and the live utilisation."""
 
-    def __init__(self, tb: Testbed, links: list[Link], path: Path):
+    def __init__(self, tb: Testbed, links: list[Link], path: Path, live_shapes: bool = False):
         self.tb, self.links, self.f = tb, links, open(path, "a", buffering=1, encoding="utf-8")
+        self.live_shapes = live_shapes
+        """Read the shapes in force from the state file at every sample (a trace changes them)."""
         self.prev: dict | None = None
         self.prev_t = 0.0
         self.util: dict[str, float] = {}
 
+    def _current(self) -> list[Link]:
+        state = Ledger(self.tb.name).read_state() if self.live_shapes else None
+        if state is None:
+            return self.links
+        from .topology import load_topology_dict
+
+        now = load_topology_dict(state["topology"], source=state.get("source")).links
+        return [now[l.index] for l in self.links]
+
     def sample(self) -> dict:
         now = time.time()
         counters = self.tb.link_counters(self.links)
+        links = self._current()
         if self.prev is not None and now > self.prev_t:
             dt = now - self.prev_t
-            for l in self.links:
+            for l in links:
                 for d in DIRECTIONS:
                     c, p = counters.get((l.index, d), {}), self.prev.get((l.index, d), {})
                     rate = l.shape(d).rate.bps
@@ -202,10 +222,12 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
     check_out(req.out)
+    trace = _load_trace(req)
     restore_signals = _install_signals()
     tb: Testbed | None = None
     created = False
-    restore: list[tuple[Link, str, Rate]] = []
+    restore: list[tuple[Link, str, Shape]] = []
+    replayer = None
     launcher: Launcher | None = None
     sampler: _LinkSampler | None = None
     run_dir: Path | None = None
@@ -221,10 +243,15 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             raise TestbedError(f"testbed '{tb.name}' has no bottleneck links, so the run cannot prove "
                                f"its traffic crossed shaped links",
                                "mark the links between switches with 'bottleneck: true' in the topology")
-        if req.bw is not None:
+        if trace is not None:
+            from .replay import check as check_trace
+
+            check_trace(bottlenecks, trace)  # refused before anything changes
+        if req.bw is not None or trace is not None:
             for l in bottlenecks:
                 for d in DIRECTIONS:
-                    restore.append((l, d, l.shape(d).rate))
+                    restore.append((l, d, l.shape(d)))
+        if req.bw is not None:
             tb.set_links(bottlenecks, rate=req.bw)
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]  # the shapes now in force
 
@@ -234,6 +261,9 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
         request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
                    "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+        if trace is not None:
+            request["bw_trace"] = {"file": str(req.bw_trace), "format": req.trace_format, "window_s": req.trace_window,
+                                   "loop": trace.loop, "steps": len(trace.steps), "period_s": trace.period_s}
         seats = placement(tb.topology)
         write_json(run_dir / "run.json", {
             "run_id": run_id, "request": request, "bottlenecks": shapes,
@@ -247,7 +277,14 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         argv = [req.module, *scheme_arg, *wargs, "--out", str(run_dir.resolve())]
         if req.exporter:
             exporter = _start_run_exporter(tb, run_id, run_dir)
-        sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl")
+        sampler = _LinkSampler(tb, bottlenecks, run_dir / "links.jsonl", live_shapes=trace is not None)
+        if trace is not None:
+            from .replay import start_background
+
+            replayer = start_background(tb, req.bw_trace, fmt=req.trace_format, window_s=req.trace_window,
+                                        loop=req.trace_loop, log=run_dir / "trace.jsonl", while_pid=os.getpid(),
+                                        start_on=run_dir / "config.json")  # 0 s: when training starts
+            say(f"the bottleneck links follow {req.bw_trace} (steps in {run_dir / 'trace.jsonl'})")
         start_counters = sampler.sample()
         t_start = time.time()
         launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts, seats=seats)
@@ -278,10 +315,18 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         launcher.wait(tick)
         end_counters = sampler.sample()
         duration = time.time() - t_start
+        if replayer is not None:
+            replayer.stop()  # the shapes from before are put back
         summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
+        if trace is not None:
+            _trace_summary(summary, run_dir, req.bw_trace, shapes, t_start, duration)
         write_json(run_dir / "summary.json", summary)
         if exporter is not None:
             exporter.finish()  # Prometheus gets the final records before the exporter goes
+            exporter.close()
+            exporter = None
+        if trace is not None:
+            annotate_rates(run_dir, summary.get("world_size", 0), shapes)
         payload = (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
         wire = summary["bottleneck"]["bytes"]
         if payload and wire < MIN_WIRE_FRACTION * payload:
@@ -308,15 +353,17 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         try:
             if launcher:
                 launcher.stop()
+            if replayer is not None:
+                replayer.stop()
             if exporter is not None:
                 exporter.close()
             if sampler:
                 sampler.close()
             if tb is not None:
                 if restore and not created:
-                    for l, d, rate in restore:
+                    for l, d, shape in restore:
                         try:
-                            tb.set_links([l], rate=rate, direction=d)
+                            tb.set_links([l], rate=shape.rate, delay=shape.delay, loss=shape.loss, direction=d)
                         except TestbedError:
                             pass  # the testbed went away meanwhile
                 lock.close()
@@ -406,3 +453,115 @@ def _summarise(run_dir, run_id, request, links, start, end, duration, shapes) ->
             wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
     summary["mean_wire_tx_bytes_per_iteration"] = sum(wire) / len(wire) if wire else None
     return summary
+
+
+def _load_trace(req: RunRequest):
+    """The run's bandwidth trace, read and checked before anything is built (None: no trace)."""
+    if req.bw_trace is None:
+        return None
+    if req.bw is not None:
+        raise TestbedError("--bw and --bw-trace both set the bottleneck rate", "give one of them")
+    from .trace import load_trace
+
+    trace = load_trace(req.bw_trace, req.trace_format, req.trace_window, req.trace_loop)
+    if any(s.delay is not None or s.loss is not None for s in trace.steps):
+        from .net.probe import probe
+
+        ok, detail = probe()["netem"]
+        if not ok:
+            from .net.tc import NETEM_MISSING_HINT
+
+            raise TestbedError(f"--bw-trace {req.bw_trace}: its delay/loss columns need the netem qdisc, which this "
+                               f"kernel lacks ({detail})", NETEM_MISSING_HINT)
+    return trace
+
+
+def _trace_steps(run_dir: Path) -> list[tuple[float, float]]:
+    """(wall time, rate in bit/s) of each applied step, from trace.jsonl."""
+    from .units import Rate, UnitError
+
+    out = []
+    for r in read_jsonl(run_dir / "trace.jsonl"):
+        if r.get("event") == "step" and isinstance(r.get("time"), (int, float)):
+            try:
+                out.append((float(r["time"]), float(Rate.parse(str(r["rate"])).bps)))
+            except UnitError:
+                continue
+    return sorted(out)
+
+
+def _initial_rate(shapes: dict) -> float | None:
+    from .units import Rate
+
+    rates = {Rate.parse(s["rate"]).bps for dirs in shapes.values() for s in dirs.values()}
+    return float(min(rates)) if rates else None
+
+
+def rate_over(steps: list[tuple[float, float]], initial: float | None, t0: float, t1: float) -> float | None:
+    """The time-weighted mean rate in force over [t0, t1] (``initial`` before the first step)."""
+    if t1 <= t0:
+        t0 = t1 - 1e-9
+    total, covered = 0.0, 0.0
+    times = [t0] + [t for t, _ in steps if t0 < t < t1] + [t1]
+    for a, b in zip(times, times[1:]):
+        rate = initial
+        for t, r in steps:
+            if t <= a:
+                rate = r
+        if rate is None:
+            continue
+        total += rate * (b - a)
+        covered += b - a
+    return total / covered if covered > 0 else None
+
+
+def annotate_rates(run_dir: Path, world: int, shapes: dict) -> None:
+    """Each iteration's record gets ``link_rate_bps``: the bottleneck rate in force while it
+    ran (time-weighted over [time - iter_s, time]). The files are replaced whole."""
+    steps, initial = _trace_steps(run_dir), _initial_rate(shapes)
+    for r in range(world):
+        path = run_dir / f"rank{r}.jsonl"
+        recs = read_jsonl(path)
+        if not recs:
+            continue
+        for x in recs:
+            t, dt = x.get("time"), x.get("iter_s")
+            if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
+                x["link_rate_bps"] = rate_over(steps, initial, t - dt, t)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in recs))
+        os.replace(tmp, path)
+
+
+def _trace_summary(summary: dict, run_dir: Path, trace_file: Path, shapes: dict, t_start: float,
+                   duration: float) -> None:
+    """What the trace did during the run: steps applied, their lateness, the mean capacity
+    (utilisation is measured against it), and the mean iteration time at each rate (only
+    iterations that ran wholly at one rate)."""
+    import statistics
+
+    late = sorted(r["late_s"] for r in read_jsonl(run_dir / "trace.jsonl")
+                  if r.get("event") == "step" and isinstance(r.get("late_s"), (int, float)))
+    steps, initial = _trace_steps(run_dir), _initial_rate(shapes)
+    by_rate: dict[float, list[float]] = {}
+    for x in read_jsonl(run_dir / "rank0.jsonl"):
+        t, dt = x.get("time"), x.get("iter_s")
+        if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
+            if any(t - dt < st < t for st, _ in steps):
+                continue  # a step came while it ran
+            rate = rate_over(steps, initial, t - dt, t)
+            if rate is not None:
+                by_rate.setdefault(round(rate), []).append(dt)
+    summary["bw"] = f"trace {trace_file.name}"
+    capacity = rate_over(steps, initial, t_start, t_start + duration)
+    b = summary["bottleneck"]
+    if capacity and duration > 0:
+        for v in b["links"].values():
+            v["rate_bps"], v["utilisation"] = capacity, v["bytes"] * 8 / duration / capacity
+        util = [v["utilisation"] for v in b["links"].values()]
+        b["max_utilisation"], b["mean_utilisation"] = max(util), sum(util) / len(util)
+    summary["bw_trace"] = {
+        "file": str(trace_file), "steps_applied": len(late), "mean_rate_bps": capacity,
+        "late_s": {"median": statistics.median(late), "max": late[-1]} if late else None,
+        "iterations_by_rate": [{"rate_bps": r, "iterations": len(v), "mean_iter_s": statistics.fmean(v)}
+                               for r, v in sorted(by_rate.items())]}

@@ -80,7 +80,8 @@ def check(links: Sequence[Link], trace: Trace, direction: str = "both") -> None:
 
 def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", duration_s: float | None = None,
            restore: bool = False, log: IO[str] | None = None, on_step: Callable[[dict], None] | None = None,
-           stop: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> ReplayResult:
+           stop: Callable[[], bool] | None = None, start_when: Callable[[], bool] | None = None,
+           clock: Callable[[], float] = time.monotonic) -> ReplayResult:
     """Apply ``trace`` to ``links`` of the running testbed ``tb``; returns what was applied.
 
     Ends after the last step (a looping trace: after ``duration_s``, or on an interrupt);
@@ -88,8 +89,11 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
     from before are put back, and the interrupt is re-raised. ``stop`` (asked about five
     times a second while waiting) returning True ends it the same way, without raising.
 
-    ``log`` gets a ``start`` line (wall time of the trace's 0 s, links, steps), then one
-    ``step`` line per applied step.
+    ``start_when``: the trace's 0 s is the moment it first returns True (asked every 10
+    ms, after the steps are encoded); a run starts its trace when training starts.
+
+    ``log`` gets a ``ready`` line once the steps are encoded, a ``start`` line (wall time of
+    the trace's 0 s, links, steps), then one ``step`` line per applied step.
     """
     if duration_s is None and trace.loop:
         duration_s = float("inf")
@@ -113,13 +117,29 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
                 raise _Stopped
             time.sleep(min(left, poll))
 
+    if log is not None:
+        log.write(json.dumps({"event": "ready", "time": time.time()}) + "\n")
+        log.flush()
+    old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
+    try:
+        while start_when is not None and not start_when():
+            if stop is not None and stop():
+                raise _Stopped
+            time.sleep(0.01)
+    except (_Stopped, KeyboardInterrupt) as e:  # before the trace began: nothing to put back
+        changer.close()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        result.interrupted = True
+        return result
     t0 = clock()
     wall0 = time.time()
     if log is not None:
         log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
                               "trace": trace.source, "steps": len(trace.steps), "period_s": trace.period_s}) + "\n")
         log.flush()
-    old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
     try:
         for at, step in trace.events(until):
             due = t0 + at
@@ -202,11 +222,12 @@ class Background:
 def start_background(tb, trace_path: Path, *, link: str | None = None, fmt: str = "auto", window_s: float = 1.0,
                      loop: bool = False, duration_s: float | None = None, direction: str = "both",
                      restore: bool = False, log: Path | None = None, while_pid: int | None = None,
-                     ready_timeout: float = 30.0) -> Background:
+                     start_on: Path | None = None, ready_timeout: float = 30.0) -> Background:
     """Start ``testbed link replay`` as a background process, recorded in the testbed's
-    ledger first (``down`` stops it, also after a crash); returns once it has started its
-    clock (the ``start`` line in its log). ``while_pid``: it ends, putting the shapes back,
-    when that process is gone (a run that was killed)."""
+    ledger first (``down`` stops it, also after a crash); returns once it is ready (the
+    ``ready`` line in its log). ``while_pid``: it ends, putting the shapes back, when that
+    process is gone (a run that was killed). ``start_on``: the trace's 0 s is when this
+    file appears (else at once)."""
     from .actions import StartReplay
     from .ledger import Ledger, global_lock
 
@@ -220,7 +241,8 @@ def start_background(tb, trace_path: Path, *, link: str | None = None, fmt: str 
         "--format", fmt, "--window", repr(window_s), "--direction", direction, "--log", str(log),
         "--testbed", tb.name, marker, *(["--loop"] if loop else []), *(["--restore"] if restore else []),
         *(["--duration", repr(duration_s)] if duration_s is not None else []),
-        *(["--while-pid", str(while_pid)] if while_pid else []))
+        *(["--while-pid", str(while_pid)] if while_pid else []),
+        *(["--start-on", str(start_on.resolve())] if start_on is not None else []))
     with global_lock():
         ledger.record(StartReplay(marker, str(log)).to_dict())
     start = log.stat().st_size if log.exists() else 0
@@ -241,7 +263,7 @@ def _started(log: Path, offset: int) -> bool:
     try:
         with open(log, "rb") as f:
             f.seek(offset)
-            return b'"event": "start"' in f.read(4096)
+            return b'"event": "ready"' in f.read(4096)
     except OSError:
         return False
 
