@@ -351,6 +351,26 @@ REPLAY_MARKER = re.compile(r"--replay-id=[0-9a-f]{32}")
 
 @register
 @dataclass(frozen=True)
+class StartTraffic(Action):
+    """A cross-traffic iperf3 process inside a node (:mod:`testbed.traffic`), found by its
+    ``--logfile=`` argument (a ``traffic-N-server|client.log`` in a run directory)."""
+
+    marker: str
+
+    def describe(self) -> str:
+        return f"cross-traffic iperf3 ({self.marker})"
+
+    def release(self, td: Teardown) -> None:
+        from .traffic import MARKER
+
+        if not MARKER.fullmatch(self.marker):
+            raise TestbedError(f"cross-traffic marker {self.marker!r} is not --logfile=<run dir>/traffic-N-ROLE.log; "
+                               f"left alone")
+        procs.terminate(procs.with_arg(self.marker), grace=0.0)
+
+
+@register
+@dataclass(frozen=True)
 class TargetFile(Action):
     """A file-SD target file written by a run's exporter; removed if the run dies."""
 

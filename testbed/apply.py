@@ -76,7 +76,8 @@ def ignore_interrupts(signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
 
 def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | None = None,
                exporter: str | None = None) -> None:
-    """Run the plan's actions (then start the exporter), recording each ahead in ``ledger``.
+    """Run the plan's actions (then start the exporter and the links' schedules), recording
+    each ahead in ``ledger``.
 
     ``state`` is written with ``ready: True`` once the network is complete, and with the
     exporter's URL once it listens. On any failure or interrupt, everything recorded is
@@ -113,6 +114,12 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                 start.apply(ctx)
                 state["exporter"] = ctx.results["exporter"]
                 ledger.write_state(state)
+            for link in plan.topology.links:  # schedules: a background replay per link, from now on
+                if link.schedule is not None:
+                    signals.check()
+                    from .replay import start_background
+
+                    start_background(name, None, link=link.name, locked=True)
     except BaseException as e:
         ctx.close()
         old = ignore_interrupts()

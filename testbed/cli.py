@@ -307,6 +307,8 @@ def link_replay(
     background: bool = typer.Option(False, "--background", help="Run it as a background process (recorded in the "
                                      "ledger; `--stop` or `testbed down` ends it)."),
     stop: bool = typer.Option(False, "--stop", help="Stop the testbed's background replays (shapes put back)."),
+    from_topology: bool = typer.Option(False, "--from-topology", help="Follow LINK's schedule: in the topology "
+                                       "(no TRACE file)."),
     replay_id: Optional[str] = typer.Option(None, "--replay-id", hidden=True),
     while_pid: Optional[int] = typer.Option(None, "--while-pid", hidden=True),
     start_on: Optional[Path] = typer.Option(None, "--start-on", hidden=True),
@@ -340,30 +342,41 @@ def link_replay(
         args = args or []
         if while_pid is not None and while_pid <= 0:
             raise TestbedError(f"--while-pid {while_pid}: not a process id")
-        want = 1 if bottleneck else 2
-        if len(args) != want:
-            raise TestbedError("give LINK TRACE, or --bottleneck TRACE" if not bottleneck
-                               else "with --bottleneck give only the TRACE file")
-        link, trace_file = (None, args[0]) if bottleneck else args
+        if from_topology:
+            if bottleneck or len(args) != 1:
+                raise TestbedError("with --from-topology give only the LINK whose schedule: to follow")
+            link, trace_file = args[0], None
+        else:
+            want = 1 if bottleneck else 2
+            if len(args) != want:
+                raise TestbedError("give LINK TRACE, or --bottleneck TRACE" if not bottleneck
+                                   else "with --bottleneck give only the TRACE file")
+            link, trace_file = (None, args[0]) if bottleneck else args
         if direction not in ("both", "forward", "reverse"):
             raise TestbedError(f"--direction {direction!r}: choose both, forward or reverse")
         if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_SPAN_S):
             raise TestbedError(f"--duration must be a number of seconds in (0, {MAX_SPAN_S:g}], got {duration}")
-        trace = load_trace(Path(trace_file), fmt, window, loop)
-        if trace.loop and duration is None and as_json and not background:
-            raise TestbedError("a looping trace with --json needs --duration (the JSON comes at the end)")
+        trace = load_trace(Path(trace_file), fmt, window, loop) if trace_file is not None else None
         tb = Testbed.attach(_resolve_name(testbed))
         links = tb.find_links(link, bottleneck=bottleneck)
         names = ", ".join(l.name for l in links)
+        if trace is None:
+            trace = links[0].schedule
+            if trace is None:
+                raise TestbedError(f"link {links[0].name} has no schedule: in the topology",
+                                   "give a TRACE file instead of --from-topology")
+        if trace.loop and duration is None and as_json and not background:
+            raise TestbedError("a looping trace with --json needs --duration (the JSON comes at the end)")
         if background:
             check(links, trace, direction)  # refused here, not in a process nobody watches
-            bg = start_background(tb, Path(trace_file), link=link, fmt=fmt, window_s=window, loop=loop,
-                                  duration_s=duration, direction=direction, restore=restore, log=log)
+            bg = start_background(tb.name, None if from_topology else Path(trace_file), link=link, fmt=fmt,
+                                  window_s=window, loop=loop, duration_s=duration, direction=direction,
+                                  restore=restore, log=log)
             if as_json:
-                _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": str(trace_file),
+                _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": trace.source or str(trace_file),
                        "pid": bg.proc.pid, "log": str(bg.log), "output": str(bg.output)})
             else:
-                out.print(f"replaying {trace_file} on {names} in the background (pid {bg.proc.pid}); steps are "
+                out.print(f"replaying {trace.source or trace_file} on {names} in the background (pid {bg.proc.pid}); steps are "
                           f"logged to {bg.log}; `testbed link replay --stop` or `testbed down` ends it",
                           markup=False, highlight=False)
             return
@@ -386,7 +399,7 @@ def link_replay(
                 logf.close()
         late = res.lateness()
         if as_json:
-            _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": str(trace_file),
+            _emit({"testbed": tb.name, "links": [l.name for l in links], "trace": trace.source or str(trace_file),
                    "period_s": trace.period_s, **res.to_dict()})
         else:
             out.print(f"{late['steps']} steps applied" + (f"; in force after their time: median "

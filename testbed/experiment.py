@@ -243,6 +243,13 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             raise TestbedError(f"testbed '{tb.name}' has no bottleneck links, so the run cannot prove "
                                f"its traffic crossed shaped links",
                                "mark the links between switches with 'bottleneck: true' in the topology")
+        if req.bw is not None or trace is not None:
+            from .replay import running_background
+
+            if busy := running_background(tb.name):
+                raise TestbedError(f"testbed '{tb.name}' has {len(busy)} trace replay(s) running in the background "
+                                   f"(pid {', '.join(str(b['pid']) for b in busy)}), which would fight --bw/--bw-trace",
+                                   "stop them with `testbed link replay --stop`, or run without --bw/--bw-trace")
         if trace is not None:
             from .replay import check as check_trace
 
@@ -281,7 +288,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         if trace is not None:
             from .replay import start_background
 
-            replayer = start_background(tb, req.bw_trace, fmt=req.trace_format, window_s=req.trace_window,
+            replayer = start_background(tb.name, req.bw_trace, fmt=req.trace_format, window_s=req.trace_window,
                                         loop=req.trace_loop, log=run_dir / "trace.jsonl", while_pid=os.getpid(),
                                         start_on=run_dir / "config.json")  # 0 s: when training starts
             say(f"the bottleneck links follow {req.bw_trace} (steps in {run_dir / 'trace.jsonl'})")

@@ -14,6 +14,7 @@ interrupt, or with ``restore``, the shapes from before the replay are put back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import signal
@@ -219,31 +220,33 @@ class Background:
             return ""
 
 
-def start_background(tb, trace_path: Path, *, link: str | None = None, fmt: str = "auto", window_s: float = 1.0,
+def start_background(name: str, trace_path: Path | None, *, link: str | None = None, fmt: str = "auto", window_s: float = 1.0,
                      loop: bool = False, duration_s: float | None = None, direction: str = "both",
                      restore: bool = False, log: Path | None = None, while_pid: int | None = None,
-                     start_on: Path | None = None, ready_timeout: float = 30.0) -> Background:
+                     start_on: Path | None = None, ready_timeout: float = 30.0, locked: bool = False) -> Background:
     """Start ``testbed link replay`` as a background process, recorded in the testbed's
     ledger first (``down`` stops it, also after a crash); returns once it is ready (the
     ``ready`` line in its log). ``while_pid``: it ends, putting the shapes back, when that
     process is gone (a run that was killed). ``start_on``: the trace's 0 s is when this
-    file appears (else at once)."""
+    file appears (else at once). ``trace_path`` None: ``link``'s schedule in the topology.
+    ``locked``: the caller holds the global lock (``up``)."""
     from .actions import StartReplay
     from .ledger import Ledger, global_lock
 
     rid = secrets.token_hex(16)
     marker = f"--replay-id={rid}"
-    ledger = Ledger(tb.name)
+    ledger = Ledger(name)
     log = (log or ledger.dir / f"replay-{rid[:8]}.jsonl").resolve()
     output = ledger.dir / f"replay-{rid[:8]}.out"
     argv = procs.python_argv(
-        "testbed", "link", "replay", *([link] if link else ["--bottleneck"]), str(trace_path.resolve()),
+        "testbed", "link", "replay", *([link] if link else ["--bottleneck"]),
+        *([str(trace_path.resolve())] if trace_path is not None else ["--from-topology"]),
         "--format", fmt, "--window", repr(window_s), "--direction", direction, "--log", str(log),
-        "--testbed", tb.name, marker, *(["--loop"] if loop else []), *(["--restore"] if restore else []),
+        "--testbed", name, marker, *(["--loop"] if loop else []), *(["--restore"] if restore else []),
         *(["--duration", repr(duration_s)] if duration_s is not None else []),
         *(["--while-pid", str(while_pid)] if while_pid else []),
         *(["--start-on", str(start_on.resolve())] if start_on is not None else []))
-    with global_lock():
+    with contextlib.nullcontext() if locked else global_lock():
         ledger.record(StartReplay(marker, str(log)).to_dict())
     start = log.stat().st_size if log.exists() else 0
     with open(output, "ab") as out:

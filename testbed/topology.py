@@ -17,7 +17,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from .errors import TopologyError
+from .errors import TestbedError, TopologyError
+from .trace import Trace, parse_schedule
+from .traffic import Flow, flow_from_dict
 from .units import Duration, Loss, Rate, UnitError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -30,8 +32,8 @@ NODE_KINDS = ("worker", "switch")
 MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
 
 _SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
-_LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", *_SHAPE_KEYS)
-_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet")
+_LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *_SHAPE_KEYS)
+_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic")
 _DEFAULT_KEYS = ("backend", "link", "sysctls")
 _NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls"), "switch": ("kind", "stp")}
 """Keys every worker takes; each backend adds its own (testbed.backends, ``option_keys``)."""
@@ -119,6 +121,8 @@ class Link:
     reverse: Shape
     bottleneck: bool = False
     name: str = ""
+    schedule: Trace | None = None
+    """Steps both directions follow from ``up`` on (a background replay), ``loop``-ed or not."""
 
     @property
     def path(self) -> str:
@@ -142,6 +146,8 @@ class Topology:
     subnet: ipaddress.IPv4Network | None = None
     """Data-plane subnet; None means 'choose one clear of the host's routes at up time'."""
     source: str | None = field(default=None, compare=False)
+    traffic: tuple[Flow, ...] = ()
+    """Cross-traffic flows that run alongside every ``testbed run`` (:mod:`testbed.traffic`)."""
 
     @property
     def workers(self) -> tuple[Node, ...]:
@@ -160,7 +166,8 @@ class Topology:
 
     @property
     def needs_netem(self) -> bool:
-        return any(l.forward.needs_netem or l.reverse.needs_netem for l in self.links)
+        return any(l.forward.needs_netem or l.reverse.needs_netem or (l.schedule is not None and l.schedule.needs_netem)
+                   for l in self.links)
 
     def worker_link(self, worker: str) -> Link:
         for l in self.links:
@@ -196,10 +203,19 @@ class Topology:
                 d["bottleneck"] = True
             d["forward"] = l.forward.to_dict()
             d["reverse"] = l.reverse.to_dict()
+            if l.schedule is not None:
+                d["schedule"] = [{"at": f"{st.at_s:g}s", **{k: v for k, v in st.to_dict().items() if k != "at_s"}}
+                                 for st in l.schedule.steps]
+                if l.schedule.loop:  # the period's end is written as a last step with the first's values
+                    first = {k: v for k, v in l.schedule.steps[0].to_dict().items() if k != "at_s"}
+                    d["schedule"].append({"at": f"{l.schedule.period_s:g}s", **first})
+                    d["loop"] = True
             links.append(d)
         out: dict[str, Any] = {"name": self.name, "nodes": nodes, "links": links}
         if self.subnet is not None:
             out["subnet"] = str(self.subnet)
+        if self.traffic:
+            out["traffic"] = [f.to_dict() for f in self.traffic]
         return out
 
 
@@ -463,7 +479,8 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
             _unknown_keys(dspec, _SHAPE_KEYS, f"{path}.{d}")
             fields = {**default_shape.__dict__, **both, **_shape_fields(dspec, f"{path}.{d}")}
             dirs[d] = _check_shape(Shape(**fields), f"{path}.{d}" if dspec else path)
-        links.append(Link(i, a, b, dirs["forward"], dirs["reverse"], bottleneck, lname))
+        schedule = _schedule(spec, path, dirs)
+        links.append(Link(i, a, b, dirs["forward"], dirs["reverse"], bottleneck, lname, schedule))
 
     _check_graph(by_name, links)
 
@@ -482,7 +499,50 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
         if subnet.is_loopback or subnet.is_multicast or subnet.is_link_local:
             raise TopologyError("subnet", f"{subnet} is a loopback/multicast/link-local range",
                                 "use a private range such as 10.77.0.0/16")
-    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source)
+    traffic = _traffic(top.get("traffic"), {n.name for n in workers})
+    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source, traffic=traffic)
+
+
+def _schedule(spec: dict, path: str, shapes: dict[str, Shape]) -> Trace | None:
+    """A link's ``schedule:`` (and ``loop:``), every distinct step checked against both
+    directions' shapes as ``link set`` would."""
+    if "schedule" not in spec:
+        if "loop" in spec:
+            raise TopologyError(f"{path}.loop", "loop without a schedule", "add schedule: [{at: 0s, rate: ...}, ...]")
+        return None
+    trace = parse_schedule(spec["schedule"], spec.get("loop", False), f"{path}.schedule")
+    seen = set()
+    for st in trace.steps:
+        if st.values() in seen:
+            continue
+        seen.add(st.values())
+        changes: dict[str, Any] = {"rate": st.rate}
+        if st.delay is not None:
+            changes["delay"] = st.delay
+        if st.loss is not None:
+            changes["loss"] = st.loss
+        for d, shape in shapes.items():
+            _check_shape(replace(shape, **changes), f"{path}.schedule (at {st.at_s:g}s, {d})")
+    return trace
+
+
+def _traffic(value: Any, workers: set[str]) -> tuple[Flow, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TopologyError("traffic", "must be a list of flows", "write e.g. traffic: [{from: w0, to: w7}]")
+    flows = []
+    for i, item in enumerate(value):
+        try:
+            f = flow_from_dict(item, f"traffic[{i}]")
+        except TestbedError as e:
+            raise TopologyError("", e.message, e.hint) from None
+        for k, n in (("from", f.src), ("to", f.dst)):
+            if n not in workers:
+                raise TopologyError(f"traffic[{i}].{k}", f"{n!r} is not a worker",
+                                    f"workers: {', '.join(sorted(workers)[:12])}")
+        flows.append(f)
+    return tuple(flows)
 
 
 def _sysctls(value: Any, path: str) -> dict[str, str]:

@@ -95,8 +95,8 @@ def test_cli_replay_restores_on_ctrl_c_and_refuses_bad_traces(clean_kernel, tmp_
         out = json.loads(r.stdout)
         assert [s["rate"] for s in out["steps"]] == ["100mbit", "40mbit"] and not out["restored"]
         lines = [json.loads(x) for x in log.read_text().splitlines()]
-        assert [x["event"] for x in lines] == ["start", "step", "step"]
-        assert [x["rate"] for x in lines[1:]] == ["100mbit", "40mbit"] and lines[0]["links"] == ["s0-s1"]
+        assert [x["event"] for x in lines] == ["ready", "start", "step", "step"]
+        assert [x["rate"] for x in lines[2:]] == ["100mbit", "40mbit"] and lines[1]["links"] == ["s0-s1"]
         assert _htb_rates("rpc", "l2a") == ["40Mbit"]
         assert cli("link", "set", "s0-s1", "--bw", "300mbit").returncode == 0
 
@@ -156,7 +156,8 @@ def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_ke
         assert status["stopped"] == [started["pid"]] and not _pids_with("--replay-id=")
         assert sorted(_htb_rates("rbg", "l2a") + _htb_rates("rbg", "l2b")) == before, "shapes put back"
         steps = [json.loads(x) for x in Path(started["log"]).read_text().splitlines()]
-        assert steps[0]["event"] == "start" and {s["rate"] for s in steps[1:]} == {"10mbit", "20mbit"}
+        assert [s["event"] for s in steps[:2]] == ["ready", "start"]
+        assert {s["rate"] for s in steps[2:]} == {"10mbit", "20mbit"}
 
         # started again; then `down` removes it with the testbed
         assert cli("link", "replay", "s0-s1", str(loop), "--loop", "--background").returncode == 0
@@ -175,7 +176,7 @@ def test_a_replay_tied_to_a_process_puts_the_shapes_back_when_it_dies(clean_kern
         try:
             from testbed.replay import start_background
 
-            bg = start_background(tb, loop, link="s0-s1", loop=True, while_pid=owner.pid)
+            bg = start_background(tb.name, loop, link="s0-s1", loop=True, while_pid=owner.pid)
             time.sleep(0.3)
             assert _htb_rates("rtie", "l2a") in (["10Mbit"], ["20Mbit"])
             owner.kill()
@@ -184,3 +185,35 @@ def test_a_replay_tied_to_a_process_puts_the_shapes_back_when_it_dies(clean_kern
             assert _htb_rates("rtie", "l2a") == ["300Mbit"] and _htb_rates("rtie", "l2b") == ["300Mbit"]
         finally:
             owner.kill()
+
+
+def test_a_topology_schedule_runs_from_up_and_ends_with_down(clean_kernel, tmp_path):
+    d = dumbbell("rsch", rate="300mbit")
+    d["links"][2]["schedule"] = [{"at": "0s", "rate": "10mbit"}, {"at": "500ms", "rate": "20mbit"},
+                                 {"at": "1s", "rate": "10mbit"}]
+    d["links"][2]["loop"] = True
+    topo = tmp_path / "rsch.yaml"
+    topo.write_text(yaml.safe_dump(d))
+    assert cli("up", str(topo), "--no-exporter").returncode == 0
+    try:
+        assert len(_pids_with("--replay-id=")) == 1
+        seen = set()
+        deadline = time.monotonic() + 20
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen.update(_htb_rates("rsch", "l2a") + _htb_rates("rsch", "l2b"))
+            time.sleep(0.05)
+        assert seen == {"10Mbit", "20Mbit"}, seen
+        # a run cannot set the rate of links a replay is driving
+        r = cli("run", "allreduce", "-t", "rsch", "--bw", "50mbit", "--out", str(tmp_path / "runs"), "--json")
+        assert r.returncode == 1 and "trace replay(s) running in the background" in r.stdout, r.stdout
+        assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+        # stopped, then started again from the topology by hand
+        assert cli("link", "replay", "--stop").returncode == 0 and not _pids_with("--replay-id=")
+        assert _htb_rates("rsch", "l2a") == ["300Mbit"]
+        r = cli("link", "replay", "s0-s1", "--from-topology", "--background", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["trace"] == "links[2].schedule", r.stdout
+        r = cli("link", "replay", "w0-s0", "--from-topology", "--json")
+        assert r.returncode == 1 and "has no schedule" in r.stdout
+    finally:
+        assert cli("down", "rsch").returncode == 0
+    assert not _pids_with("--replay-id=")

@@ -1,4 +1,5 @@
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,47 @@ def test_placement_groups_workers_by_the_switch_they_hang_off():
                             "links": [{"endpoints": ["b", "a"]}]})
     assert [(s.node, s.switch, s.group_rank, s.local_rank) for s in placement(t)] == [("a", "a", 0, 0),
                                                                                    ("b", "b", 1, 0)]
+
+
+def test_link_schedules_and_traffic_load_check_and_roundtrip():
+    from tests.helpers import dumbbell
+
+    d = dumbbell("sch", rate="100mbit")
+    d["links"][2]["schedule"] = [{"at": "0s", "rate": "10mbit"}, {"at": "2s", "rate": "20mbit"},
+                                 {"at": "4s", "rate": "10mbit"}]
+    d["links"][2]["loop"] = True
+    d["traffic"] = [{"from": "w0", "to": "w1", "flows": 2}, {"from": "w1", "to": "w0", "rate": "5mbit",
+                                                               "on": "2s", "off": "500ms"}]
+    t = load_topology_dict(d)
+    s = t.links[2].schedule
+    assert [st.at_s for st in s.steps] == [0.0, 2.0] and s.period_s == 4.0
+    assert [f.label() for f in t.traffic] == ["w0->w1 x2", "w1->w0 5mbit on 2s off 0.5s"]
+    assert load_topology_dict(t.to_dict()) == t
+    # a set_links-style replace keeps the schedule
+    from dataclasses import replace
+    assert replace(t.links[2], forward=t.links[2].reverse).schedule == s
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["links"][2].update(loop=True), "links[2].loop: loop without a schedule"),
+    (lambda d: d["links"][2].update(schedule=[{"at": "0s", "rate": "10mbps"}]), "links[2].schedule[0]"),
+    (lambda d: d["links"][2].update(schedule=[{"at": "0s", "rate": "10mbit", "delay": "5ms", "jitter": "1ms"}]),
+     "unknown key 'jitter'"),
+    (lambda d: d["links"][2].update(limit=10, schedule=[{"at": "0s", "rate": "10mbit"}]), None),
+    (lambda d: d.update(traffic=[{"from": "w0", "to": "s1"}]), "traffic[0].to: 's1' is not a worker"),
+    (lambda d: d.update(traffic=[{"from": "w0", "to": "w0"}]), "both 'w0'"),
+    (lambda d: d.update(traffic=[{"from": "w0", "to": "w1", "on": "1s"}]), "needs both on and off"),
+    (lambda d: d.update(traffic=[{"from": "w0", "to": "w1", "rate": "fast"}]), "traffic[0].rate"),
+    (lambda d: d.update(traffic={"from": "w0"}), "traffic: must be a list"),
+])
+def test_schedule_and_traffic_errors_name_the_path(edit, words):
+    from tests.helpers import dumbbell
+    from testbed.errors import TestbedError
+
+    d = dumbbell("bad", rate="100mbit")
+    edit(d)
+    if words is None:
+        load_topology_dict(d)
+        return
+    with pytest.raises(TestbedError, match=re.escape(words)):
+        load_topology_dict(d)

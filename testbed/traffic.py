@@ -1,0 +1,279 @@
+"""Cross-traffic: background TCP flows between nodes that compete with training.
+
+A flow is iperf3 (a real tool) inside the nodes: a server in ``to``, a client in ``from``
+sending to the server's data-plane address, so its packets take the same shaped links
+as the ranks' collectives. Written ``w0->w7`` with options, on the command line
+(``testbed run --cross-traffic 'w0->w7,flows=2'``) or in the topology::
+
+    traffic:
+      - {from: w0, to: w7, flows: 2}                          # 2 long TCP flows (iperf3 -P 2)
+      - {from: w1, to: w6, rate: 20mbit}                      # paced at 20 Mbit/s (iperf3 -b)
+      - {from: w2, to: w5, rate: 50mbit, on: 2s, off: 3s}     # on/off: exponential periods
+
+On/off flows alternate between sending (at ``rate``, or as fast as TCP goes) for an
+exponentially distributed time of mean ``on`` and silence of mean ``off`` (seeded), so
+their mean rate is about rate x on / (on + off).
+
+The achieved rate is what the server received, per second (iperf3's interval report,
+``--timestamps``), written to the run's ``traffic.jsonl`` and summarised per flow. Every
+iperf3 process carries ``--logfile=<its log in the run directory>``, recorded in the
+testbed's ledger before it starts: ``down`` stops it, and the next run on the testbed
+stops any left by a run that was killed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TestbedError
+from .units import Rate, UnitError
+
+BASE_PORT = 5301
+MAX_FLOWS = 32
+"""Parallel streams in one flow (iperf3 -P)."""
+_KEYS = ("from", "to", "flows", "rate", "on", "off")
+
+
+@dataclass(frozen=True)
+class Flow:
+    src: str
+    dst: str
+    flows: int = 1
+    rate: Rate | None = None
+    on_s: float | None = None
+    off_s: float | None = None
+
+    @property
+    def onoff(self) -> bool:
+        return self.on_s is not None
+
+    def label(self) -> str:
+        s = f"{self.src}->{self.dst}"
+        if self.flows != 1:
+            s += f" x{self.flows}"
+        if self.rate is not None:
+            s += f" {self.rate}"
+        if self.onoff:
+            s += f" on {self.on_s:g}s off {self.off_s:g}s"
+        return s
+
+    def to_dict(self) -> dict:
+        d: dict = {"from": self.src, "to": self.dst, "flows": self.flows}
+        if self.rate is not None:
+            d["rate"] = str(self.rate)
+        if self.onoff:
+            d.update(on=f"{self.on_s:g}s", off=f"{self.off_s:g}s")
+        return d
+
+
+def _seconds(value: object, where: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min)", value.strip().lower()) if isinstance(value, str) else None
+    if not m or float(m.group(1)) <= 0:
+        raise TestbedError(f"{where}: {value!r} is not a positive time", "write e.g. '2s', '500ms', '1min'")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "min": 60.0}[m.group(2)]
+
+
+def flow_from_dict(d: object, where: str) -> Flow:
+    """One flow from its mapping (the topology's ``traffic:`` entries)."""
+    if not isinstance(d, dict):
+        raise TestbedError(f"{where}: a flow is a mapping such as {{from: w0, to: w1}}")
+    unknown = sorted(set(d) - set(_KEYS), key=str)
+    if unknown:
+        raise TestbedError(f"{where}: unknown key {unknown[0]!r}", f"keys: {', '.join(_KEYS)}")
+    src, dst = d.get("from"), d.get("to")
+    for k, v in (("from", src), ("to", dst)):
+        if not isinstance(v, str) or not v:
+            raise TestbedError(f"{where}.{k}: name a worker node", "e.g. from: w0, to: w7")
+    if src == dst:
+        raise TestbedError(f"{where}: from and to are both {src!r}", "a flow goes between two nodes")
+    flows = d.get("flows", 1)
+    if isinstance(flows, bool) or not isinstance(flows, int) or not 1 <= flows <= MAX_FLOWS:
+        raise TestbedError(f"{where}.flows: {flows!r} is not a number of flows in 1..{MAX_FLOWS}")
+    rate = None
+    if d.get("rate") is not None:
+        try:
+            rate = Rate.parse(d["rate"])
+        except UnitError as e:
+            raise TestbedError(f"{where}.rate: {e}") from None
+    on, off = d.get("on"), d.get("off")
+    if (on is None) != (off is None):
+        raise TestbedError(f"{where}: an on/off flow needs both on and off", "e.g. on: 2s, off: 3s")
+    on_s = _seconds(on, f"{where}.on") if on is not None else None
+    off_s = _seconds(off, f"{where}.off") if off is not None else None
+    return Flow(src, dst, flows, rate, on_s, off_s)
+
+
+def parse_spec(spec: str, where: str = "--cross-traffic") -> Flow:
+    """``SRC->DST[,flows=N][,rate=R][,on=T,off=T]``."""
+    head, *opts = [p.strip() for p in spec.split(",")]
+    m = re.fullmatch(r"([^\s>-][^\s>]*?)\s*->\s*(\S+)", head)
+    if not m:
+        raise TestbedError(f"{where} {spec!r}: start with SRC->DST", "e.g. --cross-traffic 'w0->w7,flows=2'")
+    d: dict = {"from": m.group(1), "to": m.group(2)}
+    for o in opts:
+        k, eq, v = o.partition("=")
+        if not eq or k not in _KEYS[2:]:
+            raise TestbedError(f"{where} {spec!r}: {o!r} is not one of flows=N, rate=R, on=T, off=T")
+        d[k] = int(v) if k == "flows" and v.isdigit() else v
+    return flow_from_dict(d, f"{where} {spec!r}")
+
+
+def check_flows(flows: Sequence[Flow], workers: Sequence[str]) -> None:
+    for f in flows:
+        for n in (f.src, f.dst):
+            if n not in workers:
+                raise TestbedError(f"cross-traffic {f.label()}: {n!r} is not a worker of this testbed",
+                                   f"workers: {', '.join(workers)}")
+
+
+# ---------------------------------------------------------------------- running
+
+MARKER = re.compile(r"--logfile=(/.+)/traffic-(\d+)-(server|client)\.log")
+_LINE = re.compile(r"^(\d+) \[\s*(SUM|\d+)\]\s+([\d.]+)-([\d.]+)\s+sec\s+([\d.]+) ([KMGT]?)Bytes\s+([\d.]+) ([KMGT]?)bits/sec"
+                   r"(.*)$")
+_UNIT = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_BYTE_UNIT = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+
+
+def parse_server_log(text: str) -> list[dict]:
+    """Per-second received rates from an iperf3 server's log (``--timestamps='%s '``): one
+    record per interval (the sum over parallel streams), in order."""
+    out: dict[tuple[int, float], dict] = {}
+    test = 0
+    for line in text.splitlines():
+        if "Server listening" in line:
+            test += 1
+            continue
+        m = _LINE.match(line)
+        if not m or m.group(9).strip() in ("sender", "receiver"):
+            continue
+        stamp, sid, a, b = int(m.group(1)), m.group(2), float(m.group(3)), float(m.group(4))
+        key = (test, a)
+        if sid != "SUM" and key in out and out[key]["sum"]:
+            continue
+        rec = {"time": float(stamp), "interval_s": b - a, "bytes": float(m.group(5)) * _BYTE_UNIT[m.group(6)],
+               "bits_per_second": float(m.group(7)) * _UNIT[m.group(8)], "sum": sid == "SUM"}
+        if sid == "SUM" or key not in out:
+            out[key] = rec
+        elif not out[key]["sum"]:  # several streams without a SUM line yet: add them up
+            out[key]["bytes"] += rec["bytes"]
+            out[key]["bits_per_second"] += rec["bits_per_second"]
+    return [{k: v for k, v in r.items() if k != "sum"} for r in out.values()]
+
+
+class CrossTraffic:
+    """The flows of one run: started with :meth:`start`, stopped with :meth:`stop`."""
+
+    def __init__(self, tb, flows: Sequence[Flow], run_dir: Path, seed: int = 0):
+        self.tb, self.flows, self.run_dir = tb, list(flows), run_dir.resolve()
+        self.rng = random.Random(seed)
+        self.procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.events: list[dict] = []
+        self._recorded: set[str] = set()
+
+    def _log(self, i: int, role: str) -> Path:
+        return self.run_dir / f"traffic-{i}-{role}.log"
+
+    def _spawn(self, node: str, argv: list[str]) -> subprocess.Popen:
+        from .actions import StartTraffic
+        from .ledger import Ledger, global_lock
+
+        marker = next(a for a in argv if a.startswith("--logfile="))
+        if marker not in self._recorded:  # an on/off flow's client restarts with the same marker
+            with global_lock():
+                Ledger(self.tb.name).record(StartTraffic(marker).to_dict())
+            self._recorded.add(marker)
+        p = self.tb.spawn(node, argv, mounts=[self.run_dir], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+        with self._lock:
+            self.procs.append(p)
+        return p
+
+    def _client_argv(self, i: int, f: Flow, seconds: float | None) -> list[str]:
+        argv = ["iperf3", "-c", self.tb.address(f.dst), "-p", str(BASE_PORT + i), "-B", self.tb.address(f.src),
+                "-P", str(f.flows), "-t", "0" if seconds is None else f"{max(1, round(seconds))}",
+                f"--logfile={self._log(i, 'client')}"]
+        if f.rate is not None:
+            argv += ["-b", str(f.rate.bps // f.flows)]
+        return argv
+
+    def start(self) -> None:
+        for i, f in enumerate(self.flows):
+            self._spawn(f.dst, ["iperf3", "-s", "-p", str(BASE_PORT + i), "-B", self.tb.address(f.dst), "-i", "1",
+                                "--forceflush", "--timestamps=%s ", f"--logfile={self._log(i, 'server')}"])
+        time.sleep(0.5)  # the servers listen
+        for i, f in enumerate(self.flows):
+            if f.onoff:
+                t = threading.Thread(target=self._onoff, args=(i, f), daemon=True)
+                self._threads.append(t)
+                t.start()
+            else:
+                self._spawn(f.src, self._client_argv(i, f, None))
+                self.events.append({"time": time.time(), "flow": i, "event": "on"})
+
+    def _onoff(self, i: int, f: Flow) -> None:
+        while not self._stop.is_set():
+            on = max(1.0, self.rng.expovariate(1 / f.on_s))  # iperf3 runs whole seconds
+            self.events.append({"time": time.time(), "flow": i, "event": "on", "for_s": round(on)})
+            p = self._spawn(f.src, self._client_argv(i, f, on))
+            while p.poll() is None and not self._stop.is_set():
+                time.sleep(0.1)
+            if self._stop.is_set():
+                return
+            off = self.rng.expovariate(1 / f.off_s)
+            self.events.append({"time": time.time(), "flow": i, "event": "off", "for_s": off})
+            if self._stop.wait(off):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        with self._lock:
+            procs = list(self.procs)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def records(self) -> list[dict]:
+        """Per flow and second: what its server received."""
+        out = []
+        for i, f in enumerate(self.flows):
+            try:
+                text = self._log(i, "server").read_text(errors="replace")
+            except OSError:
+                continue
+            for r in parse_server_log(text):
+                out.append({"flow": i, "label": f.label(), "from": f.src, "to": f.dst, **r})
+        return sorted(out, key=lambda r: (r["time"], r["flow"]))
+
+
+def stop_leftovers(name: str) -> list[int]:
+    """Stop iperf3 processes that runs on testbed ``name`` started and did not stop (a run
+    killed with -9): found by the markers in its ledger."""
+    from . import procs
+    from .ledger import Ledger
+
+    pids = []
+    for e in Ledger(name).entries():
+        m = e.get("marker") if e.get("action") == "StartTraffic" else None
+        if isinstance(m, str) and MARKER.fullmatch(m):
+            pids += procs.terminate(procs.with_arg(m), grace=2.0)
+    return pids
