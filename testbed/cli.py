@@ -543,6 +543,9 @@ def run(
     trace_format: str = typer.Option("auto", "--trace-format", help="--bw-trace's format: csv, mahimahi or auto."),
     trace_window: float = typer.Option(1.0, "--trace-window", help="mahimahi: seconds per rate step."),
     trace_loop: bool = typer.Option(False, "--trace-loop", help="csv: repeat the trace until the run ends."),
+    cross_traffic: Optional[List[str]] = typer.Option(None, "--cross-traffic", help="Background TCP flows during the "
+                                                      "run, e.g. 'w0->w7,flows=2' or 'w1->w6,rate=20mbit,on=2s,off=3s' "
+                                                      "(repeatable; 'none': not even the topology's traffic:)."),
     topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Directory for run directories."),
@@ -577,9 +580,15 @@ def run(
                       f"{escape(str(testbed or topology or 'three_switch (default)'))}", highlight=False)
         if not (math.isfinite(trace_window) and trace_window > 0):
             raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
+        flows = None
+        if cross_traffic:
+            from .traffic import parse_spec
+
+            flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
         req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
                          out=out_dir, timeout=timeout, exporter=exporter, bw_trace=bw_trace,
-                         trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop)
+                         trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop,
+                         cross_traffic=flows)
         summary = _run_with_display(req, run_experiment, as_json)
         if as_json:
             _emit(summary)

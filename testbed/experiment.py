@@ -74,6 +74,9 @@ class RunRequest:
     trace_format: str = "auto"
     trace_window: float = 1.0
     trace_loop: bool = False
+    cross_traffic: list | None = None
+    """Cross-traffic flows (:class:`testbed.traffic.Flow`) during the run; None: the
+    topology's ``traffic:``, [] none."""
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
@@ -228,6 +231,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     created = False
     restore: list[tuple[Link, str, Shape]] = []
     replayer = None
+    traffic = None
     launcher: Launcher | None = None
     sampler: _LinkSampler | None = None
     run_dir: Path | None = None
@@ -238,6 +242,11 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         lock.enter_context(run_lock(tb))
         if len(tb.workers) < 1:
             raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
+        from .traffic import CrossTraffic, check_flows, stop_leftovers
+
+        flows = list(tb.topology.traffic if req.cross_traffic is None else req.cross_traffic)
+        check_flows(flows, [w.name for w in tb.workers])
+        stop_leftovers(tb.name)  # flows a killed run left running
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]
         if not bottlenecks:
             raise TestbedError(f"testbed '{tb.name}' has no bottleneck links, so the run cannot prove "
@@ -268,6 +277,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
         request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
                    "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+        if flows:
+            request["cross_traffic"] = [f.to_dict() for f in flows]
         if trace is not None:
             request["bw_trace"] = {"file": str(req.bw_trace), "format": req.trace_format, "window_s": req.trace_window,
                                    "loop": trace.loop, "steps": len(trace.steps), "period_s": trace.period_s}
@@ -292,6 +303,10 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                                         loop=req.trace_loop, log=run_dir / "trace.jsonl", while_pid=os.getpid(),
                                         start_on=run_dir / "config.json")  # 0 s: when training starts
             say(f"the bottleneck links follow {req.bw_trace} (steps in {run_dir / 'trace.jsonl'})")
+        if flows:
+            traffic = CrossTraffic(tb, flows, run_dir)
+            traffic.start()
+            say(f"cross-traffic: {'; '.join(f.label() for f in flows)} (per second in {run_dir / 'traffic.jsonl'})")
         start_counters = sampler.sample()
         t_start = time.time()
         launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts, seats=seats)
@@ -306,6 +321,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                 sampler.sample()
                 last_sample[0] = time.monotonic()
                 status.utilisation = dict(sampler.util)
+                if traffic is not None:
+                    traffic.flush(run_dir / "traffic.jsonl")
             r, e = rank0.poll(), evals.poll()
             if r:
                 status.iteration, status.epoch, status.loss = r["iter"], r.get("epoch", 0), r.get("loss")
@@ -324,9 +341,14 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         duration = time.time() - t_start
         if replayer is not None:
             replayer.stop()  # the shapes from before are put back
+        if traffic is not None:
+            traffic.stop()
+            traffic.flush(run_dir / "traffic.jsonl")
         summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
         if trace is not None:
             _trace_summary(summary, run_dir, req.bw_trace, shapes, t_start, duration)
+        if traffic is not None:
+            summary["cross_traffic"] = traffic.summary(t_start, t_start + duration)
         write_json(run_dir / "summary.json", summary)
         if exporter is not None:
             exporter.finish()  # Prometheus gets the final records before the exporter goes
@@ -362,6 +384,10 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
                 launcher.stop()
             if replayer is not None:
                 replayer.stop()
+            if traffic is not None:
+                traffic.stop()
+                if run_dir is not None:
+                    traffic.flush(run_dir / "traffic.jsonl")
             if exporter is not None:
                 exporter.close()
             if sampler:

@@ -23,6 +23,7 @@ stops any left by a run that was killed.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -158,7 +159,7 @@ def parse_server_log(text: str) -> list[dict]:
         key = (test, a)
         if sid != "SUM" and key in out and out[key]["sum"]:
             continue
-        rec = {"time": float(stamp), "interval_s": b - a, "bytes": float(m.group(5)) * _BYTE_UNIT[m.group(6)],
+        rec = {"time": float(stamp), "test": test, "offset_s": a, "interval_s": b - a, "bytes": float(m.group(5)) * _BYTE_UNIT[m.group(6)],
                "bits_per_second": float(m.group(7)) * _UNIT[m.group(8)], "sum": sid == "SUM"}
         if sid == "SUM" or key not in out:
             out[key] = rec
@@ -180,6 +181,8 @@ class CrossTraffic:
         self._threads: list[threading.Thread] = []
         self.events: list[dict] = []
         self._recorded: set[str] = set()
+        self._written: set[tuple] = set()
+        self._events_written = 0
 
     def _log(self, i: int, role: str) -> Path:
         return self.run_dir / f"traffic-{i}-{role}.log"
@@ -251,6 +254,31 @@ class CrossTraffic:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def flush(self, path: Path) -> None:
+        """Append to ``path`` the per-second records and on/off events not yet written."""
+        new = [r for r in self.records() if (r["flow"], r["test"], r["offset_s"]) not in self._written]
+        with self._lock:
+            events, self._events_written = self.events[self._events_written:], len(self.events)
+        if not new and not events:
+            return
+        with open(path, "a", encoding="utf-8") as f:
+            for r in sorted(new + [{**e, "label": self.flows[e["flow"]].label()} for e in events],
+                            key=lambda r: r["time"]):
+                f.write(json.dumps(r) + "\n")
+        self._written.update((r["flow"], r["test"], r["offset_s"]) for r in new)
+
+    def summary(self, t0: float, t1: float) -> list[dict]:
+        """Per flow: bytes received and mean rate over [t0, t1] (whole seconds inside it)."""
+        out = []
+        recs = self.records()
+        for i, f in enumerate(self.flows):
+            mine = [r for r in recs if r["flow"] == i and t0 <= r["time"] - r["interval_s"] and r["time"] <= t1 + 1]
+            secs = sum(r["interval_s"] for r in mine)
+            got = sum(r["bytes"] for r in mine)
+            out.append({**f.to_dict(), "label": f.label(), "seconds": secs, "bytes": got,
+                        "mean_bits_per_second": got * 8 / secs if secs else None})
+        return out
 
     def records(self) -> list[dict]:
         """Per flow and second: what its server received."""
