@@ -52,8 +52,10 @@ def links() -> dict:
     panels = [
         _panel(0, "Utilisation (rate x 8 / capacity)", [(util, "{{testbed}} {{link}} {{src}}->{{dst}}")],
                "percentunit", w=24),
-        _panel(1, "Throughput", [(f"rate(testbed_link_transmit_bytes_total{{{LINK_SEL}}}[{RATE}]) * 8",
-                                  "{{link}} {{src}}->{{dst}}")], "bps"),
+        _panel(1, "Throughput under capacity (a trace steps the capacity)",
+               [(f"rate(testbed_link_transmit_bytes_total{{{LINK_SEL}}}[{RATE}]) * 8", "{{link}} {{src}}->{{dst}}"),
+                (f"testbed_link_capacity_bytes_per_second{{{LINK_SEL}}} * 8", "capacity {{link}} {{src}}->{{dst}}")],
+               "bps"),
         _panel(2, "Capacity", [(f"testbed_link_capacity_bytes_per_second{{{LINK_SEL}}} * 8",
                                 "{{link}} {{src}}->{{dst}}")], "bps"),
         _panel(3, "Queue backlog", [(f"testbed_link_backlog_bytes{{{LINK_SEL}}}", "{{link}} {{src}}->{{dst}}")],
@@ -83,6 +85,8 @@ def training() -> dict:
                "bytes"),
         _panel(5, "Compression ratio (payload / dense)",
                [(f"testbed_train_compression_ratio{{{RUN_SEL}}}", "{{run_id}} rank {{rank}}")], "percentunit"),
+        _panel(6, "Cross-traffic (received by its iperf3 server)",
+               [(f"testbed_cross_traffic_bits_per_second{{{RUN_SEL}}}", "{{run_id}} {{label}}")], "bps", w=24),
     ]
     return _dashboard("testbed-training", "testbed: training",
                       [_var("run_id", "label_values(testbed_run_info, run_id)", "run")], panels)

@@ -50,6 +50,9 @@ class _Run:
     evals: JsonlTail | None = None
     accuracy: float | None = None
     epoch: float | None = None
+    traffic: JsonlTail | None = None
+    flows: dict[int, dict] = field(default_factory=dict)
+    """Cross-traffic flow -> label, last rate (bit/s), bytes received so far."""
 
     def update(self) -> None:
         for p in self.path.glob("rank*.jsonl"):
@@ -76,6 +79,13 @@ class _Run:
         for rec in self.evals.read():
             self.accuracy = rec.get("accuracy")
             self.epoch = rec.get("epoch")
+        for rec in self.traffic.read() if self.traffic is not None else ():
+            flow, bps, got = rec.get("flow"), rec.get("bits_per_second"), rec.get("bytes")
+            if not isinstance(flow, int) or not isinstance(bps, (int, float)) or not isinstance(got, (int, float)):
+                continue  # on/off events, or a damaged line
+            f = self.flows.setdefault(flow, {"label": str(rec.get("label", flow))[:128], "bytes": 0.0})
+            f["bps"] = bps
+            f["bytes"] += got
 
 
 def _load(path: Path) -> _Run | None:
@@ -95,6 +105,7 @@ def _load(path: Path) -> _Run | None:
             "world_size": str(config.get("world_size", "")), "testbed": str(req.get("testbed") or "")}
     r = _Run(path, run_id, info, config.get("dense_bytes"))
     r.evals = JsonlTail(path / "eval.jsonl")
+    r.traffic = JsonlTail(path / "traffic.jsonl")
     return r
 
 
@@ -166,10 +177,19 @@ class TrainingCollector(Collector):
         ratio = GaugeMetricFamily("testbed_train_compression_ratio",
                                   "Payload of the last iteration over the dense gradient bytes (1 = uncompressed).",
                                   labels=LABELS)
+        flow_labels = ["run_id", "flow", "label"]
+        cross = GaugeMetricFamily("testbed_cross_traffic_bits_per_second",
+                                  "A cross-traffic flow's rate as its iperf3 server received it, last second.",
+                                  labels=flow_labels)
+        cross_bytes = CounterMetricFamily("testbed_cross_traffic_received_bytes",
+                                          "Bytes a cross-traffic flow's iperf3 server received.", labels=flow_labels)
         for run in self._discover():
             run.update()
             i = run.info
             info.add_metric([i[k] for k in INFO_LABELS], 1)
+            for n, f in sorted(run.flows.items()):
+                cross.add_metric([run.run_id, str(n), f["label"]], f["bps"])
+                cross_bytes.add_metric([run.run_id, str(n), f["label"]], f["bytes"])
             if run.accuracy is not None:
                 acc.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.accuracy)
                 epoch.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.epoch or 0)
@@ -186,7 +206,7 @@ class TrainingCollector(Collector):
                     wire.add_metric(labels, st.tx_bytes)
                 if run.dense_bytes and st.last_payload is not None:
                     ratio.add_metric(labels, st.last_payload / run.dense_bytes)
-        yield from (info, iters, loss, acc, epoch, hist, payload, wire, compute, ratio)
+        yield from (info, iters, loss, acc, epoch, hist, payload, wire, compute, ratio, cross, cross_bytes)
 
 
 class RunExporter:

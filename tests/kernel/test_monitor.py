@@ -81,7 +81,7 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert [p.name for p in targets.iterdir()] == ["testbed-mon.json"]
         _wait(prom, 'up{exporter="links"}', lambda r: r and r[0]["value"][1] == "1")
         s = cli_json("run", "allreduce", "-t", "mon", "--bw", "40mbit", "--out", str(runs),
-                     "--max-iters", "16", "--eval-every", "8")
+                     "--max-iters", "16", "--eval-every", "8", "--cross-traffic", "w0->w1,rate=4mbit")
         assert s["status"] == "ok"
         run_id, iters = s["run_id"], s["iterations"]
         # The run's own exporter is gone (so its series are stale now: last_over_time reads
@@ -119,6 +119,9 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert {r["metric"]["rank"] for r in pay} == {"0", "1"}
         assert all(r["metric"]["scheme"] == "allreduce" and r["metric"]["bw"] == "40mbit" for r in pay)
         assert float(pay[0]["value"][1]) == pytest.approx(s["mean_payload_bytes"] * iters, rel=0.01)
+
+        cross = _query(prom, f'last_over_time(testbed_cross_traffic_received_bytes_total{{run_id="{run_id}"}}[5m])')
+        assert cross[0]["metric"]["label"] == "w0->w1 4mbit" and float(cross[0]["value"][1]) > 0
 
         # every expression of every shipped dashboard returns data from this Prometheus, over
         # the test's time range as a Grafana panel asks for it

@@ -87,6 +87,21 @@ def test_training_metrics_follow_the_records_incrementally(tmp_path):
     assert s[("testbed_train_iteration_seconds_bucket", lab(0, le="+Inf"))] == 3
 
 
+def test_cross_traffic_rates_and_bytes_follow_traffic_jsonl(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "traffic.jsonl", {"time": 1.0, "flow": 0, "event": "on", "label": "w0->w1"},
+            {"time": 2.0, "flow": 0, "label": "w0->w1", "bits_per_second": 8e6, "bytes": 1e6, "interval_s": 1.0},
+            {"time": 3.0, "flow": 0, "label": "w0->w1", "bits_per_second": 4e6, "bytes": 5e5, "interval_s": 1.0},
+            {"time": 3.0, "flow": 1, "label": "w1->w0 x2", "bits_per_second": "x", "bytes": 1})
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    s = _samples(reg)
+    lab = (("flow", "0"), ("label", "w0->w1"), ("run_id", "r1"))
+    assert s[("testbed_cross_traffic_bits_per_second", lab)] == 4e6
+    assert s[("testbed_cross_traffic_received_bytes_total", lab)] == 1.5e6
+    assert not [k for k in s if k[0].startswith("testbed_cross") and ("flow", "1") in k[1]], "bad lines skipped"
+
+
 def test_finished_runs_age_out_and_sweeps_are_found(tmp_path):
     import os
     d = _run_dir(tmp_path, "old")
