@@ -97,7 +97,7 @@ class Status:
     """"link direction" -> fraction of the configured rate over the last second."""
 
 
-def new_run_id(out: Path, scheme: str, bw: Rate | None) -> str:
+def new_run_id(out: Path, scheme: str, bw: Rate | str | None) -> str:
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{scheme}-{bw if bw else 'asis'}"
     rid, n = base, 1
     while (out / rid).exists():
@@ -271,7 +271,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             tb.set_links(bottlenecks, rate=req.bw)
         bottlenecks = [l for l in tb.topology.links if l.bottleneck]  # the shapes now in force
 
-        run_id = req.run_id or new_run_id(req.out, req.scheme, req.bw)
+        run_id = req.run_id or new_run_id(req.out, req.scheme, "trace" if trace is not None else req.bw)
         run_dir = req.out / run_id
         run_dir.mkdir(parents=True, exist_ok=False)
         shapes = {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}

@@ -15,6 +15,7 @@ Runs that never reached the target are shown as "not reached", never dropped.
 from __future__ import annotations
 
 import csv
+import re
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from .errors import TestbedError
 from .files import read_jsonl, write_json
+from .units import Rate
 
 
 @dataclass
@@ -105,6 +107,15 @@ def find_runs(dirs: list[Path], warn=lambda m: None) -> list[RunData]:
                     continue
             runs.append(RunData(c, summary, read_jsonl(c / "eval.jsonl"), read_jsonl(c / "links.jsonl")))
     return runs
+
+
+def _is_rate(value) -> bool:
+    from .units import UnitError
+    try:
+        Rate.parse(str(value))
+        return True
+    except UnitError:
+        return False
 
 
 def _bw_key(bw: str) -> float:
@@ -255,4 +266,54 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_title(f"bottleneck {bw}")
         ax.legend(fontsize=7)
     save(fig, "utilisation.png")
+
+    # runs whose links changed under them (a trace) or were shared (cross-traffic): capacity,
+    # throughput and the flows' rates over time, and the iteration times below
+    for r in runs:
+        if not (r.summary.get("bw_trace") or r.summary.get("cross_traffic")) or not r.links:
+            continue
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True, height_ratios=[3, 2])
+        t0 = min(x["time"] for x in r.links)
+        series: dict[str, list] = {}
+        for x in r.links:
+            series.setdefault(f"{x['link']} {x['direction']}", []).append(x)
+        steps = [(x["time"] - t0, float(Rate.parse(str(x["rate"])).bps)) for x in read_jsonl(r.path / "trace.jsonl")
+                 if x.get("event") == "step" and isinstance(x.get("time"), (int, float)) and _is_rate(x.get("rate"))]
+        shown = []
+        for n, (name, xs) in enumerate(sorted(series.items())[:4]):
+            ts = [x["time"] - t0 for x in xs]
+            top.plot(ts, [x["bytes_per_s"] * 8 / 1e6 for x in xs], lw=1, color=f"C{n}",
+                     label=f"{name} throughput (all traffic)")
+            shown += [x["bytes_per_s"] * 8 for x in xs]
+        if steps:  # the trace's steps at the times they were applied (all bottleneck links)
+            end = max(x["time"] for x in r.links) - t0
+            xs_ = [0.0] + [t for t, _ in steps] + [end]
+            first = r.links[0]["rate_bps"]
+            ys = [first] + [v for _, v in steps] + [steps[-1][1]]
+            top.step(xs_, [v / 1e6 for v in ys], where="post", lw=1.6, ls="--", color="k", alpha=0.7,
+                     label="capacity (trace)")
+            shown += [v for _, v in steps]
+        else:
+            for n, (name, xs) in enumerate(sorted(series.items())[:4]):
+                top.step([x["time"] - t0 for x in xs], [x["rate_bps"] / 1e6 for x in xs], where="post", lw=1.6,
+                         ls="--", color=f"C{n}", alpha=0.7, label=f"{name} capacity")
+                shown += [x["rate_bps"] for x in xs]
+        flows: dict[str, list] = {}
+        for x in read_jsonl(r.path / "traffic.jsonl"):
+            if isinstance(x.get("bits_per_second"), (int, float)) and isinstance(x.get("time"), (int, float)):
+                flows.setdefault(str(x.get("label", x.get("flow")))[:60], []).append(x)
+        for name, xs in flows.items():
+            top.plot([x["time"] - t0 for x in xs], [x["bits_per_second"] / 1e6 for x in xs], ls="none", marker="o",
+                     ms=3, label=f"cross-traffic {name} (per second; none: off)")
+        top.set_ylabel("Mbit/s")
+        top.set_ylim(0, 1.15 * max(shown + [1e6]) / 1e6)
+        top.legend(fontsize=7, ncol=2)
+        top.set_title(f"{r.label} at {r.bw}: {r.path.name}", fontsize=9)
+        it = [x for x in read_jsonl(r.path / "rank0.jsonl")
+              if isinstance(x.get("time"), (int, float)) and isinstance(x.get("iter_s"), (int, float))]
+        bottom.plot([x["time"] - t0 for x in it], [x["iter_s"] for x in it], marker=".", lw=0.8, color="k")
+        bottom.set_ylabel("iteration time (s)")
+        bottom.set_xlabel("time since the run started (s)")
+        bottom.set_ylim(bottom=0)
+        save(fig, "timeline-" + re.sub(r"[^A-Za-z0-9._-]", "_", r.path.name)[:100] + ".png")
     return files

@@ -70,6 +70,8 @@ def test_a_run_follows_a_trace_records_the_rate_per_iteration_and_restores(tmp_p
         steps = [json.loads(x) for x in (run_dir / "trace.jsonl").read_text().splitlines()]
         assert [x["rate"] for x in steps if x["event"] == "step"] == ["100mbit", "10mbit", "100mbit"]
         assert _rates("rtr") == ["300Mbit", "300Mbit"] and not _replays(), "shapes restored, replay gone"
+        rep = cli_json("report", str(run_dir), "--out", str(tmp_path / "report"))
+        assert f"timeline-{run_dir.name}.png" in rep["files"] and (tmp_path / "report" / f"timeline-{run_dir.name}.png").stat().st_size > 10_000
         assert "300mbit" in cli("link", "show", "--json").stdout
 
         # kill -9 of the run: its replay notices, puts the shapes back and exits
