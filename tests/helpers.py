@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 
 def star(n: int, name: str = "star", rate: str = "1gbit", prefix: str = "w") -> dict:
@@ -83,3 +84,12 @@ class TcSampler:
         pts = [(t, b) for t, b in self.samples if t0 <= t <= t1]
         (ta, ba), (tb, bb) = pts[0], pts[-1]
         return (bb - ba) * 8 / (tb - ta)
+
+
+def pids_with(prefix: str) -> list[int]:
+    """Pids of the processes one of whose arguments starts with ``prefix`` (a testbed marker:
+    ``--replay-id=``, ``--logfile=``)."""
+    from testbed.procs import argv_of
+
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and any(a.startswith(prefix) for a in argv_of(int(p.name)))]

@@ -17,7 +17,7 @@ import yaml
 from testbed import Testbed, load_topology_dict
 from testbed.procs import argv_of
 from testbed.traffic import CrossTraffic, parse_spec
-from tests.helpers import dumbbell
+from tests.helpers import dumbbell, pids_with
 from tests.kernel.conftest import cli, cli_json
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow,
@@ -28,8 +28,7 @@ RATE = 20e6
 
 
 def _iperfs() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and any(a.startswith("--logfile=") and "traffic-" in a for a in argv_of(int(p.name)))]
+    return pids_with("--logfile=")
 
 
 def test_two_greedy_flows_split_the_bottleneck_evenly(clean_kernel, tmp_path):

@@ -17,7 +17,7 @@ import yaml
 from testbed import Testbed, load_topology_dict
 from testbed.replay import replay
 from testbed.trace import parse_csv
-from tests.helpers import TcSampler, dumbbell, iperf3
+from tests.helpers import TcSampler, dumbbell, iperf3, pids_with
 from tests.kernel.conftest import cli, run
 
 pytestmark = [pytest.mark.kernel]
@@ -120,13 +120,6 @@ def test_cli_replay_restores_on_ctrl_c_and_refuses_bad_traces(clean_kernel, tmp_
         assert cli("down", "rpc").returncode == 0
 
 
-def _pids_with(marker_prefix: str) -> list[int]:
-    from testbed.procs import argv_of
-
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and any(a.startswith(marker_prefix) for a in argv_of(int(p.name)))]
-
-
 def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_kernel, tmp_path):
     topo = tmp_path / "rbg.yaml"
     topo.write_text(yaml.safe_dump(dumbbell("rbg", rate="300mbit")))
@@ -139,11 +132,11 @@ def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_ke
         bad = tmp_path / "bad.csv"
         bad.write_text("0,10mbit\n1,0mbit\n")
         r = cli("link", "replay", "--bottleneck", str(bad), "--background", "--json")
-        assert r.returncode == 1 and "bad.csv" in r.stdout and not _pids_with("--replay-id="), r.stdout
+        assert r.returncode == 1 and "bad.csv" in r.stdout and not pids_with("--replay-id="), r.stdout
         r = cli("link", "replay", "--bottleneck", str(loop), "--loop", "--background", "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         started = json.loads(r.stdout)
-        assert _pids_with("--replay-id=") == [started["pid"]]
+        assert pids_with("--replay-id=") == [started["pid"]]
         ledger = Path(clean_kernel["state_dir"]) / "rbg" / "ledger.jsonl"
         assert '"StartReplay"' in ledger.read_text()
         seen = set()
@@ -153,7 +146,7 @@ def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_ke
             time.sleep(0.05)
         assert seen == {"10Mbit", "20Mbit"}, seen
         status = json.loads(cli("link", "replay", "--stop", "--json").stdout)
-        assert status["stopped"] == [started["pid"]] and not _pids_with("--replay-id=")
+        assert status["stopped"] == [started["pid"]] and not pids_with("--replay-id=")
         assert sorted(_htb_rates("rbg", "l2a") + _htb_rates("rbg", "l2b")) == before, "shapes put back"
         steps = [json.loads(x) for x in Path(started["log"]).read_text().splitlines()]
         assert [s["event"] for s in steps[:2]] == ["ready", "start"]
@@ -161,10 +154,10 @@ def test_background_replay_is_in_the_ledger_stopped_by_stop_and_by_down(clean_ke
 
         # started again; then `down` removes it with the testbed
         assert cli("link", "replay", "s0-s1", str(loop), "--loop", "--background").returncode == 0
-        assert len(_pids_with("--replay-id=")) == 1
+        assert len(pids_with("--replay-id=")) == 1
     finally:
         assert cli("down", "rbg").returncode == 0
-    assert not _pids_with("--replay-id="), "down stopped the background replay"
+    assert not pids_with("--replay-id="), "down stopped the background replay"
 
 
 def test_a_replay_tied_to_a_process_puts_the_shapes_back_when_it_dies(clean_kernel, tmp_path):
@@ -196,7 +189,7 @@ def test_a_topology_schedule_runs_from_up_and_ends_with_down(clean_kernel, tmp_p
     topo.write_text(yaml.safe_dump(d))
     assert cli("up", str(topo), "--no-exporter").returncode == 0
     try:
-        assert len(_pids_with("--replay-id=")) == 1
+        assert len(pids_with("--replay-id=")) == 1
         seen = set()
         deadline = time.monotonic() + 20
         while len(seen) < 2 and time.monotonic() < deadline:
@@ -208,7 +201,7 @@ def test_a_topology_schedule_runs_from_up_and_ends_with_down(clean_kernel, tmp_p
         assert r.returncode == 1 and "trace replay(s) running in the background" in r.stdout, r.stdout
         assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
         # stopped, then started again from the topology by hand
-        assert cli("link", "replay", "--stop").returncode == 0 and not _pids_with("--replay-id=")
+        assert cli("link", "replay", "--stop").returncode == 0 and not pids_with("--replay-id=")
         assert _htb_rates("rsch", "l2a") == ["300Mbit"]
         r = cli("link", "replay", "s0-s1", "--from-topology", "--background", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["trace"] == "links[2].schedule", r.stdout
@@ -216,4 +209,4 @@ def test_a_topology_schedule_runs_from_up_and_ends_with_down(clean_kernel, tmp_p
         assert r.returncode == 1 and "has no schedule" in r.stdout
     finally:
         assert cli("down", "rsch").returncode == 0
-    assert not _pids_with("--replay-id=")
+    assert not pids_with("--replay-id=")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dumbbell
+from tests.helpers import dumbbell, pids_with
 from tests.kernel.conftest import cli, cli_json, run
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -29,10 +29,7 @@ def _rates(ns: str) -> list[str]:
 
 
 def _replays() -> list[int]:
-    from testbed.procs import argv_of
-
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and any(a.startswith("--replay-id=") for a in argv_of(int(p.name)))]
+    return pids_with("--replay-id=")
 
 
 def test_a_run_follows_a_trace_records_the_rate_per_iteration_and_restores(tmp_path, clean_kernel):
@@ -93,3 +90,29 @@ def test_a_run_follows_a_trace_records_the_rate_per_iteration_and_restores(tmp_p
         assert not _replays() and _rates("rtr") == ["300Mbit", "300Mbit"]
     finally:
         assert cli("down", "rtr").returncode == 0
+
+
+def test_ctrl_c_of_a_run_with_a_trace_and_cross_traffic_restores_and_stops_everything(tmp_path, clean_kernel):
+    topo = tmp_path / "rci.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("rci", rate="300mbit")))
+    loop = tmp_path / "loop.csv"
+    loop.write_text("0,20mbit\n0.5,40mbit\n1,20mbit\n")
+    cli_json("up", str(topo), "--no-exporter")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "-t", "rci", "--bw-trace",
+                              str(loop), "--trace-loop", "--cross-traffic", "w0->w1,rate=5mbit", "--out",
+                              str(tmp_path / "runs"), "--max-iters", "100000", *WORKLOAD, "--no-exporter"],
+                             cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "runs").glob("*/rank0.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        iperfs = pids_with("--logfile=")
+        assert len(iperfs) == 2 and len(_replays()) == 1 and _rates("rci")[0] in ("20Mbit", "40Mbit")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 1 and "interrupted" in err and "Traceback" not in err, err
+        assert not _replays() and _rates("rci") == ["300Mbit", "300Mbit"]
+        assert not [q for q in iperfs if Path(f"/proc/{q}").exists()], "the flows stopped"
+        assert "300mbit" in cli("link", "show", "--json").stdout
+    finally:
+        assert cli("down", "rci").returncode == 0

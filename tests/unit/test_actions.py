@@ -53,6 +53,8 @@ def test_every_registered_action_round_trips_through_the_ledger():
     samples = {type(a).__name__: a for a in plan.actions}
     samples["StartExporter"] = actions.StartExporter("--sd-file=/x/t.json", "/x/t.json", "127.0.0.1:0", "/x/log")
     samples["TargetFile"] = actions.TargetFile("/x/run.json")
+    samples["StartReplay"] = actions.StartReplay("--replay-id=" + "ab" * 16, "/x/replay.jsonl")
+    samples["StartTraffic"] = actions.StartTraffic("--logfile=/runs/r1/traffic-0-server.log")
     assert set(samples) == set(actions.registered()), "a registered action has no sample here"
     for a in samples.values():
         line = json.dumps(a.to_dict())  # what the ledger holds
@@ -175,3 +177,19 @@ def test_state_directories_are_private_and_never_a_symlink(tmp_path, monkeypatch
     with pytest.raises(StateError, match="not a directory"):
         Ledger("ln").write_state({})
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("action, words", [
+    (actions.StartReplay("--sd-file=/x/t.json", "/x/log"), "is not --replay-id="),
+    (actions.StartReplay("--replay-id=abc", "/x/log"), "is not --replay-id="),
+    (actions.StartTraffic("--logfile=/etc/passwd"), "is not --logfile=<run dir>/traffic-N-ROLE.log"),
+    (actions.StartTraffic("--replay-id=" + "ab" * 16), "is not --logfile="),
+])
+def test_a_forged_process_marker_in_the_ledger_kills_nothing(action, words):
+    """A ledger entry names the argument that finds its process; one that could match a
+    process testbed did not start is refused before anything is signalled."""
+    from testbed.errors import TestbedError
+
+    td = actions.Teardown("t", set(), host=object())
+    with pytest.raises(TestbedError, match=words):
+        action.release(td)
