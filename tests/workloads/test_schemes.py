@@ -167,3 +167,33 @@ def _masks_agree(rank, world):
 
 def test_pruning_mask_is_identical_on_all_ranks_even_when_weights_differ():
     run(_masks_agree, 3)
+
+
+class _FakeBucket:
+    """What BucketKeys reads from a GradBucket: index, buffer, parameters."""
+
+    def __init__(self, index, buf, params):
+        self._i, self._b, self._p = index, buf, params
+
+    def index(self):
+        return self._i
+
+    def buffer(self):
+        return self._b
+
+    def parameters(self):
+        return list(self._p)
+
+
+def test_bucket_keys_do_not_alias_when_a_rebuilt_bucket_reuses_the_old_memory():
+    """The old fast key (index, buffer address, length) gave a rebuilt bucket that got the
+    old bucket's memory (CUDA's caching allocator does that) the old bucket's key."""
+    from workloads.schemes._common import BucketKeys
+
+    a, b, c = (nn.Parameter(torch.zeros(4)) for _ in range(3))
+    buf = torch.zeros(8)
+    keys = BucketKeys()
+    before = keys(_FakeBucket(0, buf, [a, b]))
+    after = keys(_FakeBucket(0, buf, [c, a]))  # same index, address and length; other parameters
+    assert before == (id(a), id(b)) and after == (id(c), id(a))
+    assert keys(_FakeBucket(1, torch.zeros(8), [a, b])) == before  # the same parameters: the same key

@@ -16,25 +16,19 @@ class Accounting:
 
 
 class BucketKeys:
-    """Identify a DDP bucket by its parameters' identities, without a Python loop per call.
+    """Identify a DDP bucket by its parameters' identities.
 
     DDP rebuilds its buckets once (start of iteration 2): indices, lengths and membership
-    change, so per-bucket state must be keyed by the parameters a bucket holds. Building
-    that key walks the bucket's parameters; it is done once per distinct bucket buffer,
-    recognised afterwards by (index, buffer address, length), which stay fixed for the
-    life of a bucket.
+    change, so per-bucket state must be keyed by the parameters a bucket holds. The key is
+    built from the parameters on every call: a cheaper key (index, buffer address, length)
+    can alias across the rebuild when the allocator hands the new bucket the old one's
+    memory (likely on CUDA's caching allocator), and then a bucket would take another's
+    residuals or masks. Walking the parameters costs about 5 us per iteration for all of
+    ResNet18's 62 tensors (0.1 us each) against milliseconds of communication.
     """
 
-    def __init__(self):
-        self._keys: dict[tuple[int, int, int], tuple[int, ...]] = {}
-
     def __call__(self, bucket) -> tuple[int, ...]:
-        buf = bucket.buffer()
-        fast = (bucket.index(), buf.data_ptr(), buf.numel())
-        key = self._keys.get(fast)
-        if key is None:
-            key = self._keys[fast] = tuple(id(p) for p in bucket.parameters())
-        return key
+        return tuple(map(id, bucket.parameters()))
 
 
 def bucket_residual(state, key: tuple, bucket, buf: torch.Tensor) -> torch.Tensor:
