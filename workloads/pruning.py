@@ -1,4 +1,4 @@
-"""Unstructured pruning of conv/linear weights with one global mask.
+"""Unstructured pruning of conv/linear/attention weights with one global mask.
 
 * ``magnitude``: keep the largest |w| over all prunable weights together.
 * ``grasp`` (Wang et al., 2020, as PacTrain uses it): score = -w * (H g), with g the
@@ -21,11 +21,21 @@ METHODS = ("magnitude", "grasp")
 
 
 def prunable(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Weights of conv and linear layers, by parameter name."""
+    """Weights of conv, linear and attention layers, by parameter name.
+
+    ``nn.MultiheadAttention`` keeps its Q/K/V projection as ``in_proj_weight`` (or
+    ``q/k/v_proj_weight`` when the dimensions differ), not as ``nn.Linear``: without it a
+    ViT pruned at 0.5 would still send about 63 % of its dense gradient."""
     out = {}
     for mname, m in model.named_modules():
+        prefix = f"{mname}." if mname else ""
         if isinstance(m, (nn.Conv2d, nn.Linear)):
-            out[f"{mname}.weight" if mname else "weight"] = m.weight
+            out[f"{prefix}weight"] = m.weight
+        elif isinstance(m, nn.MultiheadAttention):
+            for pname in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                w = getattr(m, pname, None)
+                if isinstance(w, nn.Parameter):
+                    out[prefix + pname] = w
     return out
 
 

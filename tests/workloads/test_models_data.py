@@ -146,3 +146,21 @@ def test_augment_keeps_shapes_and_only_moves_pixels():
     for i in range(2):
         for c in range(3):
             assert set(out[i, c].unique().tolist()) <= set(x[i, c].unique().tolist()) | {0.0}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_matrix_weight_of_every_model_is_pruned_at_the_ratio(name):
+    """Conv, linear and attention (Q/K/V in_proj) weights are all prunable; at ratio 0.5
+    what stays (the compact all-reduce's payload) is within 2 % of half the dense gradient."""
+    from workloads import pruning
+
+    model = build_model(name, 10, 3, 0.5, None)
+    weights = pruning.prunable(model)
+    not_prunable = [n for n, p in model.named_parameters() if p.dim() >= 2 and n not in weights]
+    assert not_prunable == ([] if name != "vit_b16" else ["cls", "pos"]), not_prunable  # ViT's tokens
+    if name == "vit_b16":
+        assert any(n.endswith("in_proj_weight") for n in weights)
+    masks = pruning.compute_masks(model, 0.5)
+    dense = sum(p.numel() for p in model.parameters())
+    removed = sum(int((~m).sum()) for m in masks.values())
+    assert abs((dense - removed) / dense - 0.5) <= 0.02 * 0.5, (dense, removed)
