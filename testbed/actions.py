@@ -326,47 +326,76 @@ class StartExporter(Action):
         Path(self.target).unlink(missing_ok=True)
 
 
+REPLAY_MARKER = re.compile(r"--replay-id=[0-9a-f]{32}")
+TRAFFIC_MARKER = re.compile(r"--logfile=(/.+)/traffic-(\d+)-(server|client)\.log")
+
+
+@dataclass(frozen=True)
+class _MarkedProcess(Action):
+    """A process testbed started after ``up``, found again by an argument only it carries
+    (``marker``). The marker comes from a ledger, so it must have the form testbed writes:
+    one that could name a process testbed did not start is refused before any signal."""
+
+    marker: str
+    FORM: ClassVar[re.Pattern]
+    NOUN: ClassVar[str]
+    WRITTEN: ClassVar[str]
+
+    def valid(self) -> bool:
+        return bool(self.FORM.fullmatch(self.marker))
+
+    def pids(self) -> list[int]:
+        return procs.with_arg(self.marker) if self.valid() else []
+
+    def release(self, td: Teardown) -> None:
+        if not self.valid():
+            raise TestbedError(f"{self.NOUN} marker {self.marker!r} is not {self.WRITTEN}; left alone")
+        # killed outright: what they touch goes with the testbed (and a replay putting the
+        # shapes back would wait for the lock this teardown holds)
+        procs.terminate(self.pids(), grace=0.0)
+
+
 @register
 @dataclass(frozen=True)
-class StartReplay(Action):
+class StartReplay(_MarkedProcess):
     """A trace replay running in the background (``link replay --background``, ``run
     --bw-trace``, a topology ``schedule:``): a host process found by its ``--replay-id``."""
 
-    marker: str
     log: str
+    FORM: ClassVar[re.Pattern] = REPLAY_MARKER
+    NOUN: ClassVar[str] = "replay"
+    WRITTEN: ClassVar[str] = "--replay-id=<32 hex digits>"
 
     def describe(self) -> str:
         return f"trace replay (steps logged to {self.log})"
 
-    def release(self, td: Teardown) -> None:
-        if not REPLAY_MARKER.fullmatch(self.marker):
-            raise TestbedError(f"replay marker {self.marker!r} is not --replay-id=<32 hex digits>; left alone")
-        # killed outright: the links go with the testbed, and putting the shapes back would
-        # wait for the lock this teardown holds
-        procs.terminate(procs.with_arg(self.marker), grace=0.0)
-
-
-REPLAY_MARKER = re.compile(r"--replay-id=[0-9a-f]{32}")
-
 
 @register
 @dataclass(frozen=True)
-class StartTraffic(Action):
+class StartTraffic(_MarkedProcess):
     """A cross-traffic iperf3 process inside a node (:mod:`testbed.traffic`), found by its
     ``--logfile=`` argument (a ``traffic-N-server|client.log`` in a run directory)."""
 
-    marker: str
+    FORM: ClassVar[re.Pattern] = TRAFFIC_MARKER
+    NOUN: ClassVar[str] = "cross-traffic"
+    WRITTEN: ClassVar[str] = "--logfile=<run dir>/traffic-N-ROLE.log"
 
     def describe(self) -> str:
         return f"cross-traffic iperf3 ({self.marker})"
 
-    def release(self, td: Teardown) -> None:
-        from .traffic import MARKER
 
-        if not MARKER.fullmatch(self.marker):
-            raise TestbedError(f"cross-traffic marker {self.marker!r} is not --logfile=<run dir>/traffic-N-ROLE.log; "
-                               f"left alone")
-        procs.terminate(procs.with_arg(self.marker), grace=0.0)
+def recorded(name: str, cls: type) -> list:
+    """The actions of class ``cls`` in testbed ``name``'s ledger (unreadable entries skipped)."""
+    from .ledger import Ledger
+
+    out = []
+    for e in Ledger(name).entries():
+        if isinstance(e, dict) and e.get("action") == cls.__name__:
+            try:
+                out.append(from_dict(e))
+            except StateError:
+                continue
+    return out
 
 
 @register

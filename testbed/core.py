@@ -88,13 +88,14 @@ class Testbed:
             raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
                              f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
         if topology.needs_netem:
-            from .net.probe import probe
+            from .net.probe import netem_missing
 
-            ok, detail = probe()["netem"]
-            if not ok:
-                link = next(l for l in topology.links if l.forward.needs_netem or l.reverse.needs_netem)
+            if detail := netem_missing():
+                link = next(l for l in topology.links if l.forward.needs_netem or l.reverse.needs_netem
+                            or (l.schedule is not None and l.schedule.needs_netem))
                 shape = link.forward if link.forward.needs_netem else link.reverse
-                field = "delay" if shape.delay else ("jitter" if shape.jitter else "loss")
+                field = ("delay" if shape.delay else ("jitter" if shape.jitter else "loss")) if shape.needs_netem \
+                    else "schedule"  # only a step of its schedule has delay or loss
                 raise TopologyError(f"{link.path}.{field}",
                                     f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
                                     tc.NETEM_MISSING_HINT)
@@ -246,10 +247,9 @@ class Testbed:
                     shapes[d] = check_shape(replace(shapes[d], **changes), f"link {l.name} ({d})")
                 new_links[idx] = replace(l, forward=shapes["forward"], reverse=shapes["reverse"])
             if any(s.needs_netem for l in new_links.values() for s in (l.forward, l.reverse)):
-                from .net.probe import probe
+                from .net.probe import netem_missing
 
-                ok, detail = probe()["netem"]
-                if not ok:
+                if detail := netem_missing():
                     raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
                                        tc.NETEM_MISSING_HINT)
             own = changer is None

@@ -18,6 +18,7 @@ remove what the run created; the records written so far stay.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -346,7 +347,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             traffic.flush(run_dir / "traffic.jsonl")
         summary = _summarise(run_dir, run_id, request, bottlenecks, start_counters, end_counters, duration, shapes)
         if trace is not None:
-            _trace_summary(summary, run_dir, req.bw_trace, shapes, t_start, duration)
+            rates, late = RateTimeline.from_run(run_dir, shapes)
+            _trace_summary(summary, run_dir, req.bw_trace, rates, late, t_start, duration)
         if traffic is not None:
             summary["cross_traffic"] = traffic.summary(t_start, t_start + duration)
         write_json(run_dir / "summary.json", summary)
@@ -355,7 +357,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             exporter.close()
             exporter = None
         if trace is not None:
-            annotate_rates(run_dir, summary.get("world_size", 0), shapes)
+            annotate_rates(run_dir, summary.get("world_size", 0), rates)
         payload = (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
         wire = summary["bottleneck"]["bytes"]
         if payload and wire < MIN_WIRE_FRACTION * payload:
@@ -497,11 +499,10 @@ def _load_trace(req: RunRequest):
     from .trace import load_trace
 
     trace = load_trace(req.bw_trace, req.trace_format, req.trace_window, req.trace_loop)
-    if any(s.delay is not None or s.loss is not None for s in trace.steps):
-        from .net.probe import probe
+    if trace.needs_netem:
+        from .net.probe import netem_missing
 
-        ok, detail = probe()["netem"]
-        if not ok:
+        if detail := netem_missing():
             from .net.tc import NETEM_MISSING_HINT
 
             raise TestbedError(f"--bw-trace {req.bw_trace}: its delay/loss columns need the netem qdisc, which this "
@@ -509,49 +510,60 @@ def _load_trace(req: RunRequest):
     return trace
 
 
-def _trace_steps(run_dir: Path) -> list[tuple[float, float]]:
-    """(wall time, rate in bit/s) of each applied step, from trace.jsonl."""
-    from .units import Rate, UnitError
+class RateTimeline:
+    """The bottleneck rate over a run, from the replay's trace.jsonl: ``initial`` (the
+    shape from before) until the first applied step, then each step's rate. Lookups are
+    bisections, so annotating every record of a long run against a long trace stays cheap."""
 
-    out = []
-    for r in read_jsonl(run_dir / "trace.jsonl"):
-        if r.get("event") == "step" and isinstance(r.get("time"), (int, float)):
+    def __init__(self, steps: list[tuple[float, float]], initial: float | None):
+        steps = sorted(steps)
+        self.times = [t for t, _ in steps]
+        self.rates = [r for _, r in steps]
+        self.initial = initial
+
+    @classmethod
+    def from_run(cls, run_dir: Path, shapes: dict) -> tuple["RateTimeline", list[float]]:
+        """The timeline, and each applied step's lateness (s), read from the run's trace.jsonl."""
+        from .units import Rate, UnitError
+
+        steps, late = [], []
+        for r in read_jsonl(run_dir / "trace.jsonl"):
+            if r.get("event") != "step" or not isinstance(r.get("time"), (int, float)):
+                continue
             try:
-                out.append((float(r["time"]), float(Rate.parse(str(r["rate"])).bps)))
+                steps.append((float(r["time"]), float(Rate.parse(str(r["rate"])).bps)))
             except UnitError:
                 continue
-    return sorted(out)
+            if isinstance(r.get("late_s"), (int, float)):
+                late.append(r["late_s"])
+        rates = {Rate.parse(s["rate"]).bps for dirs in shapes.values() for s in dirs.values()}
+        return cls(steps, float(min(rates)) if rates else None), sorted(late)
+
+    def at(self, t: float) -> float | None:
+        i = bisect.bisect_right(self.times, t)
+        return self.rates[i - 1] if i else self.initial
+
+    def changes_within(self, t0: float, t1: float) -> bool:
+        """A step came strictly between ``t0`` and ``t1``."""
+        return bisect.bisect_left(self.times, t1) > bisect.bisect_right(self.times, t0)
+
+    def over(self, t0: float, t1: float) -> float | None:
+        """The time-weighted mean rate in force over [t0, t1]."""
+        if t1 <= t0:
+            t0 = t1 - 1e-9
+        cuts = [t0, *self.times[bisect.bisect_right(self.times, t0):bisect.bisect_left(self.times, t1)], t1]
+        total, covered = 0.0, 0.0
+        for a, b in zip(cuts, cuts[1:]):
+            rate = self.at(a)
+            if rate is not None:
+                total += rate * (b - a)
+                covered += b - a
+        return total / covered if covered > 0 else None
 
 
-def _initial_rate(shapes: dict) -> float | None:
-    from .units import Rate
-
-    rates = {Rate.parse(s["rate"]).bps for dirs in shapes.values() for s in dirs.values()}
-    return float(min(rates)) if rates else None
-
-
-def rate_over(steps: list[tuple[float, float]], initial: float | None, t0: float, t1: float) -> float | None:
-    """The time-weighted mean rate in force over [t0, t1] (``initial`` before the first step)."""
-    if t1 <= t0:
-        t0 = t1 - 1e-9
-    total, covered = 0.0, 0.0
-    times = [t0] + [t for t, _ in steps if t0 < t < t1] + [t1]
-    for a, b in zip(times, times[1:]):
-        rate = initial
-        for t, r in steps:
-            if t <= a:
-                rate = r
-        if rate is None:
-            continue
-        total += rate * (b - a)
-        covered += b - a
-    return total / covered if covered > 0 else None
-
-
-def annotate_rates(run_dir: Path, world: int, shapes: dict) -> None:
+def annotate_rates(run_dir: Path, world: int, rates: RateTimeline) -> None:
     """Each iteration's record gets ``link_rate_bps``: the bottleneck rate in force while it
     ran (time-weighted over [time - iter_s, time]). The files are replaced whole."""
-    steps, initial = _trace_steps(run_dir), _initial_rate(shapes)
     for r in range(world):
         path = run_dir / f"rank{r}.jsonl"
         recs = read_jsonl(path)
@@ -560,33 +572,30 @@ def annotate_rates(run_dir: Path, world: int, shapes: dict) -> None:
         for x in recs:
             t, dt = x.get("time"), x.get("iter_s")
             if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
-                x["link_rate_bps"] = rate_over(steps, initial, t - dt, t)
+                x["link_rate_bps"] = rates.over(t - dt, t)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(json.dumps(x) + "\n" for x in recs))
         os.replace(tmp, path)
 
 
-def _trace_summary(summary: dict, run_dir: Path, trace_file: Path, shapes: dict, t_start: float,
-                   duration: float) -> None:
+def _trace_summary(summary: dict, run_dir: Path, trace_file: Path, rates: RateTimeline, late: list[float],
+                   t_start: float, duration: float) -> None:
     """What the trace did during the run: steps applied, their lateness, the mean capacity
     (utilisation is measured against it), and the mean iteration time at each rate (only
     iterations that ran wholly at one rate)."""
     import statistics
 
-    late = sorted(r["late_s"] for r in read_jsonl(run_dir / "trace.jsonl")
-                  if r.get("event") == "step" and isinstance(r.get("late_s"), (int, float)))
-    steps, initial = _trace_steps(run_dir), _initial_rate(shapes)
     by_rate: dict[float, list[float]] = {}
     for x in read_jsonl(run_dir / "rank0.jsonl"):
         t, dt = x.get("time"), x.get("iter_s")
         if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
-            if any(t - dt < st < t for st, _ in steps):
+            if rates.changes_within(t - dt, t):
                 continue  # a step came while it ran
-            rate = rate_over(steps, initial, t - dt, t)
+            rate = rates.over(t - dt, t)
             if rate is not None:
                 by_rate.setdefault(round(rate), []).append(dt)
     summary["bw"] = f"trace {trace_file.name}"
-    capacity = rate_over(steps, initial, t_start, t_start + duration)
+    capacity = rates.over(t_start, t_start + duration)
     b = summary["bottleneck"]
     if capacity and duration > 0:
         for v in b["links"].values():

@@ -122,34 +122,28 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
         log.write(json.dumps({"event": "ready", "time": time.time()}) + "\n")
         log.flush()
     old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
+    began = False  # before the trace's 0 s nothing has changed, so nothing is put back
     try:
         while start_when is not None and not start_when():
             if stop is not None and stop():
                 raise _Stopped
             time.sleep(0.01)
-    except (_Stopped, KeyboardInterrupt) as e:  # before the trace began: nothing to put back
-        changer.close()
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        result.interrupted = True
-        return result
-    t0 = clock()
-    wall0 = time.time()
-    if log is not None:
-        log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
-                              "trace": trace.source, "steps": len(trace.steps), "period_s": trace.period_s}) + "\n")
-        log.flush()
-    try:
+        t0 = clock()
+        wall0 = time.time()
+        if log is not None:
+            log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
+                                  "trace": trace.source, "steps": len(trace.steps),
+                                  "period_s": trace.period_s}) + "\n")
+            log.flush()
+        began = True
         for at, step in trace.events(until):
             due = t0 + at
             wait_until(due)
             start = clock()
             tb.set_links(links, direction=direction, changer=changer, **_changes(step))  # by index, under the lock
             done = clock()
-            rec = {"event": "step", "time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at, "late_s": done - due,
-                   "apply_s": done - start}
+            rec = {"event": "step", "time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at,
+                   "late_s": done - due, "apply_s": done - start}
             result.steps.append(rec)
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
@@ -169,7 +163,7 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         changer.close()
-        if restore:  # nothing interrupts putting the shapes back
+        if restore and began:  # nothing interrupts putting the shapes back
             old = ignore_interrupts()
             try:
                 for l, d, shape in before:
@@ -273,28 +267,13 @@ def _started(log: Path, offset: int) -> bool:
 
 def stop_background(name: str, grace: float = 30.0) -> list[int]:
     """Stop the background replays of testbed ``name`` (each puts its shapes back); their pids."""
-    from .actions import REPLAY_MARKER, StartReplay, from_dict
-    from .ledger import Ledger
+    from .actions import StartReplay, recorded
 
-    pids = []
-    for e in Ledger(name).entries():
-        if e.get("action") != "StartReplay":
-            continue
-        a = from_dict(e)
-        if isinstance(a, StartReplay) and REPLAY_MARKER.fullmatch(a.marker):
-            pids += procs.terminate(procs.with_arg(a.marker), grace=grace)
-    return pids
+    return [pid for a in recorded(name, StartReplay) for pid in procs.terminate(a.pids(), grace=grace)]
 
 
 def running_background(name: str) -> list[dict]:
     """The background replays of testbed ``name`` still running: pid and log."""
-    from .actions import REPLAY_MARKER, StartReplay, from_dict
-    from .ledger import Ledger
+    from .actions import StartReplay, recorded
 
-    out = []
-    for e in Ledger(name).entries():
-        if e.get("action") == "StartReplay":
-            a = from_dict(e)
-            if isinstance(a, StartReplay) and REPLAY_MARKER.fullmatch(a.marker):
-                out += [{"pid": pid, "log": a.log} for pid in procs.with_arg(a.marker)]
-    return out
+    return [{"pid": pid, "log": a.log} for a in recorded(name, StartReplay) for pid in a.pids()]

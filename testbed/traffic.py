@@ -136,7 +136,6 @@ def check_flows(flows: Sequence[Flow], workers: Sequence[str]) -> None:
 
 # ---------------------------------------------------------------------- running
 
-MARKER = re.compile(r"--logfile=(/.+)/traffic-(\d+)-(server|client)\.log")
 _LINE = re.compile(r"^(\d+) \[\s*(SUM|\d+)\]\s+([\d.]+)-([\d.]+)\s+sec\s+([\d.]+) ([KMGT]?)Bytes\s+([\d.]+) ([KMGT]?)bits/sec"
                    r"(.*)$")
 _UNIT = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -297,11 +296,6 @@ def stop_leftovers(name: str) -> list[int]:
     """Stop iperf3 processes that runs on testbed ``name`` started and did not stop (a run
     killed with -9): found by the markers in its ledger."""
     from . import procs
-    from .ledger import Ledger
+    from .actions import StartTraffic, recorded
 
-    pids = []
-    for e in Ledger(name).entries():
-        m = e.get("marker") if e.get("action") == "StartTraffic" else None
-        if isinstance(m, str) and MARKER.fullmatch(m):
-            pids += procs.terminate(procs.with_arg(m), grace=2.0)
-    return pids
+    return [pid for a in recorded(name, StartTraffic) for pid in procs.terminate(a.pids(), grace=2.0)]

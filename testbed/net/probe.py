@@ -49,3 +49,9 @@ def probe() -> dict[str, tuple[bool, str]]:
         rt.close()
         netns.remove(name)
     return res
+
+
+def netem_missing() -> str | None:
+    """Why this kernel cannot run netem (delay, jitter, loss), or None when it can."""
+    ok, detail = probe()["netem"]
+    return None if ok else detail

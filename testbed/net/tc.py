@@ -74,37 +74,6 @@ def apply(rtnl: Rtnl, ifname: str, shape: Shape) -> None:
         _tc(rtnl, f"adding pfifo on {ifname}", "add", "pfifo", index=idx, handle=CHILD, parent=CLASS, limit=shape.limit)
 
 
-def child_kind(rtnl: Rtnl, ifname: str) -> str | None:
-    idx = rtnl.index(ifname)
-    for q in rtnl.call(f"reading qdiscs of {ifname}", "get_qdiscs", index=idx):
-        if q["parent"] == CLASS:
-            return q.get_attr("TCA_KIND")
-    return None
-
-
-UNKNOWN_KIND = "?"
-
-
-def change(rtnl: Rtnl, ifname: str, shape: Shape, kind: str | None = UNKNOWN_KIND) -> str | None:
-    """Change a running link's shape in place (class ``change``; child ``replace``).
-
-    ``kind``: the class's child qdisc as the caller last left it (read from the kernel when
-    not given: a dump of the namespace's qdiscs, the costly part with many interfaces).
-    Returns the child's kind afterwards, for the next call."""
-    idx = rtnl.index(ifname)
-    _tc(rtnl, f"changing htb class on {ifname}", "change-class", "htb", index=idx, **_class_kwargs(shape))
-    if kind == UNKNOWN_KIND:
-        kind = child_kind(rtnl, ifname)
-    if shape.needs_netem or kind == "netem":
-        _tc(rtnl, f"setting netem on {ifname}", "replace", "netem", index=idx, **_netem_kwargs(shape))
-        return "netem"
-    if shape.limit is not None or kind == "pfifo":
-        _tc(rtnl, f"setting pfifo on {ifname}", "replace", "pfifo", index=idx, handle=CHILD, parent=CLASS,
-            limit=queue_limit(shape))
-        return "pfifo"
-    return kind
-
-
 def egress_stats(rtnl: Rtnl) -> dict[int, dict]:
     """Root-qdisc counters of every interface in the namespace: ifindex -> counters."""
     out: dict[int, dict] = {}

@@ -210,3 +210,19 @@ def test_a_topology_schedule_runs_from_up_and_ends_with_down(clean_kernel, tmp_p
     finally:
         assert cli("down", "rsch").returncode == 0
     assert not pids_with("--replay-id=")
+
+
+def test_a_schedule_with_delay_is_checked_for_netem_at_up(clean_kernel, tmp_path):
+    from testbed.net.probe import netem_missing
+
+    d = dumbbell("rsnd", rate="300mbit")
+    d["links"][2]["schedule"] = [{"at": "0s", "rate": "10mbit", "delay": "5ms"}]
+    topo = tmp_path / "rsnd.yaml"
+    topo.write_text(yaml.safe_dump(d))
+    r = cli("up", str(topo), "--no-exporter", "--json")
+    if netem_missing():  # the topology's shapes need no netem; only its schedule does
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "links[2].schedule: schedule needs the netem qdisc" in json.loads(r.stdout)["error"]
+    else:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert cli("down", "rsnd").returncode == 0

@@ -1,4 +1,5 @@
-"""Batched, pre-encoded shape changes leave the kernel exactly as pyroute2's tc path does."""
+"""Batched, pre-encoded shape changes leave the kernel exactly as pyroute2's request path
+does with the same requests."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import pytest
 
 from testbed import Testbed, load_topology_dict
 from testbed.errors import KernelError
-from testbed.net import tc
 from testbed.net.rtnl import Rtnl
-from testbed.net.tcbatch import LinkChanger
+from testbed.net.tcbatch import LinkChanger, change_requests
 from testbed.units import Rate
 from tests.helpers import dumbbell
 from tests.kernel.conftest import run
@@ -35,13 +35,16 @@ def test_batched_changes_equal_tc_change_and_refusals_are_named(clean_kernel):
         try:
             base = link.shape("forward")
             # rate only (no child), then a queue limit (a pfifo child appears), then the rate
-            # again with the pfifo kept, as tc.change keeps it
-            kind = tc.child_kind(Rtnl.open(rev.ns), rev.ifname)
+            # again with the pfifo kept. The reference sends the same requests through
+            # pyroute2's own path (IPRoute.tc), one call each.
+            kind = None
             for shape in (replace(base, rate=Rate.parse("37mbit")), replace(base, rate=Rate.parse("2gbit"), limit=500),
                           replace(base, rate=Rate.parse("3mbit"), limit=500)):
                 changer.apply([(fwd, shape, "test")])
                 with Rtnl.open(rev.ns) as rt:
-                    kind = tc.change(rt, rev.ifname, shape, kind)
+                    reqs, kind = change_requests(rt.index(rev.ifname), shape, kind)
+                    for command, k, kw in reqs:
+                        rt.ipr.tc(command, k, **kw)
                 assert _tc_view(fwd.ns, fwd.ifname) == _tc_view(rev.ns, rev.ifname), shape
             assert "rate 3Mbit" in _tc_view(fwd.ns, fwd.ifname) and "pfifo" in _tc_view(fwd.ns, fwd.ifname)
             # a refusal names the interface and what was being done; the other requests applied

@@ -133,3 +133,28 @@ def test_replay_refuses_a_trace_the_links_cannot_take_before_changing_anything()
         check(links, bad)
     late = ReplayResult(steps=[{"late_s": x} for x in (0.004, 0.001, 0.002, 0.010)]).lateness()
     assert late == {"steps": 4, "median_s": 0.003, "p95_s": 0.010, "max_s": 0.010}
+
+
+def test_rate_timeline_matches_a_direct_integration():
+    """`run --bw-trace` annotates each record with the rate in force while it ran."""
+    import random
+
+    from testbed.experiment import RateTimeline
+
+    rng = random.Random(3)
+    steps = sorted((rng.uniform(0, 100), rng.choice([1e6, 1e7, 1e8])) for _ in range(200))
+    tl = RateTimeline(steps, 5e8)
+
+    def direct(t0, t1, n=20000):  # midpoint rule over the rate in force at each instant
+        h = (t1 - t0) / n
+        vals = []
+        for i in range(n):
+            t = t0 + (i + 0.5) * h
+            vals.append(next((r for s, r in reversed(steps) if s <= t), 5e8))
+        return sum(vals) / n
+
+    for t0, t1 in [(-5, 3), (10, 10.5), (0, 100), (50, 120), (99, 101)]:
+        assert tl.over(t0, t1) == pytest.approx(direct(t0, t1), rel=2e-3)
+    assert tl.at(-1) == 5e8 and tl.at(steps[0][0]) == steps[0][1]
+    assert tl.changes_within(steps[3][0] - 1e-6, steps[3][0] + 1e-6)
+    assert not tl.changes_within(steps[3][0], steps[4][0])  # both ends excluded

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import TestbedError
-from testbed.traffic import MARKER, check_flows, parse_server_log, parse_spec
+from testbed.actions import TRAFFIC_MARKER as MARKER
+from testbed.traffic import check_flows, parse_server_log, parse_spec
 
 LOG = """1795381758 -----------------------------------------------------------
 1795381758 Server listening on 5301 (test #1)
