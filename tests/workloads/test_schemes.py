@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from tests.workloads.dist_util import run
 from workloads import pruning, schemes
-from workloads.schemes._common import ternary_allreduce
+from workloads.schemes._common import TernaryReducer
 from workloads.schemes.topk import TopKState, topk_hook
 
 
@@ -82,27 +82,76 @@ def test_topk_residuals_survive_the_bucket_rebuild():
     run(_topk_rebuild, 1)
 
 
-def _terngrad_unbiased(rank, world):
+def _terngrad_unbiased_per_layer(rank, world):
+    # two layers five orders of magnitude apart: with one scale per layer the small one is
+    # quantised against its own maximum, not the large layer's
     torch.manual_seed(0)
-    xs = [torch.randn(500) * (r + 1) for r in range(world)]
+    n_el = 300
+    segments = [(0, n_el), (n_el, n_el)]
+    xs = [torch.cat([torch.randn(n_el) * 1e-3 * (r + 1), torch.randn(n_el) * 10 * (r + 1)]) for r in range(world)]
     target = sum(xs) / world
-    g = torch.Generator().manual_seed(10 + rank)
-    n, total = 1500, torch.zeros(500)
-    var = torch.zeros(500)
-    scale = max(float(x.abs().max()) for x in xs)
-    for x in xs:  # variance of scale * q for each rank's input, then of the average
-        var += (scale * x.abs() - x * x).clamp_min(0)
-    var /= world ** 2
+    reducer = TernaryReducer(None, torch.Generator().manual_seed(10 + rank), clip=0)
+    n = 1500
+    total, total_sq = torch.zeros(2 * n_el, dtype=torch.float64), torch.zeros(2 * n_el, dtype=torch.float64)
     for _ in range(n):
-        fut, sent = ternary_allreduce(xs[rank].clone(), None, g)
-        total += fut.wait()
-    assert sent == 4 + 500  # scale + int8 values
-    z = (total / n - target) / (var / n).sqrt().clamp_min(1e-12)
-    assert z.abs().max() < 5.5 and abs(float(z.mean())) < 0.15, "mean of quantisations converges to the mean"
+        fut, sent = reducer.reduce(xs[rank].clone(), segments)
+        v = fut.wait().double()
+        total += v
+        total_sq += v * v
+    assert sent == 2 * 4 + 2 * n_el  # a float32 scale per layer + int8 values
+    for off, m in segments:
+        sl = slice(off, off + m)
+        scale = max(float(x[sl].abs().max()) for x in xs)
+        var = sum((scale * x[sl].abs() - x[sl] ** 2).clamp_min(0) for x in xs).double() / world ** 2
+        mean = total[sl] / n
+        z = (mean - target[sl]) / (var / n).sqrt().clamp_min(1e-30)
+        assert z.abs().max() < 5.5 and abs(float(z.mean())) < 0.15, f"layer at {off}: mean converges to the mean"
+        emp = total_sq[sl] / n - mean ** 2
+        ratio = float(emp.sum() / var.sum())
+        assert 0.85 < ratio < 1.15, f"layer at {off}: variance {ratio:.3f} x the per-layer prediction"
 
 
-def test_terngrad_average_is_unbiased_across_ranks():
-    run(_terngrad_unbiased, 2)
+def test_terngrad_is_unbiased_per_layer_with_per_layer_variance():
+    run(_terngrad_unbiased_per_layer, 2)
+
+
+def _ternary_does_not_wait_for_peers(rank, world):
+    # rank 1 calls reduce only after rank 0's reduce has returned: a blocking scale
+    # exchange would deadlock here (the store wait times out and the test fails)
+    store = dist.distributed_c10d._get_default_store()
+    reducer = TernaryReducer(None, torch.Generator().manual_seed(rank), clip=2.5)
+    futs = []
+    for b in range(3):  # three buckets in a row, none awaited before the last is issued
+        if rank == 1:
+            store.wait([f"returned-{b}"], __import__("datetime").timedelta(seconds=20))
+        x = torch.full((100,), float(b + 1))
+        futs.append(reducer.reduce(x, [(0, 50), (50, 50)])[0])
+        if rank == 0:
+            store.set(f"returned-{b}", "1")
+    for b, f in enumerate(futs):
+        # identical values everywhere: clipping keeps them (std 0), each rounds to 1 with
+        # probability 1, the average is exact
+        torch.testing.assert_close(f.wait(), torch.full((100,), float(b + 1)))
+
+
+def test_ternary_scale_exchange_does_not_stall_the_caller():
+    run(_ternary_does_not_wait_for_peers, 2)
+
+
+def _terngrad_clips_per_layer(rank, world):
+    reducer = TernaryReducer(None, torch.Generator().manual_seed(rank), clip=2.5)
+    torch.manual_seed(3)
+    x = torch.cat([torch.randn(1000), torch.randn(1000) * 100])
+    x[10] = 1e4  # an outlier in the first layer
+    std0, std1 = float(x[:1000].std()), float(x[1000:].std())
+    scales = reducer._clip_and_scale(x, [(0, 1000), (1000, 1000)])
+    assert float(scales[0]) == pytest.approx(2.5 * std0, rel=1e-5), "the outlier is clipped to 2.5 sigma"
+    assert float(scales[1]) <= 2.5 * std1 * (1 + 1e-5)
+    assert float(x[10]) == pytest.approx(2.5 * std0, rel=1e-5)
+
+
+def test_terngrad_clips_each_layer_to_its_own_deviation():
+    run(_terngrad_clips_per_layer, 1)
 
 
 def test_registry_lists_the_choices():

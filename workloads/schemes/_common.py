@@ -1,5 +1,7 @@
 """Pieces shared by the hooks: payload accounting, bucket identity, ternary quantisation."""
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -57,28 +59,124 @@ def bucket_residual(state, key: tuple, bucket, buf: torch.Tensor) -> torch.Tenso
 def ternarize(x: torch.Tensor, scale: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Stochastic ternary quantisation: sign(x) * Bernoulli(|x| / scale), as int8.
 
-    ``scale * ternarize(x, scale)`` is an unbiased estimate of ``x`` when scale >= max |x|.
+    ``scale * ternarize(x, scale)`` is an unbiased estimate of ``x`` when scale >= max |x|
+    (a zero scale means x is all zeros, and so is the result).
     """
-    if float(scale) == 0.0:
-        return torch.zeros_like(x, dtype=torch.int8)
-    p = (x.abs() / scale).clamp_(0, 1)
+    s = torch.as_tensor(scale, dtype=x.dtype, device=x.device)
+    p = (x.abs() / s.clamp_min(torch.finfo(x.dtype).tiny)).clamp_(0, 1)
     keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) < p
     return (torch.sign(x) * keep).to(torch.int8)
 
 
-def ternary_allreduce(values: torch.Tensor, group, generator=None) -> tuple[torch.futures.Future, int]:
-    """Average ``values`` over ranks as TernGrad does; returns (future of the average, bytes sent).
+def segments_of(bucket, buf: torch.Tensor, kept: dict | None = None) -> list[tuple[int, int]]:
+    """(offset, length) of each parameter's gradient in the bucket's flat buffer, in order.
 
-    The scale is shared (all-reduce MAX of max |g|, 4 bytes, blocking), every rank
-    quantises to {-1, 0, 1} with it, and the int8 values are summed: exact for up to 127
-    ranks. The future yields ``scale / world * sum`` in ``values``' dtype.
+    With ``kept`` (id(parameter) -> number of kept entries), the segments of PacTrain's
+    compact buffer instead: each parameter's kept entries, packed one after another.
     """
-    world = dist.get_world_size(group)
-    if world > 127:
-        raise RuntimeError(f"ternary int8 sums overflow beyond 127 ranks (world size {world})")
-    scale = values.abs().max().reshape(1).float()
-    dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)
-    q = ternarize(values, scale[0].to(values.dtype), generator)
-    sent = scale.numel() * scale.element_size() + q.numel() * q.element_size()
-    fut = dist.all_reduce(q, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0].to(values.dtype).mul_(scale[0] / world)), sent
+    if kept is not None:
+        out, off = [], 0
+        for p in bucket.parameters():
+            n = kept[id(p)]
+            out.append((off, n))
+            off += n
+        return out
+    base, size = buf.data_ptr(), buf.element_size()
+    out = [((g.data_ptr() - base) // size, g.numel()) for g in bucket.gradients()]
+    if [o for o, _ in out] != [sum(n for _, n in out[:i]) for i in range(len(out))] or \
+            sum(n for _, n in out) != buf.numel():
+        return [(0, buf.numel())]  # not packed end to end (never seen): one scale for the bucket
+    return out
+
+
+class TernaryReducer:
+    """TernGrad's average of a flat buffer made of layers, with one scale per layer.
+
+    For each segment j of the buffer (a parameter tensor's gradient, or its kept entries in
+    PacTrain's compact buffer), as in TernGrad (Wen et al., 2017, Sec. 3.2-3.3): clip to
+    ``clip`` standard deviations of that layer (0: off), take m_j = max |g_j|, agree on
+    s_j = max over ranks of m_j (one all-reduce MAX of the bucket's L scales: 4 L bytes),
+    send sign(g) * Bernoulli(|g| / s_j) as int8, sum the int8 values (exact up to 127
+    ranks) and average: s_j / world * sum. Unbiased for the clipped gradient of every layer,
+    and a layer of small gradients is not quantised against a large layer's scale.
+
+    The scale exchange does not serialise the backward pass: ``reduce`` launches the scale
+    all-reduce and returns a future at once; when the scales arrive, a callback quantises
+    and launches the int8 all-reduce. Scales and int8 sums travel on two process groups of
+    their own, and the int8 all-reduces are launched strictly in the order of ``reduce``
+    calls (DDP calls the hook in bucket order on every rank), so every rank issues the same
+    collectives in the same order whichever scale all-reduce completes first.
+    """
+
+    def __init__(self, group=None, generator: torch.Generator | None = None, clip: float = 2.5):
+        self.world = dist.get_world_size(group)
+        if self.world > 127:
+            raise ValueError(f"ternary int8 sums overflow beyond 127 ranks (world size {self.world})")
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        # collective calls: every rank constructs its reducer at the same point (attach)
+        self.scale_group = dist.new_group(ranks)
+        self.value_group = dist.new_group(ranks)
+        self.generator = generator
+        self.clip = clip
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._launched = 0
+        self._ready: dict[int, tuple] = {}
+
+    def _clip_and_scale(self, values: torch.Tensor, segments) -> torch.Tensor:
+        scales = []
+        for off, n in segments:
+            v = values[off:off + n]
+            if n == 0:
+                scales.append(values.new_zeros(()))
+                continue
+            if self.clip > 0 and n > 1:
+                c = v.std() * self.clip
+                c = torch.where(c > 0, c, torch.full_like(c, float("inf")))  # a constant layer stays
+                torch.clamp(v, min=-c, max=c, out=v)
+            scales.append(v.abs().amax())
+        return torch.stack(scales).float() if scales else values.new_zeros(0, dtype=torch.float32)
+
+    def reduce(self, values: torch.Tensor, segments: list[tuple[int, int]]) -> tuple[torch.futures.Future, int]:
+        """Average ``values`` (clipped in place) over ranks; (future of the average, bytes sent)."""
+        scales = self._clip_and_scale(values, segments)
+        seq = self._calls
+        self._calls += 1
+        result = torch.futures.Future(devices=[values.device] if values.is_cuda else None)
+        fut = dist.all_reduce(scales, op=dist.ReduceOp.MAX, group=self.scale_group, async_op=True).get_future()
+
+        def on_scales(f):
+            try:
+                agreed = f.value()[0]
+                with self._lock:
+                    self._ready[seq] = (values, segments, agreed, result)
+                    while self._launched in self._ready:
+                        self._launch(*self._ready.pop(self._launched))
+                        self._launched += 1
+            except Exception as e:  # noqa: BLE001 (DDP must see it, not hang)
+                if not result.done():
+                    result.set_exception(e)
+
+        fut.then(on_scales)
+        return result, scales.numel() * scales.element_size() + values.numel()
+
+    def _launch(self, values, segments, agreed, result) -> None:
+        try:
+            q = torch.empty(values.shape, dtype=torch.int8, device=values.device)
+            for j, (off, n) in enumerate(segments):
+                q[off:off + n] = ternarize(values[off:off + n], agreed[j], self.generator)
+            work = dist.all_reduce(q, group=self.value_group, async_op=True).get_future()
+        except Exception as e:  # noqa: BLE001
+            result.set_exception(e)
+            return
+
+        def done(f):
+            try:
+                total = f.value()[0]
+                for j, (off, n) in enumerate(segments):
+                    torch.mul(total[off:off + n], agreed[j].to(values.dtype) / self.world, out=values[off:off + n])
+                result.set_result(values)
+            except Exception as e:  # noqa: BLE001
+                result.set_exception(e)
+
+        work.then(done)

@@ -15,8 +15,11 @@ Pruning fixes a global mask (identical on all ranks). In DDP's communication hoo
 * Compact all-reduce: the unmasked elements are gathered into a dense tensor with one
   ``index_select``, all-reduced (no indices travel: the mask is global), and scattered
   back with one ``index_copy_``: no Python loop over parameters on the hot path.
-* Optional ternary quantisation of the compact tensor (TernGrad: shared scale = max |g|
-  via all-reduce MAX, stochastic rounding to {-1, 0, 1}, int8 sum).
+* Optional ternary quantisation of the compact tensor, as TernGrad does it (the paper
+  builds PacTrain's quantisation on TernGrad): per layer, clip to 2.5 standard deviations,
+  one scale = max |g| agreed by all ranks (one all-reduce MAX of the bucket's per-layer
+  scales, launched without stalling the backward pass), stochastic rounding to
+  {-1, 0, 1}, int8 sum (``_common.TernaryReducer``).
 """
 
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ._common import Accounting, BucketKeys, ternarize, ternary_allreduce  # noqa: F401 (ternarize re-exported)
+from ._common import Accounting, BucketKeys, TernaryReducer, segments_of, ternarize  # noqa: F401 (ternarize re-exported)
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class PacTrainConfig:
     stable_iters: int = 3
     """K: iterations a bucket's mask must stay unchanged before it is compacted."""
     ternary: bool = False
-    """Quantise the compact tensor to int8 ternary values with a shared scale."""
+    """Quantise the compact tensor to int8 ternary values, one scale per layer."""
+    clip: float = 2.5
+    """ternary: clip each layer to this many standard deviations first (0: off), as TernGrad."""
 
     def __post_init__(self):
         if self.stable_iters < 1:
@@ -46,6 +51,7 @@ class PacTrainConfig:
 class _Bucket:
     mask: torch.Tensor  # flat float mask (1 keep, 0 pruned), shaped like the bucket buffer
     kept: torch.Tensor | None = None  # int64 positions of kept elements, once compact
+    segments: list | None = None  # (offset, length) of each parameter in the compact tensor
     seen: int = 0  # consecutive iterations with an identical mask
 
 
@@ -59,10 +65,10 @@ class PacTrainState(Accounting):
     config: PacTrainConfig = field(default_factory=PacTrainConfig)
     payload_bytes: int = 0
     """Bytes this rank handed to collectives since the last ``take_payload_bytes``."""
-    generator: torch.Generator | None = None
-    """Random source of ternary rounding (None: torch's default generator)."""
     _buckets: dict[tuple[int, ...], _Bucket] = field(default_factory=dict)
     _keys: BucketKeys = field(default_factory=BucketKeys)
+    ternary: TernaryReducer | None = None
+    """The per-layer ternary all-reduce (config.ternary); made by ``for_model``."""
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, masks: "dict[str, torch.Tensor]", process_group=None,
@@ -73,7 +79,10 @@ class PacTrainState(Accounting):
             m = masks.get(name)
             by_id[id(p)] = (m.to(device=p.device, dtype=torch.bool) if m is not None
                             else torch.ones_like(p, dtype=torch.bool))
-        return cls(process_group, by_id, config or PacTrainConfig())
+        state = cls(process_group, by_id, config or PacTrainConfig())
+        if state.config.ternary:  # collective (new process groups): every rank gets here
+            state.ternary = TernaryReducer(process_group, None, state.config.clip)
+        return state
 
     def compact_buckets(self) -> int:
         return sum(1 for b in self._buckets.values() if b.kept is not None)
@@ -96,6 +105,7 @@ class PacTrainState(Accounting):
         b.seen += 1
         if b.kept is None and b.seen >= self.config.stable_iters and self._agreed(flat):
             b.kept = flat.nonzero().squeeze(1)
+            b.segments = segments_of(bucket, flat, {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
         return b
 
     def _agreed(self, flat: torch.Tensor) -> bool:
@@ -128,8 +138,8 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
     compact = buf.index_select(0, b.kept)
-    if state.config.ternary:
-        fut, sent = ternary_allreduce(compact, group, state.generator)
+    if state.ternary is not None:
+        fut, sent = state.ternary.reduce(compact, b.segments)
         state.payload_bytes += sent
         return fut.then(lambda f: _scatter(buf, b.kept, f.value()))
     state.payload_bytes += compact.numel() * compact.element_size()
@@ -140,8 +150,10 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
 def attach(ddp, opts, masks=None) -> PacTrainState:
     """Register the hook on ``ddp``; ``masks`` by parameter name (None: nothing pruned)."""
     state = PacTrainState.for_model(ddp.module, masks or {}, opts.process_group,
-                                    PacTrainConfig(stable_iters=opts.stable_iters, ternary=opts.ternary))
+                                    PacTrainConfig(stable_iters=opts.stable_iters, ternary=opts.ternary,
+                                                   clip=opts.terngrad_clip))
     rank = dist.get_rank(opts.process_group)
-    state.generator = torch.Generator(device=opts.device).manual_seed(opts.seed * 1000 + rank)
+    if state.ternary is not None:
+        state.ternary.generator = torch.Generator(device=opts.device).manual_seed(opts.seed * 1000 + rank)
     ddp.register_comm_hook(state, pactrain_hook)
     return state
