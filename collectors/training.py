@@ -100,7 +100,7 @@ def _load(path: Path) -> _Run | None:
     req = run.get("request") or {}
     args = config.get("args") or {}
     run_id = run.get("run_id") or path.name
-    info = {"run_id": run_id, "scheme": str(args.get("scheme", "")), "model": str(args.get("model", "")),
+    info = {"run_id": run_id, "scheme": str(args.get("variant") or args.get("scheme", "")), "model": str(args.get("model", "")),
             "dataset": str(args.get("dataset", "")), "bw": str(req.get("bw") or ""),
             "world_size": str(config.get("world_size", "")), "testbed": str(req.get("testbed") or "")}
     r = _Run(path, run_id, info, config.get("dense_bytes"))

@@ -457,6 +457,51 @@ def _workload_args(*, model, width, depth, dataset, data_dir, epochs, max_iters,
     return args + list(extra)
 
 
+def _with_prune_ratios(names: list[str], ratios: str) -> list[str]:
+    """Each pactrain entry once per ratio: ``pactrain:ternary`` x 0.3,0.5 -> ``pactrain:0.3:ternary``, ..."""
+    values = [x.strip() for x in ratios.split(",") if x.strip()]
+    for v in values:
+        try:
+            ok = 0 <= float(v) < 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise TestbedError(f"--prune-ratios: {v!r} is not a ratio in [0, 1)", "e.g. --prune-ratios 0.1,0.3,0.5,0.7,0.9")
+    if not values:
+        raise TestbedError("--prune-ratios is empty", "e.g. --prune-ratios 0.1,0.3,0.5,0.7,0.9")
+    out = []
+    for name in names:
+        base, *rest = name.split(":")
+        if base != "pactrain":
+            out.append(name)
+            continue
+        if any(t.replace(".", "", 1).isdigit() or t.startswith("prune_ratio=") for t in rest):
+            raise TestbedError(f"--schemes {name!r} sets a pruning ratio and --prune-ratios gives them too",
+                               "write the pactrain entry without a ratio (e.g. pactrain or pactrain:ternary)")
+        out += [":".join(["pactrain", v, *rest]) for v in values]
+    if out == names:
+        raise TestbedError("--prune-ratios needs a pactrain entry in --schemes", "e.g. --schemes allreduce,pactrain")
+    return out
+
+
+def _pretraining(workload: dict, dataset: Optional[str], epochs: float):
+    """The shared checkpoint's description (testbed.sweep.Pretraining), checked."""
+    import math
+
+    from .sweep import Pretraining
+
+    if not (math.isfinite(epochs) and epochs > 0):
+        raise TestbedError(f"--pretrain-epochs must be a number > 0, got {epochs}")
+    dataset = dataset or workload["dataset"]
+    from workloads import data
+
+    if dataset not in data.DATASETS:
+        raise TestbedError(f"--pretrain-dataset: unknown dataset {dataset!r}",
+                           f"choose one of: {', '.join(data.DATASETS)}")
+    return Pretraining(model=workload["model"], dataset=dataset, epochs=epochs, width=workload["width"],
+                       depth=workload["depth"], data_dir=workload["data_dir"], seed=workload["seed"])
+
+
 def _check_timeout(timeout: float) -> None:
     import math
 
@@ -536,7 +581,9 @@ def _with_workload_options(fn):
 @_with_workload_options
 def run(
     ctx: typer.Context,
-    scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad, pactrain, spardl, prunex or hier-allreduce."),
+    scheme: str = typer.Argument(..., help="allreduce, fp16, topk, powersgd, terngrad, pactrain, spardl, prunex or "
+                                 "hier-allreduce; or a variant setting its hyper-parameters: topk:0.1, "
+                                 "pactrain:0.8:ternary, powersgd:8, terngrad:clip=0."),
     bw: Optional[str] = typer.Option(None, "--bw", help="Rate of the bottleneck links for this run, e.g. 100mbit."),
     bw_trace: Optional[Path] = typer.Option(None, "--bw-trace", help="The bottleneck links follow this trace (CSV "
                                             "time_s,rate[,delay,loss] or Mahimahi) during the run."),
@@ -546,6 +593,12 @@ def run(
     cross_traffic: Optional[List[str]] = typer.Option(None, "--cross-traffic", help="Background TCP flows during the "
                                                       "run, e.g. 'w0->w7,flows=2' or 'w1->w6,rate=20mbit,on=2s,off=3s' "
                                                       "(repeatable; 'none': not even the topology's traffic:)."),
+    pretrain: Optional[bool] = typer.Option(None, "--pretrain/--no-pretrain", help="Start from a pre-trained "
+                                            "checkpoint, made once and cached in OUT/checkpoints (default: yes for "
+                                            "pactrain, which prunes a trained network; no for the others)."),
+    pretrain_dataset: Optional[str] = typer.Option(None, "--pretrain-dataset", help="Pre-train on this dataset "
+                                                   "(default: --dataset)."),
+    pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", help="Epochs of pre-training."),
     topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Run on this running testbed; leave it up."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Directory for run directories."),
@@ -573,6 +626,22 @@ def run(
         _check_timeout(timeout)
         wargs = _workload_args(**workload, extra=ctx.args)
         _check_workload(scheme, wargs)
+        from workloads.schemes import parse_variant
+
+        if pretrain is False and workload["init"] is not None:
+            raise TestbedError("--no-pretrain and --init contradict each other", "give one of them")
+        if pretrain is None:  # auto: pactrain prunes a trained network; --pretrain-dataset implies it
+            pretrain = pretrain_dataset is not None or (parse_variant(scheme)[0].prunes and workload["init"] is None)
+        elif pretrain_dataset is not None and not pretrain:
+            raise TestbedError("--pretrain-dataset needs pre-training", "drop --no-pretrain")
+        if pretrain and workload["init"] is None:
+            from .experiment import check_out
+            from .sweep import checkpoint
+
+            pre = _pretraining(workload, pretrain_dataset, pretrain_epochs)
+            check_out(out_dir)
+            wargs += ["--init", str(checkpoint(out_dir, pre, lambda m: None if as_json else
+                                               err.print(m, highlight=False, markup=False)))]
         model, dataset, epochs, batch_size = (workload[k] for k in ("model", "dataset", "epochs", "batch_size"))
         if not as_json:
             err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(model)}, dataset {escape(dataset)}, "
@@ -638,10 +707,16 @@ def _render_summary(s: dict) -> None:
 @_with_workload_options
 def sweep(
     ctx: typer.Context,
-    schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", help="Comma-separated schemes."),
+    schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", help="Comma-separated schemes or "
+                                "variants, e.g. allreduce,topk:0.1,topk:0.01,pactrain:0.5:ternary."),
     bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", help="Comma-separated bottleneck rates."),
-    repeats: int = typer.Option(1, "--repeats", help="Runs per scheme and rate."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per scheme and rate; repeat k uses --seed + k. Report "
+                                "shows the median and min-max."),
     pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", help="Epochs of the shared pre-training."),
+    pretrain_dataset: Optional[str] = typer.Option(None, "--pretrain-dataset", help="Pre-train on this dataset, "
+                                                   "fine-tune on --dataset (default: the same dataset)."),
+    prune_ratios: Optional[str] = typer.Option(None, "--prune-ratios", help="Comma-separated pruning ratios: each "
+                                               "pactrain entry of --schemes runs at every one (the paper's Fig. 6)."),
     topology: Optional[Path] = typer.Option(None, "--topology", help="Topology to bring up (default three_switch)."),
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", help="Sweep on this running testbed."),
     out_dir: Path = typer.Option(Path("runs"), "--out", help="Where the sweep directory and checkpoints go."),
@@ -668,19 +743,15 @@ def sweep(
         if repeats < 1:
             raise TestbedError(f"--repeats must be >= 1, got {repeats}")
         _check_timeout(timeout)
+        if prune_ratios is not None:
+            names = _with_prune_ratios(names, prune_ratios)
         wargs = _workload_args(**{**workload, "init": None}, extra=ctx.args)
-        model, width, depth, dataset, data_dir, seed, init = (
-            workload[k] for k in ("model", "width", "depth", "dataset", "data_dir", "seed", "init"))
         for name in names:
             _check_workload(name, wargs)
-        pre = ["--model", model, "--dataset", dataset, "--seed", str(seed), "--epochs", str(pretrain_epochs)]
-        for flag, value in (("--width", width), ("--depth", depth), ("--data-dir", data_dir)):
-            if value is not None:
-                pre += [flag, str(value)]
-        key = f"{model}-w{width or 1:g}-d{depth or 'full'}-{dataset}-s{seed}-e{pretrain_epochs:g}"
+        pre = _pretraining(workload, pretrain_dataset, pretrain_epochs)
         req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
-                           testbed=testbed, out=out_dir, timeout=timeout, init=init, pretrain_args=pre,
-                           cache_key=key, exporter=exporter)
+                           testbed=testbed, out=out_dir, timeout=timeout, init=workload["init"], pretrain=pre,
+                           exporter=exporter)
         from rich.live import Live
 
         live_on = not as_json and err.is_terminal
@@ -717,16 +788,27 @@ def report(
         if as_json:
             _emit(result)
             return
+        def spread(r, key, fmt, scale=1.0):  # "median [min-max]" of key, key_min, key_max
+            stem, unit = (key[:-2], "_s") if key.endswith("_s") else (key, "")
+            mid, lo, hi = r[key], r.get(f"{stem}_min{unit}"), r.get(f"{stem}_max{unit}")
+            if mid is None:
+                return "-"
+            text = format(mid * scale, fmt)
+            if r["ok"] > 1 and lo is not None:
+                text += f" [{format(lo * scale, fmt)}-{format(hi * scale, fmt) if hi is not None else 'not reached'}]"
+            return text
+
         for bw in dict.fromkeys(r["bw"] for r in result["rows"]):
             t = Table("scheme", "runs", "TTA (s)", "TTA / allreduce", "final acc", "iter (ms)",
-                      "iter / allreduce", "payload B/iter", "bottleneck B/iter", title=Text(f"bottleneck {bw}"))
+                      "iter / allreduce", "payload B/iter", "bottleneck B/iter",
+                      title=Text(f"bottleneck {bw} (median [min-max] over repeats)"))
             for r in (x for x in result["rows"] if x["bw"] == bw):
                 tta = ("-" if r["target_accuracy"] is None else
-                       f"{r['tta_s']:.1f}" if r["tta_s"] is not None else f"not reached ({r['reached']}/{r['ok']})")
+                       spread(r, "tta_s", ".1f") if r["tta_s"] is not None
+                       else f"not reached ({r['reached']}/{r['ok']})")
                 t.add_row(*_lit(r["scheme"], f"{r['ok']}/{r['runs']}", tta,
                                 "-" if r["tta_vs_allreduce"] is None else f"{r['tta_vs_allreduce']:.2f}",
-                                "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}",
-                                "-" if r["mean_iter_s"] is None else f"{r['mean_iter_s'] * 1000:.0f}",
+                                spread(r, "final_accuracy", ".4f"), spread(r, "mean_iter_s", ".0f", 1000),
                                 "-" if r["iter_time_vs_allreduce"] is None else f"{r['iter_time_vs_allreduce']:.2f}",
                                 "-" if r["payload_bytes_per_iter"] is None else f"{r['payload_bytes_per_iter']:,.0f}",
                                 "-" if r["wire_bytes_per_iter"] is None else f"{r['wire_bytes_per_iter']:,.0f}"))

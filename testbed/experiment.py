@@ -22,6 +22,7 @@ import bisect
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -98,8 +99,13 @@ class Status:
     """"link direction" -> fraction of the configured rate over the last second."""
 
 
+def variant_slug(spec: str) -> str:
+    """A scheme variant as a file-name part: ``pactrain:0.8:ternary`` -> ``pactrain_0.8_ternary``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.replace("=", ""))
+
+
 def new_run_id(out: Path, scheme: str, bw: Rate | str | None) -> str:
-    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{scheme}-{bw if bw else 'asis'}"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{variant_slug(scheme)}-{bw if bw else 'asis'}"
     rid, n = base, 1
     while (out / rid).exists():
         n += 1

@@ -1,11 +1,14 @@
 """`testbed report DIR...`: compare runs by time-to-accuracy, as the PacTrain paper does.
 
 Reads run directories (or directories holding them, such as a sweep's), groups runs by
-bottleneck bandwidth and scheme variant (repeats averaged), and writes:
+bottleneck bandwidth and scheme variant (the scheme with every hyper-parameter in the
+summary's ``hyper``; repeats give the median and min-max), and writes:
 
     report.json, report.csv   one row per (bandwidth, variant)
-    tta.png                   time-to-accuracy normalised to allreduce, per bandwidth (Fig. 3 style)
+    tta.png                   time-to-accuracy normalised to allreduce, per bandwidth (Fig. 3 style),
+                              median with min-max over repeats
     accuracy.png              accuracy vs wall-clock training time per run (Fig. 5 style)
+    prune_ratio.png           final accuracy vs pruning ratio (Fig. 6 style), when runs span ratios
     bytes.png                 payload and bottleneck bytes per iteration per variant
     utilisation.png           bottleneck utilisation over time per run
 
@@ -131,40 +134,102 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
+def _spread(xs) -> tuple:
+    """(median, min, max) of the numbers in xs, or Nones."""
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+
+
+_TRAIN_KEYS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
+               "epochs", "max_iters", "bucket_cap_mb", "init", "pretrain_dataset")
+"""Keys of a summary's ``hyper`` that are the training's, not the scheme's: a variant is
+compared with the allreduce run that shares them."""
+
+
+def _hyper(r: RunData) -> dict:
+    h = r.summary.get("hyper")
+    return h if isinstance(h, dict) else {}
+
+
+def _freeze(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _labels(groups: dict) -> dict:
+    """Display label per group key: the scheme's short label, plus the hyper-parameters that
+    tell it apart from other groups with the same short label (never merged, never alike)."""
+    by_label: dict[str, set[str]] = {}
+    for (_, _, label, hyper) in groups:
+        by_label.setdefault(label, set()).add(hyper)
+    out = {}
+    for key in groups:
+        _, _, label, hyper = key
+        variants = [json.loads(h) for h in sorted(by_label[label])]
+        if len(variants) < 2:
+            out[key] = label
+            continue
+        mine = json.loads(hyper)
+        keys = sorted({k for v in variants for k in v})
+        differ = [k for k in keys if len({_freeze({k: v.get(k)}) for v in variants}) > 1]
+        out[key] = label + " [" + ", ".join(f"{k}={mine.get(k)}" for k in differ) + "]"
+    return out
+
+
 def table(runs: list[RunData], target: float | None = None) -> list[dict]:
-    """One row per (bandwidth, world size, variant): means over repeats. Rows are compared
-    with allreduce at the same bandwidth and world size; when the runs span several world
-    sizes, the scheme column names it ("spardl 0.01 (4 ranks)")."""
-    groups: dict[tuple[str, int, str], list[RunData]] = {}
+    """One row per (bandwidth, world size, variant), a variant being the scheme with all its
+    hyper-parameters (the summary's ``hyper``: model, dataset, batch, lr, prune ratio, ...):
+    runs differing in any of them are never averaged together. Repeats give the median and
+    the min-max. Rows are compared with the allreduce row at the same bandwidth, world size
+    and training hyper-parameters; when the runs span several world sizes, the scheme
+    column names it ("spardl 0.01 (4 ranks)")."""
+    groups: dict[tuple[str, int, str, str], list[RunData]] = {}
     for r in runs:
-        groups.setdefault((r.bw, _world(r), r.label), []).append(r)
-    several = len({w for _, w, _ in groups}) > 1
+        groups.setdefault((r.bw, _world(r), r.label, _freeze(_hyper(r))), []).append(r)
+    labels = _labels(groups)
+    several = len({w for _, w, _, _ in groups}) > 1
     rows = []
-    for (bw, world, label), rs in groups.items():
+    for key, rs in groups.items():
+        bw, world, _, hyper = key
+        label = labels[key]
         ok = [r for r in rs if r.status == "ok"]
         ttas = [r.tta(target) for r in ok]
         reached = [t for t in ttas if t is not None]
+        ordered = sorted(reached) + [float("inf")] * (len(ttas) - len(reached))  # not reached: after all
+        tta_median = statistics.median(ordered) if ordered else None
+        acc, it = _spread(r.summary.get("final_accuracy") for r in ok), _spread(r.summary.get("mean_iter_s") for r in ok)
         rows.append({
             "bw": bw, "scheme": f"{label} ({world} ranks)" if several else label, "variant": label,
-            "world_size": world or None, "runs": len(rs), "ok": len(ok),
+            "base_scheme": str(rs[0].summary.get("scheme", "?")), "world_size": world or None,
+            "runs": len(rs), "ok": len(ok),
             "target_accuracy": target if target is not None else _mean(r.summary.get("target_accuracy") for r in ok),
             "reached": len(reached),
-            "tta_s": statistics.fmean(reached) if reached and len(reached) == len(ok) else None,
-            "final_accuracy": _mean(r.summary.get("final_accuracy") for r in ok),
-            "mean_iter_s": _mean(r.summary.get("mean_iter_s") for r in ok),
+            "tta_s": tta_median if tta_median is not None and tta_median != float("inf") else None,
+            "tta_min_s": min(reached) if reached else None,
+            "tta_max_s": max(reached) if reached and len(reached) == len(ok) else None,
+            "final_accuracy": acc[0], "final_accuracy_min": acc[1], "final_accuracy_max": acc[2],
+            "mean_iter_s": it[0], "mean_iter_min_s": it[1], "mean_iter_max_s": it[2],
             "payload_bytes_per_iter": _mean(r.summary.get("mean_payload_bytes") for r in ok),
             "wire_bytes_per_iter": _mean((r.summary.get("bottleneck") or {}).get("bytes_per_iteration") for r in ok),
+            "hyper": json.loads(hyper), "paths": [str(r.path) for r in rs],
             "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status != "ok"],
         })
     for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
-        base = next((x for x in rows if x["bw"] == row["bw"] and x["world_size"] == row["world_size"]
-                     and x["variant"] == "allreduce"), None)
+        base = _baseline(row, rows)
         row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
                                    else None)
         row["iter_time_vs_allreduce"] = (row["mean_iter_s"] / base["mean_iter_s"]
                                          if base and base["mean_iter_s"] and row["mean_iter_s"] else None)
-    rows.sort(key=lambda x: (_bw_key(x["bw"]), x["world_size"] or 0, x["variant"] != "allreduce", x["variant"]))
+    rows.sort(key=lambda x: (_bw_key(x["bw"]), x["world_size"] or 0, x["base_scheme"] != "allreduce", x["variant"]))
     return rows
+
+
+def _baseline(row: dict, rows: list[dict]) -> dict | None:
+    """The allreduce row this row is compared with: same bandwidth, world size and training
+    hyper-parameters (model, dataset, batch, lr, checkpoint, ...)."""
+    train = {k: row["hyper"].get(k) for k in _TRAIN_KEYS}
+    same = [x for x in rows if x["bw"] == row["bw"] and x["world_size"] == row["world_size"]
+            and x["base_scheme"] == "allreduce" and {k: x["hyper"].get(k) for k in _TRAIN_KEYS} == train]
+    return same[0] if len(same) == 1 else None
 
 
 def _world(r: RunData) -> int:
@@ -180,7 +245,8 @@ def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
         w.writeheader()
         for row in rows:
-            w.writerow({**row, "failed": "; ".join(row["failed"])})
+            w.writerow({**row, "failed": "; ".join(row["failed"]), "hyper": _freeze(row["hyper"]),
+                        "paths": "; ".join(row["paths"])})
     plots = _plots(runs, rows, out, target)
     return {"rows": rows, "out": str(out), "files": ["report.json", "report.csv", *plots]}
 
@@ -210,7 +276,12 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         rs = [r for r in rows if r["bw"] == bw]
         vals = [r["tta_vs_allreduce"] for r in rs]
         xs = range(len(rs))
-        ax.bar(xs, [v if v is not None else 0 for v in vals], color="tab:blue")
+        lo, hi = [], []  # min-max over repeats, normalised like the median
+        for r, v in zip(rs, vals):
+            base = r["tta_s"] / v if v else None
+            lo.append(v - r["tta_min_s"] / base if base and r["tta_min_s"] is not None else 0)
+            hi.append(r["tta_max_s"] / base - v if base and r["tta_max_s"] is not None else 0)
+        ax.bar(xs, [v if v is not None else 0 for v in vals], color="tab:blue", yerr=[lo, hi], capsize=3)
         for x, v in zip(xs, vals):
             ax.text(x, (v or 0) + 0.02, f"{v:.2f}" if v is not None else "not\nreached", ha="center", va="bottom",
                     fontsize=8)
@@ -220,12 +291,18 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     save(fig, "tta.png")
 
-    # accuracy vs training time
+    # accuracy vs training time (every run; repeats of a variant share a colour and a legend entry)
+    colour = {row["variant"]: f"C{i % 10}" for i, row in enumerate(dict((x["variant"], x) for x in rows).values())}
     fig, axes = panels()
     for ax, bw in axes:
+        named = set()
         for r in runs:
             if r.bw == bw and r.evals:
-                ax.plot([e["train_s"] for e in r.evals], [e["accuracy"] for e in r.evals], marker=".", label=r.label)
+                v = next((x["variant"] for x in rows if x["bw"] == bw and r.path.name in
+                          {Path(p).name for p in x["paths"]}), r.label)
+                ax.plot([e["train_s"] for e in r.evals], [e["accuracy"] for e in r.evals], marker=".",
+                        color=colour.get(v), label=None if v in named else v, lw=1)
+                named.add(v)
         if target is not None:
             ax.axhline(target, color="grey", lw=0.8, ls="--")
         ax.set_title(f"bottleneck {bw}")
@@ -247,6 +324,32 @@ def _plots(runs, rows, out: Path, target) -> list[str]:
         ax.set_title(f"bottleneck {bw}")
         ax.legend(fontsize=7)
     save(fig, "bytes.png")
+
+    # final accuracy vs pruning ratio (the PacTrain paper's Fig. 6), where runs span ratios
+    prunes = [x for x in rows if x["base_scheme"] == "pactrain" and x["hyper"].get("prune_ratio") is not None]
+    if len({x["hyper"]["prune_ratio"] for x in prunes}) > 1:
+        fig, axes = panels()
+        for ax, bw in axes:
+            lines: dict[str, list] = {}
+            for x in prunes:
+                if x["bw"] == bw and x["final_accuracy"] is not None:
+                    name = "pactrain ternary" if x["hyper"].get("ternary") else "pactrain"
+                    lines.setdefault(name, []).append(x)
+            for name, xs in sorted(lines.items()):
+                xs.sort(key=lambda x: x["hyper"]["prune_ratio"])
+                ax.errorbar([x["hyper"]["prune_ratio"] for x in xs], [x["final_accuracy"] for x in xs],
+                            yerr=[[x["final_accuracy"] - x["final_accuracy_min"] for x in xs],
+                                  [x["final_accuracy_max"] - x["final_accuracy"] for x in xs]],
+                            marker="o", capsize=3, label=name)
+            for x in rows:
+                if x["bw"] == bw and x["base_scheme"] == "allreduce" and x["final_accuracy"] is not None:
+                    ax.axhline(x["final_accuracy"], color="grey", lw=0.8, ls="--", label="allreduce")
+                    break
+            ax.set_xlabel("pruning ratio")
+            ax.set_ylabel("final test accuracy")
+            ax.set_title(f"bottleneck {bw}")
+            ax.legend(fontsize=7)
+        save(fig, "prune_ratio.png")
 
     # bottleneck utilisation over time (the busiest bottleneck direction at each sample)
     fig, axes = panels()

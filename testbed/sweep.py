@@ -1,6 +1,8 @@
 """`testbed sweep`: every scheme x bandwidth (x repeats) from one pre-trained checkpoint.
 
-The checkpoint is made once per (model, width, depth, dataset, seed) by
+Repeat k of a run uses the workload's seed + k (data order, augmentation, stochastic
+rounding), so the spread over repeats is training's, not only the clock's.
+The checkpoint is made once per (model, width, depth, pre-training dataset, seed, epochs) by
 ``python -m workloads.pretrain`` and cached under ``OUT/checkpoints/``; every run starts
 from it (``--init``), so schemes are compared from the same weights. All runs share one
 testbed (brought up here unless ``--testbed`` names a running one) and land in
@@ -19,7 +21,7 @@ from pathlib import Path
 from . import procs
 from .files import write_json
 from .errors import TestbedError
-from .experiment import RunRequest, Status, check_out, obtain_testbed, run
+from .experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
 from .units import Rate
 
 
@@ -34,20 +36,47 @@ class SweepRequest:
     out: Path = Path("runs")
     timeout: float = 300.0
     init: Path | None = None
-    pretrain_args: list[str] | None = None
-    """Arguments for workloads.pretrain (model, width, depth, dataset, data dir, seed, epochs)."""
-    cache_key: str = ""
+    pretrain: Pretraining | None = None
+    """The shared checkpoint to make (or reuse) when ``init`` is None."""
     exporter: bool = True
 
 
-def checkpoint(req: SweepRequest, say: Callable[[str], None]) -> Path:
-    path = req.out / "checkpoints" / f"{req.cache_key}.pt"
-    if path.exists():
+@dataclass(frozen=True)
+class Pretraining:
+    """What the shared checkpoint is: a model pre-trained on ``dataset`` (which may differ
+    from the runs' dataset: the paper pre-trains, then fine-tunes on another task)."""
+
+    model: str
+    dataset: str
+    epochs: float = 2.0
+    width: float | None = None
+    depth: int | None = None
+    data_dir: Path | None = None
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return (f"{self.model}-w{self.width or 1:g}-d{self.depth or 'full'}-{self.dataset}-s{self.seed}"
+                f"-e{self.epochs:g}")
+
+    def args(self) -> list[str]:
+        a = ["--model", self.model, "--dataset", self.dataset, "--seed", str(self.seed), "--epochs", str(self.epochs)]
+        for flag, value in (("--width", self.width), ("--depth", self.depth), ("--data-dir", self.data_dir)):
+            if value is not None:
+                a += [flag, str(value)]
+        return a
+
+
+def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
+    """The checkpoint for ``pre`` under ``out/checkpoints/``, made once by
+    ``python -m workloads.pretrain`` and reused by every later run and sweep."""
+    path = out / "checkpoints" / f"{pre.key}.pt"
+    if path.is_file():
         say(f"using cached checkpoint {path}")
         return path
-    say(f"pre-training -> {path}")
+    say(f"pre-training {pre.model} on {pre.dataset} for {pre.epochs:g} epochs -> {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(procs.python_argv("workloads.pretrain", *(req.pretrain_args or []), "--out", str(path)),
+    p = subprocess.run(procs.python_argv("workloads.pretrain", *pre.args(), "--out", str(path)),
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise TestbedError(f"pre-training failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
@@ -55,11 +84,20 @@ def checkpoint(req: SweepRequest, say: Callable[[str], None]) -> Path:
     return path
 
 
+def with_seed(args: list[str], offset: int) -> list[str]:
+    """``args`` with every ``--seed S`` made ``--seed S+offset`` (a sweep's repeat k uses seed + k)."""
+    out = list(args)
+    for i, a in enumerate(out[:-1]):
+        if a == "--seed":
+            out[i + 1] = str(int(out[i + 1]) + offset)
+    return out
+
+
 def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
-    init = req.init or checkpoint(req, say)
     check_out(req.out)
+    init = req.init or checkpoint(req.out, req.pretrain, say)
     sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while sweep_dir.exists():
@@ -77,11 +115,12 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
             for scheme in req.schemes:
                 for rep in range(req.repeats):
                     k += 1
-                    run_id = f"{scheme}-{bw}-r{rep}"
+                    run_id = f"{variant_slug(scheme)}-{bw}-r{rep}"
                     say(f"[{k}/{total}] {scheme} at {bw}, repeat {rep + 1}/{req.repeats}")
                     entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "repeat": rep}
                     try:
-                        run(RunRequest(scheme=scheme, workload_args=[*req.workload_args, "--init", str(init)],
+                        run(RunRequest(scheme=scheme,
+                                       workload_args=[*with_seed(req.workload_args, rep), "--init", str(init)],
                                        testbed=tb.name, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
                                        extra={"repeat": rep, "sweep": sweep_dir.name},
                                        exporter=req.exporter),

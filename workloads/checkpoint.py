@@ -21,18 +21,19 @@ class CheckpointError(ValueError):
 
 
 def save(path: str | Path, model: nn.Module, *, model_name: str, width: float, depth: int | None,
-         num_classes: int, dataset: str, accuracy: float | None) -> None:
+         num_classes: int, dataset: str, accuracy: float | None, epochs: float | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save({"format": FORMAT, "model": model_name, "width": width, "depth": depth,
-                "num_classes": num_classes, "dataset": dataset, "accuracy": accuracy,
+                "num_classes": num_classes, "dataset": dataset, "accuracy": accuracy, "epochs": epochs,
                 "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, tmp)
     tmp.replace(path)
 
 
-def load_into(model: nn.Module, path: str | Path, model_name: str) -> list[str]:
-    """Copy a checkpoint's weights into ``model``; returns notes on what was skipped.
+def load_into(model: nn.Module, path: str | Path, model_name: str, meta: dict | None = None) -> list[str]:
+    """Copy a checkpoint's weights into ``model``; returns notes on what was skipped, and
+    fills ``meta`` (if given) with the checkpoint's description (dataset, accuracy, ...).
 
     Tensors whose shape differs (the classifier when the class count changes, e.g. a
     CIFAR-10 checkpoint fine-tuned on CIFAR-100) keep their fresh initialisation.
@@ -64,6 +65,9 @@ def load_into(model: nn.Module, path: str | Path, model_name: str) -> list[str]:
         raise CheckpointError(f"--init {path}: {len(notes)} tensors differ in shape "
                               f"(checkpoint width {ck['width']}, depth {ck['depth']}); match --width/--depth")
     model.load_state_dict(load, strict=False)
+    if meta is not None:
+        meta.update({k: ck.get(k) for k in ("model", "width", "depth", "num_classes", "dataset", "accuracy", "epochs")})
+        meta["reinitialised"] = [n.split(":")[0] for n in notes]
     notes.insert(0, f"loaded {len(load)} tensors from {path} ({ck['model']} on {ck['dataset']}, "
                     f"accuracy {ck['accuracy']})")
     return notes

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                       for s in range(0, len(ds.y_test), 256))
     acc = correct / len(ds.y_test)
     checkpoint.save(args.out, model, model_name=args.model, width=args.width, depth=args.depth,
-                    num_classes=ds.num_classes, dataset=ds.name, accuracy=acc)
+                    num_classes=ds.num_classes, dataset=ds.name, accuracy=acc, epochs=args.epochs)
     print(f"pretrained {args.model} on {ds.name}: {it} iterations in {time.time() - t0:.1f} s, "
           f"test accuracy {acc:.4f} -> {args.out}")
     return 0

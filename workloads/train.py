@@ -43,7 +43,8 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     p = _Parser(prog="python -m workloads.train", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.raise_errors = raise_errors
-    p.add_argument("--scheme", default="allreduce", help=f"one of: {', '.join(schemes.SCHEMES)}")
+    p.add_argument("--scheme", default="allreduce",
+                   help=f"one of: {', '.join(schemes.SCHEMES)}; or {schemes.VARIANT_HELP}")
     p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODELS)}")
     p.add_argument("--width", type=float, default=1.0, help="channel/embedding multiplier")
     p.add_argument("--depth", type=int, default=None, help="cap on blocks/convs/layers per stage")
@@ -88,6 +89,7 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="run directory for records (none: no records)")
     p.add_argument("--log-every", type=int, default=10, help="print a line every N iterations (rank 0)")
     args = p.parse_args(argv)
+    _expand_variant(p, args, sys.argv[1:] if argv is None else list(argv))
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
     if args.epochs <= 0:
@@ -95,6 +97,47 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     if args.target_acc is not None and not 0 < args.target_acc <= 1:
         p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
     return args
+
+
+def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given: list[str]) -> None:
+    """``--scheme topk:0.1`` -> scheme topk with --topk-ratio 0.1; ``args.variant`` keeps the spec."""
+    args.variant = args.scheme
+    if ":" not in args.scheme:
+        return
+    try:
+        scheme, values = schemes.parse_variant(args.scheme)
+    except ValueError as e:
+        p.error(str(e))
+    extra = []
+    for key, val in values.items():
+        flag = "--" + key.replace("_", "-")
+        if any(a == flag or a.startswith(flag + "=") for a in given):
+            p.error(f"{flag} is given twice, by the scheme variant {args.scheme!r} and on its own; keep one")
+        if key == "ternary":
+            if val.lower() not in ("true", "yes", "1", "on"):
+                p.error(f"scheme variant {args.scheme!r}: ternary takes no value (write pactrain:0.5:ternary)")
+            extra.append(flag)
+        else:
+            extra += [flag, val]
+    p.parse_args(extra, namespace=args)
+    args.scheme = scheme.name
+
+
+TRAIN_PARAMS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
+                "epochs", "max_iters", "bucket_cap_mb")
+"""Arguments besides a scheme's own that change a run's results (the summary's ``hyper``)."""
+
+
+def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None = None) -> dict:
+    """Every hyper-parameter that changes this run's results: report never averages runs
+    whose ``hyper`` differ. The seed is left out (repeats differ in it on purpose)."""
+    d = {k: getattr(args, k) for k in TRAIN_PARAMS}
+    d.update({k: getattr(args, k) for k in scheme.params})
+    if scheme.name == "pactrain" and not args.ternary:
+        d.pop("terngrad_clip")
+    d["init"] = Path(args.init).name if args.init else None
+    d["pretrain_dataset"] = pretrain_dataset
+    return d
 
 
 # ---------------------------------------------------------------- process group
@@ -258,10 +301,13 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
 
     # model: same initial weights everywhere (seeded; DDP also broadcasts rank 0's)
     model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
+    pretrained = None  # from scratch
     if args.init:
-        for note in load_into(model, args.init, args.model):
+        pretrained = {}
+        for note in load_into(model, args.init, args.model, pretrained):
             if rank == 0:
                 print(f"init: {note}")
+        pretrained["checkpoint"] = str(args.init)
     model.to(device)
 
     masks = None
@@ -377,7 +423,9 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     dist.all_reduce(pay)
     if rank == 0 and out:
         records.write_json(out / "summary.json", {
-            "scheme": scheme.name, "model": args.model, "dataset": ds.name, "world_size": world,
+            "scheme": scheme.name, "variant": args.variant,
+            "hyper": hyper_params(args, scheme, (pretrained or {}).get("dataset")),
+            "seed": args.seed, "model": args.model, "dataset": ds.name, "world_size": world,
             "backend": backend, "iterations": it, "epochs": round(it / per_epoch, 4),
             "wall_s": time.time() - start, "train_s": train_s, "final_accuracy": acc,
             "target_accuracy": args.target_acc, "time_to_target_s": tta,
@@ -389,6 +437,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             "spardl_density": args.spardl_density if scheme.name == "spardl" else None,
             "prunex_sparsity": args.prunex_sparsity if scheme.name == "prunex" else None,
             "kept_fraction": state.kept_fraction() if hasattr(state, "kept_fraction") else None,
+            "init": pretrained, "from_scratch": pretrained is None,
             "placement": where.to_dict()})
     for log in (it_log, ev_log):
         if log:

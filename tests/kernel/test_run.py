@@ -59,6 +59,10 @@ def test_two_schemes_cross_the_shaped_bottleneck_and_report_compares_them(tmp_pa
             assert (d / f).exists(), f
         recs = [json.loads(x) for x in (d / "rank1.jsonl").read_text().splitlines()]
         assert recs[-1]["tx_bytes"] - recs[0]["tx_bytes"] >= 0.9 * sum(r["payload_bytes"] for r in recs[1:])
+    # pactrain prunes a pre-trained network by default (made once, cached); allreduce starts from scratch
+    assert summaries["pactrain"]["from_scratch"] is False and summaries["pactrain"]["init"]["dataset"] == "digits"
+    assert summaries["allreduce"]["from_scratch"] is True and summaries["allreduce"]["init"] is None
+    assert [p.name for p in (runs / "checkpoints").glob("*.pt")] == ["cnn-w1-dfull-digits-s0-e2.pt"]
     # dense until the mask tracker is stable (about 4 iterations), then half
     assert summaries["pactrain"]["final_payload_bytes"] < 0.51 * summaries["allreduce"]["final_payload_bytes"]
     assert summaries["pactrain"]["bottleneck"]["bytes"] < 0.8 * summaries["allreduce"]["bottleneck"]["bytes"]
@@ -166,21 +170,34 @@ def test_bad_input_creates_nothing(tmp_path, clean_kernel):
 
 
 def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel):
+    """Variants (pactrain:R:ternary from --prune-ratios) are runs of their own, all from one
+    checkpoint pre-trained on another dataset, and report keeps them apart."""
     topo = _topology(tmp_path, dumbbell("rswp", rate="1gbit"))
     out = tmp_path / "runs"
-    args = ["sweep", "--schemes", "allreduce,pactrain", "--bw", "100mbit,400mbit", "--topology", str(topo),
-            "--out", str(out), "--max-iters", "6", "--pretrain-epochs", "0.3", "--target-acc", "0.5"]
+    args = ["sweep", "--schemes", "allreduce,pactrain:ternary", "--prune-ratios", "0.3,0.6", "--bw", "100mbit,400mbit",
+            "--topology", str(topo), "--out", str(out), "--max-iters", "6", "--pretrain-epochs", "0.3",
+            "--pretrain-dataset", "synthetic", "--target-acc", "0.5"]
     index = cli_json(*args)
-    assert [r["status"] for r in index["runs"]] == ["ok"] * 4
+    assert [r["status"] for r in index["runs"]] == ["ok"] * 6
+    assert [r["scheme"] for r in index["runs"][:3]] == ["allreduce", "pactrain:0.3:ternary", "pactrain:0.6:ternary"]
     ckpts = list((out / "checkpoints").glob("*.pt"))
-    assert len(ckpts) == 1
+    assert [c.name for c in ckpts] == ["cnn-w1-dfull-synthetic-s0-e0.3.pt"]
     for r in index["runs"]:
         s = json.loads((Path(index["dir"]) / r["run_id"] / "summary.json").read_text())
         assert "--init" in s["request"]["workload_args"] and str(ckpts[0]) in s["request"]["workload_args"]
-        assert s["bw"] == r["bw"]
+        assert s["bw"] == r["bw"] and s["variant"] == r["scheme"] and ":" not in r["run_id"]
+        assert s["init"]["dataset"] == "synthetic" and s["from_scratch"] is False
+        assert s["hyper"]["pretrain_dataset"] == "synthetic" and s["dataset"] == "digits"
+        if s["scheme"] == "pactrain":
+            assert s["hyper"]["ternary"] is True and s["hyper"]["prune_ratio"] == float(r["scheme"].split(":")[1])
+            # a float32 scale per layer and an int8 per kept weight, once the buckets are compact
+            assert s["final_payload_bytes"] < 0.3 * (1 - s["prune_ratio"]) * s["dense_bytes"]
     rep = cli_json("report", index["dir"])
     assert {(r["bw"], r["scheme"]) for r in rep["rows"]} == {
-        ("100mbit", "allreduce"), ("100mbit", "pactrain 0.5"), ("400mbit", "allreduce"), ("400mbit", "pactrain 0.5")}
+        (bw, v) for bw in ("100mbit", "400mbit") for v in ("allreduce", "pactrain 0.3 ternary", "pactrain 0.6 ternary")}
+    assert all(r["runs"] == 1 for r in rep["rows"]), "no two variants averaged together"
+    assert all(r["iter_time_vs_allreduce"] is not None for r in rep["rows"]), "compared with allreduce from the same checkpoint"
+    assert "prune_ratio.png" in rep["files"]
     slow = next(r for r in rep["rows"] if r["bw"] == "100mbit" and r["scheme"] == "allreduce")
     fast = next(r for r in rep["rows"] if r["bw"] == "400mbit" and r["scheme"] == "allreduce")
     assert slow["mean_iter_s"] > fast["mean_iter_s"], "the bottleneck rate shows in the iteration time"

@@ -25,3 +25,42 @@ def test_runs_of_several_world_sizes_are_kept_apart_and_compared_within_their_si
     got = {r["scheme"]: (r["world_size"], r["iter_time_vs_allreduce"]) for r in rows}
     assert got == {"allreduce (2 ranks)": (2, 1.0), "spardl 0.01 (2 ranks)": (2, 2.0),
                    "allreduce (8 ranks)": (8, 1.0), "spardl 0.01 (8 ranks)": (8, 0.5)}
+
+
+def _hrun(name, scheme, acc, iter_s=1.0, tta=None, **hyper):
+    base = {"model": "cnn", "dataset": "digits", "batch_size": 32, "lr": 0.05, "init": "ck.pt"}
+    s = {"scheme": scheme, "world_size": 8, "bw": "100mbit", "status": "ok", "mean_iter_s": iter_s,
+         "mean_payload_bytes": 10.0, "final_accuracy": acc, "hyper": {**base, **hyper},
+         "target_accuracy": 0.9, "time_to_target_s": tta}
+    if scheme == "topk":
+        s["topk_ratio"] = hyper.get("topk_ratio")
+    return RunData(Path(f"/runs/{name}"), s)
+
+
+def test_variants_that_differ_in_any_hyper_parameter_are_never_averaged():
+    runs = [_hrun("a0", "allreduce", 0.95, 2.0, 10), _hrun("a1", "allreduce", 0.97, 2.2, 12),
+            _hrun("a2", "allreduce", 0.96, 2.1, 11),
+            _hrun("t1", "topk", 0.90, 1.0, 20, topk_ratio=0.1), _hrun("t2", "topk", 0.80, 0.5, None, topk_ratio=0.01),
+            # same short label (same ratio) but another lr: a row of its own, told apart by lr
+            _hrun("t3", "topk", 0.70, 0.5, None, topk_ratio=0.01, lr=0.1),
+            # another model: never compared with the cnn's allreduce
+            _hrun("v1", "allreduce", 0.5, 9.0, None, model="vit_b16")]
+    rows = {r["scheme"]: r for r in table(runs)}
+    assert set(rows) == {"allreduce [model=cnn]", "allreduce [model=vit_b16]", "topk 0.1",
+                         "topk 0.01 [lr=0.05]", "topk 0.01 [lr=0.1]"}
+    a = rows["allreduce [model=cnn]"]
+    assert (a["runs"], a["final_accuracy"], a["final_accuracy_min"], a["final_accuracy_max"]) == (3, 0.96, 0.95, 0.97)
+    assert (a["tta_s"], a["tta_min_s"], a["tta_max_s"]) == (11, 10, 12)
+    assert rows["topk 0.1"]["iter_time_vs_allreduce"] == 1.0 / 2.1
+    assert rows["topk 0.01 [lr=0.05]"]["final_accuracy"] == 0.80
+    assert rows["topk 0.01 [lr=0.1]"]["final_accuracy"] == 0.70
+    assert rows["allreduce [model=vit_b16]"]["iter_time_vs_allreduce"] == 1.0  # its own baseline
+
+
+def test_a_repeat_that_missed_the_target_counts_as_not_reached_in_the_median():
+    runs = [_hrun("a0", "allreduce", 0.95, 2.0, 10), _hrun("a1", "allreduce", 0.95, 2.0, None),
+            _hrun("a2", "allreduce", 0.95, 2.0, None), _hrun("b0", "fp16", 0.95, 2.0, 5),
+            _hrun("b1", "fp16", 0.95, 2.0, 7), _hrun("b2", "fp16", 0.95, 2.0, None)]
+    rows = {r["scheme"]: r for r in table(runs)}
+    assert rows["allreduce"]["tta_s"] is None and rows["allreduce"]["reached"] == 1  # median is "not reached"
+    assert (rows["fp16"]["tta_s"], rows["fp16"]["tta_min_s"], rows["fp16"]["tta_max_s"]) == (7, 5, None)

@@ -1,0 +1,75 @@
+"""Sweep's expansion of variants, seeds per repeat and the shared checkpoint's key (logic);
+the kernel tests run sweeps for real."""
+
+import pytest
+
+from testbed.cli import _with_prune_ratios
+from testbed.errors import TestbedError
+from testbed.sweep import Pretraining, with_seed
+from workloads.schemes import parse_variant
+from workloads.train import hyper_params, parse_args
+
+
+def test_prune_ratios_expand_every_pactrain_entry_and_nothing_else():
+    got = _with_prune_ratios(["allreduce", "topk:0.1", "pactrain", "pactrain:ternary"], "0.1, 0.9")
+    assert got == ["allreduce", "topk:0.1", "pactrain:0.1", "pactrain:0.9", "pactrain:0.1:ternary",
+                   "pactrain:0.9:ternary"]
+    for names, ratios, says in ((["pactrain:0.5"], "0.3", "sets a pruning ratio"),
+                                (["allreduce"], "0.3", "needs a pactrain entry"),
+                                (["pactrain"], "1.5", "not a ratio in [0, 1)"),
+                                (["pactrain"], "x", "not a ratio"), (["pactrain"], ",", "is empty")):
+        with pytest.raises(TestbedError, match=says.replace("[", r"\[").replace(")", r"\)")):
+            _with_prune_ratios(names, ratios)
+
+
+def test_each_repeat_gets_its_own_seed():
+    assert with_seed(["--model", "cnn", "--seed", "3", "--lr", "0.1"], 2) == ["--model", "cnn", "--seed", "5",
+                                                                              "--lr", "0.1"]
+    assert with_seed(["--seed", "0"], 0) == ["--seed", "0"]
+
+
+def test_the_checkpoint_key_names_the_pretraining_dataset():
+    a = Pretraining("cnn", "digits", 2.0)
+    b = Pretraining("cnn", "synthetic", 2.0)
+    assert a.key != b.key and "synthetic" in b.key
+    assert Pretraining("resnet18", "cifar10", 1, width=0.5, depth=2, seed=4).args() == [
+        "--model", "resnet18", "--dataset", "cifar10", "--seed", "4", "--epochs", "1", "--width", "0.5", "--depth", "2"]
+
+
+@pytest.mark.parametrize("spec, name, values", [
+    ("topk:0.1", "topk", {"topk_ratio": "0.1"}),
+    ("pactrain:0.8:ternary", "pactrain", {"prune_ratio": "0.8", "ternary": "true"}),
+    ("pactrain:grasp:stable_iters=5:0.3", "pactrain", {"prune_method": "grasp", "stable_iters": "5",
+                                                       "prune_ratio": "0.3"}),
+    ("pactrain:prune_ratio=0.2:0.5", None, "unexpected .0.5."),
+    ("pactrain:ternary:ternary", None, "ternary is set twice"),
+    ("powersgd:8:start_iter=20", "powersgd", {"powersgd_rank": "8", "powersgd_start_iter": "20"}),
+    ("terngrad:clip=0", "terngrad", {"terngrad_clip": "0"}),
+    ("allreduce:0.1", None, "unexpected '0.1'"),
+    ("topk:0.1:0.2", None, "unexpected '0.2'"),
+    ("topk:k=3", None, "topk has no parameter 'k'"),
+    ("topk:ratio=", None, "has no value"),
+    ("nope:1", None, "unknown scheme 'nope'"),
+])
+def test_variant_specs(spec, name, values):
+    if name is None:
+        with pytest.raises(ValueError, match=values):
+            parse_variant(spec)
+        return
+    scheme, got = parse_variant(spec)
+    assert scheme.name == name and got == values
+
+
+def test_a_variant_sets_the_train_arguments_and_lands_in_hyper():
+    args = parse_args(["--scheme", "pactrain:0.8:ternary", "--lr", "0.1"], raise_errors=True)
+    assert (args.scheme, args.variant, args.prune_ratio, args.ternary) == ("pactrain", "pactrain:0.8:ternary", 0.8, True)
+    from workloads.schemes import get
+    h = hyper_params(args, get("pactrain"))
+    assert (h["prune_ratio"], h["ternary"], h["terngrad_clip"], h["lr"]) == (0.8, True, 2.5, 0.1)
+    assert "topk_ratio" not in h and "seed" not in h
+    plain = hyper_params(parse_args(["--scheme", "pactrain"], raise_errors=True), get("pactrain"))
+    assert "terngrad_clip" not in plain, "clip changes nothing without ternary"
+    with pytest.raises(ValueError, match="--topk-ratio is given twice"):
+        parse_args(["--scheme", "topk:0.1", "--topk-ratio=0.2"], raise_errors=True)
+    with pytest.raises(ValueError, match="invalid float value: 'x'"):
+        parse_args(["--scheme", "topk:x"], raise_errors=True)
