@@ -440,14 +440,15 @@ RUN_DEFAULTS = {"model": "cnn", "dataset": "digits", "epochs": 15.0, "batch_size
 
 def _workload_args(*, model, width, depth, dataset, data_dir, epochs, max_iters, batch_size, lr, target_acc,
                    stop_at_target, seed, prune_ratio, prune_method, ternary, topk_ratio, init, backend,
-                   eval_every, extra) -> list[str]:
+                   eval_every, compute_time, extra) -> list[str]:
     """The command line of `python -m workloads.train` (no shell ever sees it)."""
     args = ["--model", model, "--dataset", dataset, "--epochs", str(epochs), "--batch-size", str(batch_size),
             "--seed", str(seed), "--backend", backend]
     for flag, value in (("--width", width), ("--depth", depth), ("--data-dir", data_dir),
                         ("--max-iters", max_iters), ("--lr", lr), ("--target-acc", target_acc),
                         ("--prune-ratio", prune_ratio), ("--prune-method", prune_method),
-                        ("--topk-ratio", topk_ratio), ("--init", init), ("--eval-every", eval_every)):
+                        ("--topk-ratio", topk_ratio), ("--init", init), ("--eval-every", eval_every),
+                        ("--compute-time", compute_time)):
         if value is not None:
             args += [flag, str(value)]
     if ternary:
@@ -553,6 +554,10 @@ _WORKLOAD_OPTIONS = [  # (name, type, typer option): shared by `run` and `sweep`
     ("backend", str, typer.Option("auto", "--backend", help="auto, gloo or nccl.")),
     ("eval_every", Optional[int], typer.Option(None, "--eval-every",
                                                help="Iterations between evaluations (default: each epoch).")),
+    ("compute_time", Optional[float], typer.Option(None, "--compute-time", help="Paper-scale traffic: forward and "
+                                                   "backward replaced by this many seconds per iteration (e.g. "
+                                                   "measured on your GPU); real parameters, buckets, hooks and "
+                                                   "collectives; no accuracy. Needs --max-iters.")),
 ]
 
 
@@ -631,7 +636,11 @@ def run(
         if pretrain is False and workload["init"] is not None:
             raise TestbedError("--no-pretrain and --init contradict each other", "give one of them")
         if pretrain is None:  # auto: pactrain prunes a trained network; --pretrain-dataset implies it
-            pretrain = pretrain_dataset is not None or (parse_variant(scheme)[0].prunes and workload["init"] is None)
+            pretrain = pretrain_dataset is not None or (parse_variant(scheme)[0].prunes and workload["init"] is None
+                                                        and workload["compute_time"] is None)
+        if pretrain and workload["compute_time"] is not None:
+            raise TestbedError("--compute-time measures traffic, not accuracy: pre-training does not apply",
+                               "drop --pretrain/--pretrain-dataset")
         elif pretrain_dataset is not None and not pretrain:
             raise TestbedError("--pretrain-dataset needs pre-training", "drop --no-pretrain")
         if pretrain and workload["init"] is None:
@@ -685,7 +694,8 @@ def _render_summary(s: dict) -> None:
     tta = s.get("time_to_target_s")
     rows = [
         ("scheme", s["scheme"]), ("bottleneck", str(s.get("bw"))), ("ranks", str(s.get("world_size"))),
-        ("iterations", str(s.get("iterations"))), ("final accuracy", f"{s.get('final_accuracy') or 0:.4f}"),
+        ("iterations", str(s.get("iterations"))), ("final accuracy", f"{s.get('final_accuracy') or 0:.4f}" if s.get("accuracy_measured", True)
+         else f"not measured (--compute-time {s.get('compute_time_s')} s)"),
         ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
          ("-" if tta is None else f"{tta:.1f} s")),
         ("mean iteration", f"{s.get('mean_iter_s', 0) * 1000:.0f} ms"),
@@ -749,6 +759,10 @@ def sweep(
         for name in names:
             _check_workload(name, wargs)
         pre = _pretraining(workload, pretrain_dataset, pretrain_epochs)
+        if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
+            if pretrain_dataset is not None:
+                raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
+            pre = None
         req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
                            testbed=testbed, out=out_dir, timeout=timeout, init=workload["init"], pretrain=pre,
                            exporter=exporter)

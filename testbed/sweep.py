@@ -37,7 +37,8 @@ class SweepRequest:
     timeout: float = 300.0
     init: Path | None = None
     pretrain: Pretraining | None = None
-    """The shared checkpoint to make (or reuse) when ``init`` is None."""
+    """The shared checkpoint to make (or reuse) when ``init`` is None (None: none, as for
+    ``--compute-time`` runs, which measure traffic only)."""
     exporter: bool = True
 
 
@@ -97,7 +98,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
     check_out(req.out)
-    init = req.init or checkpoint(req.out, req.pretrain, say)
+    init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
     sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while sweep_dir.exists():
@@ -105,7 +106,7 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
         sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     sweep_dir.mkdir(parents=True)
     tb, created = None, False
-    index = {"checkpoint": str(init), "schemes": req.schemes, "bws": [str(b) for b in req.bws],
+    index = {"checkpoint": str(init) if init else None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
              "repeats": req.repeats, "runs": []}
     try:
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
@@ -120,7 +121,8 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
                     entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "repeat": rep}
                     try:
                         run(RunRequest(scheme=scheme,
-                                       workload_args=[*with_seed(req.workload_args, rep), "--init", str(init)],
+                                       workload_args=[*with_seed(req.workload_args, rep),
+                                                      *(["--init", str(init)] if init else [])],
                                        testbed=tb.name, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
                                        extra={"repeat": rep, "sweep": sweep_dir.name},
                                        exporter=req.exporter),

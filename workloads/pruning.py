@@ -67,17 +67,29 @@ def compute_masks(model: nn.Module, ratio: float, method: str = "magnitude", bat
         raise ValueError(f"unknown --prune-method {method!r}; choose one of: {', '.join(METHODS)}")
     weights = prunable(model)
     names = list(weights)
+    n = sum(w.numel() for w in weights.values())
+    device = next(iter(weights.values())).device if weights else "cpu"
+    flat = torch.empty(n, device=device)  # scores, higher = removed first; filled in place (one copy)
     if method == "magnitude":
-        scores = [-w.detach().abs() for w in weights.values()]  # higher score = removed first
+        off = 0
+        for w in weights.values():
+            torch.abs(w.detach().reshape(-1), out=flat[off:off + w.numel()]).neg_()
+            off += w.numel()
     else:
         if not batches:
             raise ValueError("GraSP pruning needs at least one batch of training data")
-        scores = _grasp_scores(model, batches, names)
-    flat = torch.cat([s.reshape(-1) for s in scores])
-    remove = int(round(ratio * flat.numel()))
-    keep = torch.ones(flat.numel(), dtype=torch.uint8, device=flat.device)
+        torch.cat([s.reshape(-1) for s in _grasp_scores(model, batches, names)], out=flat)
+    remove = int(round(ratio * n))
+    keep = torch.ones(n, dtype=torch.uint8, device=device)
     if remove:
-        keep[flat.topk(remove, sorted=False).indices] = 0
+        # keep the n - remove lowest scores: below the (n - remove)-th smallest, and as many
+        # of the entries equal to it as make the count exact (ties: the first positions)
+        t = flat.kthvalue(n - remove).values
+        keep = (flat < t).to(torch.uint8)
+        short = (n - remove) - int(keep.sum())
+        if short > 0:
+            keep[(flat == t).nonzero().squeeze(1)[:short]] = 1
+    del flat
     if dist.is_initialized():  # rank 0's mask for everyone
         dist.broadcast(keep, src=dist.get_global_rank(process_group, 0) if process_group else 0,
                        group=process_group)

@@ -81,6 +81,10 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     p.add_argument("--prunex-prune-at", type=float, default=0.3,
                    help="prunex: fraction of the run after which channel masks are fixed")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--compute-time", type=float, default=None,
+                   help="paper-scale traffic: replace forward and backward by this many seconds per iteration "
+                        "(e.g. measured on your GPU); the real model's parameters, DDP buckets, hooks and "
+                        "collectives, synthetic gradients; no accuracy. Needs --max-iters")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                    help="auto: nccl when CUDA is available, else gloo")
     p.add_argument("--iface", default=None,
@@ -180,6 +184,60 @@ def set_determinism(seed: int, threads: int | None) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
+def _max_rss_bytes() -> float:
+    """This process's peak resident memory (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+class _SyntheticGrad(torch.autograd.Function):
+    """Backward of one parameter's term: wait its share of the stated backward time, then
+    hand over the synthetic gradient (DDP's hooks see it as they would a real one)."""
+
+    @staticmethod
+    def forward(ctx, p, grad, delay):
+        ctx.grad, ctx.delay = grad, delay
+        return p.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        if ctx.delay > 0:
+            time.sleep(ctx.delay)
+        return ctx.grad, None, None
+
+
+class SyntheticCompute(nn.Module):
+    """Paper-scale traffic without the compute: wraps the real model (its parameters, hence
+    DDP's buckets, are real) and replaces forward and backward by a stated time.
+
+    Forward sleeps a third of ``seconds``; backward spends the other two thirds, spread over
+    the parameters in proportion to their size, and makes the gradients ready one parameter
+    at a time in reverse order, as a real backward pass does, so DDP launches each bucket's
+    collective while later "compute" is still under way. Gradients are seeded random values
+    (different per rank), views of one pool the size of the largest parameter. Sleeping is
+    what a GPU's compute looks like to the CPU: the communication threads run meanwhile.
+    """
+
+    def __init__(self, model: nn.Module, seconds: float, seed: int):
+        super().__init__()
+        self.model = model
+        self.seconds = seconds
+        params = [p for p in model.parameters() if p.requires_grad]
+        total = sum(p.numel() for p in params)
+        pool = torch.randn(max(p.numel() for p in params), generator=torch.Generator().manual_seed(seed)) * 1e-2
+        self._grads = [pool[:p.numel()].view_as(p).to(p.device) for p in params]
+        self._delays = [2 * seconds / 3 * p.numel() / total for p in params]
+        self._params = params
+
+    def forward(self) -> torch.Tensor:
+        if self.seconds > 0:
+            time.sleep(self.seconds / 3)
+        # terms made in parameter order: autograd runs the later ones first (reverse order)
+        return torch.stack([_SyntheticGrad.apply(p, g, d) for p, g, d in
+                            zip(self._params, self._grads, self._delays)]).sum()
+
+
 class DDPTimes:
     """This iteration's forward/backward compute and communication seconds, from DDP's own
     runtime timers (they see every bucket's collective, with or without a hook)."""
@@ -258,6 +316,15 @@ def _prepare(args):
         raise ValueError(f"--prunex-admm-every must be >= 1, got {args.prunex_admm_every}")
     if not 0 <= args.prunex_prune_at <= 1:
         raise ValueError(f"--prunex-prune-at is a fraction of the run in [0, 1], got {args.prunex_prune_at}")
+    if args.compute_time is not None:
+        if not (math.isfinite(args.compute_time) and 0 <= args.compute_time <= 3600):
+            raise ValueError(f"--compute-time is seconds per iteration in [0, 3600], got {args.compute_time}")
+        if not args.max_iters:
+            raise ValueError("--compute-time needs --max-iters (there are no epochs without data)")
+        for flag, given in (("--init", args.init), ("--target-acc", args.target_acc is not None),
+                            ("--prune-method grasp", args.prune_method == "grasp" and scheme.prunes)):
+            if given:
+                raise ValueError(f"--compute-time measures traffic, not accuracy: {flag} does not apply")
     return scheme, data.load(args.dataset, args.data_dir)
 
 
@@ -310,6 +377,8 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
         pretrained["checkpoint"] = str(args.init)
     model.to(device)
 
+    synthetic = SyntheticCompute(model, args.compute_time, args.seed * 1000 + rank) \
+        if args.compute_time is not None else None
     masks = None
     if scheme.prunes:
         gen = torch.Generator().manual_seed(args.seed)
@@ -329,9 +398,21 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     total = math.ceil(args.epochs * per_epoch)
     if args.max_iters:
         total = min(total, args.max_iters)
+    if synthetic:
+        total, per_epoch = args.max_iters, args.max_iters
+        if masks is not None:  # the DDP module is the wrapper: its names carry a prefix
+            masks = {f"model.{k}": v for k, v in masks.items()}
     where = placement.discover()
-    ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_cap_mb, forward_sync_buffers=False)
+    # every rank seeded the same initial weights: a synthetic run skips DDP's broadcast of
+    # them (hundreds of MB through the emulated links before the first iteration)
+    # A synthetic run's gradients arrive in exactly reverse order, so it can bucket from the
+    # first iteration (DDP's default first iteration is one bucket of the whole model: a
+    # transient copy of everything per rank, which 8 ranks of ViT-B/16 cannot afford here)
+    # and take gradients as views of the buckets (one copy less)
+    ddp = DDP(synthetic or model, device_ids=[device] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_cap_mb, forward_sync_buffers=False,
+              **({} if synthetic is None else
+                 {"init_sync": False, "gradient_as_bucket_view": True, "bucket_cap_mb_list": [args.bucket_cap_mb]}))
     opts = schemes.SchemeOptions(device=str(device), seed=args.seed, topk_ratio=args.topk_ratio,
                                  powersgd_rank=args.powersgd_rank, powersgd_start_iter=args.powersgd_start_iter,
                                  terngrad_clip=args.terngrad_clip, ternary=args.ternary, stable_iters=args.stable_iters,
@@ -356,9 +437,10 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
                 "args": vars(args), "world_size": world, "backend": backend, "iterations": total,
                 "iterations_per_epoch": per_epoch, "dense_bytes": dense_bytes,
                 "torch": torch.__version__, "device": str(device), "placement": where.to_dict(),
+                "compute_time_s": args.compute_time, "accuracy_measured": synthetic is None,
                 "fields": {"iteration": records.ITER_FIELDS, "eval": records.EVAL_FIELDS}})
     it_log = records.JsonlWriter(out / f"rank{rank}.jsonl") if out else None
-    ev_log = records.JsonlWriter(out / "eval.jsonl") if out and rank == 0 else None
+    ev_log = records.JsonlWriter(out / "eval.jsonl") if out and rank == 0 and synthetic is None else None
 
     aug = torch.Generator().manual_seed(args.seed * 1000 + rank)
     iter_s, payloads = [], []
@@ -370,15 +452,21 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     done = False
     epoch = 0
     while not done:
-        for x, y in data.batches(ds, rank, world, epoch, args.seed, args.batch_size, aug):
+        batches = (data.batches(ds, rank, world, epoch, args.seed, args.batch_size, aug) if synthetic is None
+                   else ((None, None) for _ in range(total)))
+        for x, y in batches:
             t0 = time.perf_counter()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(ddp(x), y)
+            if synthetic is None:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                loss = nn.functional.cross_entropy(ddp(x), y)
+            else:
+                loss = ddp()  # sleeps the stated forward time; backward: the stated rest
             loss.backward()  # DDP's hooks communicate; returns when all buckets are reduced
             if before_step:
                 before_step()
-            opt.step()
+            if synthetic is None:  # (a synthetic run's optimizer step is part of the stated time)
+                opt.step()
             if after_step:
                 after_step(opt)
             if sched:
@@ -391,7 +479,9 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             payload = state.take_payload_bytes()
             iter_s.append(dt)
             payloads.append(payload)
-            if not math.isfinite(loss_v):
+            if synthetic is not None:
+                loss_v = None  # no loss without a forward pass
+            elif not math.isfinite(loss_v):
                 raise ValueError(f"loss is {loss_v} at iteration {it}; lower --lr")
             if it_log:
                 tx, rx = counters.read() if counters else (None, None)
@@ -399,9 +489,10 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
                               "compute_s": compute_s, "comm_s": comm_s, "overlap_s": overlap_s, "loss": loss_v,
                               "payload_bytes": payload, "tx_bytes": tx, "rx_bytes": rx})
             if rank == 0 and args.log_every and it % args.log_every == 0:
-                print(f"epoch {epoch} iter {it}/{total} loss {loss_v:.4f} {dt * 1000:.0f} ms "
+                print(f"epoch {epoch} iter {it}/{total} loss {loss_v if loss_v is None else round(loss_v, 4)} "
+                      f"{dt * 1000:.0f} ms "
                       f"payload {payload} B", flush=True)
-            if it % eval_every == 0 or it == total:
+            if synthetic is None and (it % eval_every == 0 or it == total):
                 sync_buffers(model, world)
                 acc, test_loss = evaluate(model, ds, rank, world, device)
                 if args.target_acc is not None and tta is None and acc >= args.target_acc:
@@ -421,6 +512,10 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     # mean payload over all ranks and iterations, and of the last iteration
     pay = torch.tensor([sum(payloads), len(payloads), payloads[-1]], dtype=torch.float64, device=device)
     dist.all_reduce(pay)
+    rss = torch.tensor([_max_rss_bytes()], dtype=torch.float64, device=device)
+    rss_sum = rss.clone()
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    dist.all_reduce(rss_sum)
     if rank == 0 and out:
         records.write_json(out / "summary.json", {
             "scheme": scheme.name, "variant": args.variant,
@@ -438,6 +533,8 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             "prunex_sparsity": args.prunex_sparsity if scheme.name == "prunex" else None,
             "kept_fraction": state.kept_fraction() if hasattr(state, "kept_fraction") else None,
             "init": pretrained, "from_scratch": pretrained is None,
+            "compute_time_s": args.compute_time, "accuracy_measured": synthetic is None,
+            "max_rss_bytes_per_rank": float(rss[0]), "max_rss_bytes_all_ranks": float(rss_sum[0]),
             "placement": where.to_dict()})
     for log in (it_log, ev_log):
         if log:

@@ -178,6 +178,19 @@ def test_magnitude_pruning_removes_exactly_the_smallest_weights(ratio):
         assert w[m].min() >= w[~m].max(), "every kept weight is at least as large as every removed one"
 
 
+@pytest.mark.parametrize("ratio", [0.3, 0.5, 0.9])
+def test_pruning_an_already_sparse_model_removes_the_exact_count_despite_ties(ratio):
+    model = _net()
+    with torch.no_grad():  # 70 % of the weights exactly zero: the threshold falls among ties
+        for p in model.parameters():
+            p[torch.rand(p.shape, generator=torch.Generator().manual_seed(1)) < 0.7] = 0
+    masks = pruning.compute_masks(model, ratio, "magnitude")
+    w = torch.cat([p.detach().abs().reshape(-1) for n, p in model.named_parameters() if n in masks])
+    m = torch.cat([masks[n].reshape(-1) for n in masks])
+    assert int((~m).sum()) == round(ratio * w.numel())
+    assert w[m].min() >= w[~m].max()
+
+
 def test_grasp_scores_are_minus_weight_times_hessian_gradient_product():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 2, bias=False))
@@ -246,3 +259,34 @@ def test_bucket_keys_do_not_alias_when_a_rebuilt_bucket_reuses_the_old_memory():
     after = keys(_FakeBucket(0, buf, [c, a]))  # same index, address and length; other parameters
     assert before == (id(a), id(b)) and after == (id(c), id(a))
     assert keys(_FakeBucket(1, torch.zeros(8), [a, b])) == before  # the same parameters: the same key
+
+
+def _synthetic_gradients(rank, world):
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from workloads.train import SyntheticCompute
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(50, 40), nn.ReLU(), nn.Linear(40, 30), nn.Linear(30, 10))
+    syn = SyntheticCompute(model, 0.6, seed=rank)
+    order = []
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: order.append(i))
+    ddp = DDP(syn, bucket_cap_mb=0.001, init_sync=False)
+    t0 = time.perf_counter()
+    ddp().backward()
+    took = time.perf_counter() - t0
+    n = len(list(model.parameters()))
+    assert order == list(range(n))[::-1], "gradients ready in reverse order, as a real backward pass"
+    assert 0.6 <= took < 3, "forward + backward take the stated time"
+    expected = []
+    for r in range(world):  # every rank's synthetic gradients, averaged by DDP
+        other = SyntheticCompute(model, 0, seed=r)
+        expected.append(other._grads)
+    for k, p in enumerate(model.parameters()):
+        torch.testing.assert_close(p.grad, sum(e[k] for e in expected) / world)
+
+
+def test_synthetic_compute_hands_ddp_real_shaped_gradients_in_reverse_order():
+    run(_synthetic_gradients, 2)

@@ -170,10 +170,34 @@ def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
     (["--scheme", "prunex", "--prunex-rho", "nan"], "--prunex-rho must be a number >= 0, got nan"),
     (["--scheme", "prunex", "--prunex-admm-every", "0"], "--prunex-admm-every must be >= 1, got 0"),
     (["--scheme", "prunex", "--prunex-prune-at", "2"], "--prunex-prune-at is a fraction of the run in [0, 1]"),
+    (["--compute-time", "-1"], "--compute-time is seconds per iteration in [0, 3600], got -1.0"),
+    (["--compute-time", "0.1", "--target-acc", "0.5"], "--compute-time measures traffic, not accuracy: --target-acc"),
+    (["--scheme", "pactrain:grasp", "--compute-time", "0.1"], "--prune-method grasp does not apply"),
 ])
 def test_bad_input_is_a_clear_error(argv, message, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path), "--max-iters", "1"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_compute_time_mode_sends_real_traffic_and_measures_no_accuracy(tmp_path):
+    """--compute-time: the real model's buckets through the real hooks, a stated compute time
+    per iteration, no accuracy (and the records say so)."""
+    common = ["--model", "resnet18", "--width", "0.25", "--max-iters", "4", "--compute-time", "0.3",
+              "--log-every", "0", "--iface", "lo"]
+    dense = train(2, tmp_path / "dense", "--scheme", "allreduce", *common)
+    assert dense.ok, dense.logs
+    r = train(2, tmp_path / "tern", "--scheme", "pactrain:0.5:ternary", "--stable-iters", "1", *common)
+    assert r.ok, r.logs
+    for run in (dense, r):
+        s = run.summary()
+        assert (s["compute_time_s"], s["accuracy_measured"], s["final_accuracy"]) == (0.3, False, None)
+        assert s["iterations"] == 4 and not (run.out / "eval.jsonl").exists()
+        recs = run.iters(1)
+        assert all(x["loss"] is None and x["iter_s"] >= 0.3 for x in recs), "the stated time is spent every iteration"
+        assert s["max_rss_bytes_per_rank"] > 1e8
+    # compact from the first iteration (stable after 1): (1 - 0.5) x a quarter of the bytes
+    assert _last_payload(r, 2) / _last_payload(dense, 2) == pytest.approx(0.125, rel=0.02)
+    assert dense.iters(0)[-1]["tx_bytes"] - dense.iters(0)[0]["tx_bytes"] >= 3 * dense.summary()["dense_bytes"] / 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the NCCL path cannot run here")

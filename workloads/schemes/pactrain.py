@@ -49,7 +49,7 @@ class PacTrainConfig:
 
 @dataclass
 class _Bucket:
-    mask: torch.Tensor  # flat float mask (1 keep, 0 pruned), shaped like the bucket buffer
+    mask: torch.Tensor | None  # flat bool mask (True kept) shaped like the bucket buffer; None once compact
     kept: torch.Tensor | None = None  # int64 positions of kept elements, once compact
     segments: list | None = None  # (offset, length) of each parameter in the compact tensor
     seen: int = 0  # consecutive iterations with an identical mask
@@ -99,25 +99,28 @@ class PacTrainState(Accounting):
         b = self._buckets.get(key)
         if b is not None and b.kept is not None:
             return b  # stable and agreed: the hot path does no mask work (masks change only via reset)
-        flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()]).to(bucket.buffer().dtype)
+        flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()])
         if b is None or not torch.equal(b.mask, flat):
             b = self._buckets[key] = _Bucket(flat)  # new membership (rebuild) or changed mask
         b.seen += 1
-        if b.kept is None and b.seen >= self.config.stable_iters and self._agreed(flat):
-            b.kept = flat.nonzero().squeeze(1)
-            b.segments = segments_of(bucket, flat, {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
+        if b.kept is None and b.seen >= self.config.stable_iters:
+            kept = flat.nonzero().squeeze(1)
+            if self._agreed(kept):
+                b.kept, b.mask = kept, None  # the positions say it all from now on
+                b.segments = segments_of(bucket, flat,
+                                         {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
         return b
 
-    def _agreed(self, flat: torch.Tensor) -> bool:
-        """All ranks hold the same mask: a position-weighted checksum has equal MIN and MAX.
-
-        One all-reduce (MAX) of [s, -s] yields [max s, -min s].
+    def _agreed(self, kept: torch.Tensor) -> bool:
+        """All ranks hold the same mask: checksums of the kept positions (their count, their
+        sum and a sum of hashed positions, exact in int64 for any model that fits in memory)
+        have equal MIN and MAX over ranks. One all-reduce (MAX) of [s, -s] yields [max s, -min s].
         """
-        pos = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
-        s = (flat.double() * pos).sum()
-        t = torch.stack([s, -s])
+        s = torch.stack([torch.tensor(kept.numel(), device=kept.device), kept.sum(),
+                         (kept * 2654435761 % 2147483647).sum()])
+        t = torch.cat([s, -s])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
-        return bool(t[0] == -t[1])
+        return bool(torch.equal(t[:3], -t[3:]))
 
 
 def _scatter(buf: torch.Tensor, kept: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""Paper-scale traffic on a CPU machine: the PacTrain paper's models at full size, every byte real.
+
+    sudo python -m benchmarks.paper_scale [--models resnet18,resnet152,vgg19,vit_b16]
+                                          [--bws 100mbit,500mbit,1gbit] [--iters 4]
+                                          [--compute-time resnet152=0.1,...] [--out runs/paper_scale]
+    python -m benchmarks.paper_scale --analyse runs/paper_scale/sweep-...   (re-read, no runs)
+
+On a 2-core machine 8 CPU ranks cannot compute like 8 GPUs, so the forward and backward
+pass are replaced by a stated compute time (``testbed sweep --compute-time``): each model's
+real parameters at full size, DDP's real buckets, the schemes' real hooks and collectives
+through the emulated links, synthetic gradients, no accuracy. For each model it runs
+``testbed sweep`` on topologies/three_switch.yaml (8 gloo ranks, two edge switches of four,
+the uplinks shaped) for allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.5 ternary
+(stable after 1 iteration: the mask is fixed before training), at 100 Mbit, 500 Mbit and
+1 Gbit, and prints per model and rate:
+
+* the iteration time: the mean of the iterations after the first two (bucket rebuild,
+  first use of every buffer), from rank 0's records;
+* speedup over allreduce, fp16 and topk (their time / this scheme's);
+* the physical bound T + W / R: T the stated compute time, W the bytes per iteration on
+  the busiest shaped direction (tc counters over the run, start-up included), R the rate;
+  and bound / measured (1.0: the scheme costs no more than its compute and its bytes);
+* peak resident memory per rank and of all 8 ranks together.
+
+The compute times are inputs, not measurements: the defaults are estimates for one A40
+(the paper's GPU) at batch 32 on 32x32 images; give yours with --compute-time. What the
+hooks themselves cost on this CPU (quantisation, top-k selection, copies: work a GPU does
+in milliseconds) is in the measured time and shows as bound / measured below 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter
+from testbed.files import read_jsonl
+from testbed.report import RunData, find_runs
+from testbed.units import Rate
+
+MODELS = ("resnet18", "resnet152", "vgg19", "vit_b16")
+BWS = ("100mbit", "500mbit", "1gbit")
+SCHEMES = ("allreduce", "fp16", "topk:0.01", "pactrain:0.5", "pactrain:0.5:ternary")
+COMPUTE_S = {"resnet18": 0.02, "resnet152": 0.10, "vgg19": 0.02, "vit_b16": 0.03}
+"""Assumed forward + backward seconds per iteration (A40, batch 32, 32x32 images): estimates."""
+NAME = "pscale"
+
+
+def _testbed() -> list[str]:
+    exe = shutil.which("testbed")
+    return [exe] if exe else [sys.executable, "-m", "testbed"]
+
+
+def _compute_times(spec: str | None) -> dict[str, float]:
+    times = dict(COMPUTE_S)
+    for item in filter(None, (x.strip() for x in (spec or "").split(","))):
+        model, _, value = item.partition("=")
+        try:
+            times[model] = float(value)
+        except ValueError:
+            raise SystemExit(f"--compute-time: {item!r} is not MODEL=SECONDS") from None
+    return times
+
+
+def steady_iter_s(r: RunData) -> float | None:
+    """Rank 0's mean iteration time after the first two iterations (or the last one)."""
+    its = [x["iter_s"] for x in read_jsonl(r.path / "rank0.jsonl") if isinstance(x.get("iter_s"), (int, float))]
+    if not its:
+        return None
+    return statistics.fmean(its[2:]) if len(its) > 2 else its[-1]
+
+
+def run_sweeps(args, times: dict[str, float]) -> list[Path]:
+    dirs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        topo = yaml.safe_load(THREE.read_text())
+        topo["name"] = NAME
+        path = Path(tmp) / f"{NAME}.yaml"
+        path.write_text(yaml.safe_dump(topo, sort_keys=False))
+        up = subprocess.run([*_testbed(), "up", str(path), "--no-exporter", "--json"], stdout=subprocess.PIPE, text=True)
+        if up.returncode != 0:
+            raise SystemExit(f"testbed up failed (exit {up.returncode})")
+        try:
+            for model in args.models:
+                cmd = [*_testbed(), "sweep", "-t", NAME, "--schemes", ",".join(args.schemes), "--bw", ",".join(args.bws),
+                       "--model", model, "--compute-time", str(times[model]), "--max-iters", str(args.iters),
+                       "--out", str(args.out), "--timeout", "900", "--no-exporter", "--json", "--",
+                       "--stable-iters", "1"]
+                print("$", " ".join(cmd), flush=True)
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+                try:
+                    dirs.append(Path(json.loads(p.stdout)["dir"]))
+                except (ValueError, KeyError):
+                    raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
+                if p.returncode != 0:
+                    print(f"(some runs of {model} failed: see {dirs[-1]}/sweep.json)", flush=True)
+        finally:
+            subprocess.run([*_testbed(), "down", NAME], stdout=subprocess.DEVNULL)
+    return dirs
+
+
+def analyse(runs: list[RunData]) -> None:
+    by = {}
+    for r in runs:
+        s = r.summary
+        by[(s.get("model"), r.bw, s.get("variant") or s.get("scheme"))] = r
+    models = [m for m in MODELS if any(k[0] == m for k in by)] + sorted({k[0] for k in by} - set(MODELS))
+    print("\nPaper-scale traffic: 8 gloo ranks on three_switch, stated compute time, real buckets and hooks")
+    print("speedup = other scheme's iteration time / this one's; bound = T + W/R; fraction = bound / measured\n")
+    head = (f"{'model':<10} {'rate':>8} {'scheme':<21} {'iter s':>8} {'vs allreduce':>12} {'vs fp16':>8} "
+            f"{'vs topk':>8} {'W MB/iter':>10} {'bound s':>8} {'fraction':>8} {'RSS/rank GB':>11} {'RSS all GB':>10}")
+    print(head)
+    for model in models:
+        for bw in sorted({k[1] for k in by if k[0] == model}, key=lambda b: Rate.parse(b).bps):
+            rate = Rate.parse(bw).bps / 8
+            t = {v: steady_iter_s(r) for (m, b, v), r in by.items() if m == model and b == bw}
+            for v in [x for x in SCHEMES if x in t] + sorted(set(t) - set(SCHEMES)):
+                r = by[(model, bw, v)]
+                s = r.summary
+                it = t[v]
+                w = busiest_bytes_per_iter(r)
+                bound = (s.get("compute_time_s") or 0) + w / rate
+                ratio = {o: (t.get(o) / it if t.get(o) and it else float("nan"))
+                         for o in ("allreduce", "fp16", "topk:0.01")}
+                print(f"{model:<10} {bw:>8} {v:<21} {it if it is not None else float('nan'):8.2f} "
+                      f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} {w / 1e6:10.1f} "
+                      f"{bound:8.2f} {bound / it if it else float('nan'):8.2f} "
+                      f"{(s.get('max_rss_bytes_per_rank') or 0) / 1e9:11.2f} "
+                      f"{(s.get('max_rss_bytes_all_ranks') or 0) / 1e9:10.2f}")
+        print()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--bws", default=",".join(BWS))
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--iters", type=int, default=4, help="iterations per run (the first two are not timed)")
+    p.add_argument("--compute-time", default=None, help="MODEL=SECONDS,... (defaults: " +
+                   ", ".join(f"{k}={v}" for k, v in COMPUTE_S.items()) + ", estimates)")
+    p.add_argument("--out", type=Path, default=Path("runs/paper_scale"))
+    p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
+    args = p.parse_args()
+    args.models = [x.strip() for x in args.models.split(",") if x.strip()]
+    args.bws = [x.strip() for x in args.bws.split(",") if x.strip()]
+    args.schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
+    times = _compute_times(args.compute_time)
+    for m in args.models:
+        if m not in times:
+            p.error(f"no compute time for {m}: give --compute-time {m}=SECONDS")
+    dirs = args.analyse or run_sweeps(args, times)
+    runs = [r for r in find_runs(dirs) if r.status == "ok"]
+    print(f"\nsweep dirs: {', '.join(map(str, dirs))}; compute times (s): "
+          + ", ".join(f"{m}={times[m]}" for m in args.models))
+    analyse(runs)
+
+
+if __name__ == "__main__":
+    main()
