@@ -35,15 +35,16 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True, help="checkpoint file to write")
     args = p.parse_args(argv)
+    torch.manual_seed(args.seed)  # before the model is built: its initial weights are seeded too
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         ds = data.load(args.dataset, args.data_dir)
         model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
     except (ValueError, data.DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     per_epoch = data.iterations_per_epoch(ds, 1, args.batch_size)
     total = max(1, int(args.epochs * per_epoch))

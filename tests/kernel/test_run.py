@@ -203,6 +203,27 @@ def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel)
     assert slow["mean_iter_s"] > fast["mean_iter_s"], "the bottleneck rate shows in the iteration time"
 
 
+def test_compute_time_run_sends_the_real_models_bytes_and_says_accuracy_was_not_measured(tmp_path, clean_kernel):
+    topo = _topology(tmp_path, dumbbell("rsyn", rate="1gbit"))
+    out = tmp_path / "runs"
+    r = cli("run", "pactrain:0.5:ternary", "--compute-time", "0.2", "--pretrain", "--topology", str(topo),
+            "--out", str(out), "--max-iters", "3")
+    assert r.returncode == 1 and "pre-training does not apply" in r.stderr and not (out / "checkpoints").exists()
+    s = cli_json("run", "pactrain:0.5:ternary:stable_iters=1", "--topology", str(topo), "--bw", "100mbit",
+                 "--out", str(out), "--model", "resnet18", "--width", "0.25", "--compute-time", "0.2", "--max-iters", "3")
+    assert s["status"] == "ok" and s["iterations"] == 3 and s["variant"] == "pactrain:0.5:ternary:stable_iters=1"
+    assert (s["compute_time_s"], s["accuracy_measured"], s["final_accuracy"], s["from_scratch"]) == (0.2, False, None,
+                                                                                                     True)
+    assert not (out / "checkpoints").exists(), "no pre-training for a traffic-only run"
+    # ternary compact from the first iteration: about 1/8 of the dense bytes, across the bottleneck
+    assert s["final_payload_bytes"] == pytest.approx(s["dense_bytes"] / 8, rel=0.02)
+    assert s["bottleneck"]["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
+    recs = [json.loads(x) for x in (Path(s["run_dir"]) / "rank0.jsonl").read_text().splitlines()]
+    assert all(x["iter_s"] >= 0.2 for x in recs)
+    human = cli("report", s["run_dir"])
+    assert human.returncode == 0, human.stderr
+
+
 def test_placement_aware_schemes_across_three_switch(tmp_path, clean_kernel):
     """8 ranks behind two edge switches: each rank is told its switch, and what crosses the
     shaped uplinks per iteration orders the schemes as their designs say."""
