@@ -17,8 +17,10 @@ the uplinks shaped) for allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.
 * the iteration time: the mean of the iterations after the first two (bucket rebuild,
   first use of every buffer), from rank 0's records;
 * speedup over allreduce, fp16 and topk (their time / this scheme's);
-* the physical bound T + W / R: T the stated compute time, W the bytes per iteration on
-  the busiest shaped direction (tc counters over the run, start-up included), R the rate;
+* the physical bound T + W / R: T the stated compute time, W the bytes per timed
+  iteration on the busiest shaped direction (tc counters sampled each second,
+  interpolated to the timed iterations' start and end: start-up traffic left out), R the
+  rate;
   and bound / measured (1.0: the scheme costs no more than its compute and its bytes);
 * peak resident memory per rank and of all 8 ranks together.
 
@@ -81,6 +83,40 @@ def steady_iter_s(r: RunData) -> float | None:
     return statistics.fmean(its[2:]) if len(its) > 2 else its[-1]
 
 
+def _interp(samples: list[tuple[float, float]], t: float) -> float | None:
+    """Cumulative bytes at time t, linear between the two samples around it."""
+    for (ta, ba), (tb, bb) in zip(samples, samples[1:]):
+        if ta <= t <= tb:
+            return ba + (bb - ba) * ((t - ta) / (tb - ta) if tb > ta else 1.0)
+    return None
+
+
+def steady_wire(r: RunData) -> tuple[float, bool]:
+    """(bytes per timed iteration on the busiest shaped direction, whether that is from the
+    timed iterations alone). The tc byte counters are sampled each second (``links.jsonl``);
+    over timed iterations that span at least 3 s they are interpolated to the iterations'
+    start and end, so start-up traffic (the pruning mask's broadcast, DDP's checks) is left
+    out. Shorter windows take the whole run's average (start-up included)."""
+    its = [x for x in read_jsonl(r.path / "rank0.jsonl")
+           if isinstance(x.get("iter_s"), (int, float)) and isinstance(x.get("time"), (int, float))]
+    timed = its[2:] if len(its) > 2 else its[-1:]
+    series: dict[tuple, list] = {}
+    for x in read_jsonl(r.path / "links.jsonl"):
+        if isinstance(x.get("time"), (int, float)) and isinstance(x.get("bytes"), (int, float)):
+            series.setdefault((x.get("link"), x.get("direction")), []).append((x["time"], x["bytes"]))
+    if timed and timed[-1]["time"] - (timed[0]["time"] - timed[0]["iter_s"]) >= 3.0:
+        t0, t1 = timed[0]["time"] - timed[0]["iter_s"], timed[-1]["time"]
+        spans = []
+        for samples in series.values():
+            samples.sort()
+            a, b = _interp(samples, t0), _interp(samples, t1)
+            if a is not None and b is not None:
+                spans.append(b - a)
+        if spans:
+            return max(spans) / len(timed), True
+    return busiest_bytes_per_iter(r), False
+
+
 def run_sweeps(args, times: dict[str, float]) -> list[Path]:
     dirs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,16 +165,19 @@ def analyse(runs: list[RunData]) -> None:
                 r = by[(model, bw, v)]
                 s = r.summary
                 it = t[v]
-                w = busiest_bytes_per_iter(r)
+                w, steady = steady_wire(r)
                 bound = (s.get("compute_time_s") or 0) + w / rate
                 ratio = {o: (t.get(o) / it if t.get(o) and it else float("nan"))
                          for o in ("allreduce", "fp16", "topk:0.01")}
                 print(f"{model:<10} {bw:>8} {v:<21} {it if it is not None else float('nan'):8.2f} "
-                      f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} {w / 1e6:10.1f} "
+                      f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} "
+                      f"{w / 1e6:9.1f}{' ' if steady else '*'} "
                       f"{bound:8.2f} {bound / it if it else float('nan'):8.2f} "
                       f"{(s.get('max_rss_bytes_per_rank') or 0) / 1e9:11.2f} "
                       f"{(s.get('max_rss_bytes_all_ranks') or 0) / 1e9:10.2f}")
         print()
+    print("* W over the whole run, start-up included (timed iterations shorter than 3 s: the counters are "
+          "sampled each second)")
 
 
 def main() -> None:
