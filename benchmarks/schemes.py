@@ -212,7 +212,7 @@ def main() -> None:
     # PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets
     state = runs["pactrain 0.5"][1]
     buckets = [b for b in state._buckets.values() if b.kept is not None]
-    bufs = [torch.randn(len(b.mask)) for b in buckets]
+    bufs = [torch.randn(b.size) for b in buckets]
     samples = []
     for _ in range(args.reps):
         t0 = time.perf_counter()

@@ -52,6 +52,7 @@ class _Bucket:
     mask: torch.Tensor | None  # flat bool mask (True kept) shaped like the bucket buffer; None once compact
     kept: torch.Tensor | None = None  # int64 positions of kept elements, once compact
     segments: list | None = None  # (offset, length) of each parameter in the compact tensor
+    size: int = 0  # elements in the bucket's buffer
     seen: int = 0  # consecutive iterations with an identical mask
 
 
@@ -101,7 +102,7 @@ class PacTrainState(Accounting):
             return b  # stable and agreed: the hot path does no mask work (masks change only via reset)
         flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()])
         if b is None or not torch.equal(b.mask, flat):
-            b = self._buckets[key] = _Bucket(flat)  # new membership (rebuild) or changed mask
+            b = self._buckets[key] = _Bucket(flat, size=flat.numel())  # new membership (rebuild) or changed mask
         b.seen += 1
         if b.kept is None and b.seen >= self.config.stable_iters:
             kept = flat.nonzero().squeeze(1)
