@@ -470,13 +470,19 @@ def _with_prune_ratios(names: list[str], ratios: str) -> list[str]:
             raise TestbedError(f"--prune-ratios: {v!r} is not a ratio in [0, 1)", "e.g. --prune-ratios 0.1,0.3,0.5,0.7,0.9")
     if not values:
         raise TestbedError("--prune-ratios is empty", "e.g. --prune-ratios 0.1,0.3,0.5,0.7,0.9")
+    from workloads.schemes import parse_variant
+
     out = []
     for name in names:
         base, *rest = name.split(":")
         if base != "pactrain":
             out.append(name)
             continue
-        if any(t.replace(".", "", 1).isdigit() or t.startswith("prune_ratio=") for t in rest):
+        try:
+            sets_ratio = "prune_ratio" in parse_variant(name)[1]
+        except ValueError as e:
+            raise TestbedError(f"--schemes: {e}") from None
+        if sets_ratio:
             raise TestbedError(f"--schemes {name!r} sets a pruning ratio and --prune-ratios gives them too",
                                "write the pactrain entry without a ratio (e.g. pactrain or pactrain:ternary)")
         out += [":".join(["pactrain", v, *rest]) for v in values]
