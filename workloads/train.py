@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads import data, placement, pruning, records, schemes
+from workloads import compat, data, placement, pruning, records, schemes
 from workloads.checkpoint import CheckpointError, load_into
 from workloads.models import MODELS, build_model
 
@@ -409,7 +409,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     # first iteration (DDP's default first iteration is one bucket of the whole model: a
     # transient copy of everything per rank, which 8 ranks of ViT-B/16 cannot afford here)
     # and take gradients as views of the buckets (one copy less)
-    ddp = DDP(synthetic or model, device_ids=[device] if device.type == "cuda" else None,
+    ddp = compat.ddp(synthetic or model, device_ids=[device] if device.type == "cuda" else None,
               bucket_cap_mb=args.bucket_cap_mb, forward_sync_buffers=False,
               **({} if synthetic is None else
                  {"init_sync": False, "gradient_as_bucket_view": True, "bucket_cap_mb_list": [args.bucket_cap_mb]}))
