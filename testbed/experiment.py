@@ -36,7 +36,7 @@ from .apply import ignore_interrupts, interrupt_on
 from .core import DIRECTIONS, Testbed, list_testbeds
 from .ledger import Ledger, global_lock
 from .errors import TestbedError
-from .launch import Launcher, RankFailed, placement
+from .launch import Launcher, RankFailed, host_gpus, placement
 from .files import JsonlTail, read_jsonl, write_json
 from .topology import SHIPPED_DIR, Link, Shape, load_topology
 from .units import Rate
@@ -82,6 +82,17 @@ class RunRequest:
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
+
+    @property
+    def compute_backend(self) -> str:
+        """The workload's ``--backend`` (auto, gloo or nccl; the last one given wins, as in argparse)."""
+        value = "auto"
+        for i, a in enumerate(self.workload_args):
+            if a == "--backend" and i + 1 < len(self.workload_args):
+                value = self.workload_args[i + 1]
+            elif a.startswith("--backend="):
+                value = a.partition("=")[2]
+        return value
 
 
 @dataclass
@@ -231,6 +242,7 @@ def run_lock(tb: Testbed):
 def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         on_message: Callable[[str], None] | None = None) -> dict:
     say = on_message or (lambda m: None)
+    gpus = _gpus_for(req.compute_backend)
     check_out(req.out)
     trace = _load_trace(req)
     restore_signals = _install_signals()
@@ -316,7 +328,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
             say(f"cross-traffic: {'; '.join(f.label() for f in flows)} (per second in {run_dir / 'traffic.jsonl'})")
         start_counters = sampler.sample()
         t_start = time.time()
-        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts, seats=seats)
+        launcher = Launcher(tb, argv, run_dir, timeout=req.timeout, mounts=mounts, seats=seats, gpus=gpus)
         say(f"run {run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
         launcher.start()
         status = Status(run_dir, world=len(tb.workers))
@@ -417,6 +429,19 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
 PATH_FLAGS = {"--init": "file", "--data-dir": "dir"}
 """Workload arguments that name host files: made absolute, and their directories mounted
 into container workers at the same path."""
+
+
+def _gpus_for(backend: str) -> list[int]:
+    """The host GPUs that workers without ``gpu:`` share in this run: all of them for a
+    GPU run (auto or nccl), none for gloo (CPU ranks). nccl on a host without GPUs is
+    refused before anything starts."""
+    if backend == "gloo":
+        return []
+    gpus = host_gpus()
+    if backend == "nccl" and not gpus:
+        raise TestbedError("--backend nccl needs NVIDIA GPUs, and this host has none (nvidia-smi lists none)",
+                           "use --backend gloo (CPU ranks), or run where `testbed doctor` shows GPUs")
+    return gpus
 
 
 def host_paths(args: list[str]) -> tuple[list[str], list[Path]]:

@@ -4,7 +4,8 @@ Each rank runs inside its node (through the node's backend) with its environment
 to the data plane: MASTER_ADDR is rank 0's data-plane address, GLOO_SOCKET_IFNAME and
 NCCL_SOCKET_IFNAME name the node's data-plane interface, NCCL is told to use TCP sockets
 only (no InfiniBand, peer-to-peer or shared memory, a distinct host id per node), and
-CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``. Output goes to ``rank{R}.log``.
+CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``; for a GPU run (backend auto or nccl)
+namespace workers without one share the host's GPUs round-robin by rank. Output goes to ``rank{R}.log``.
 
 Every rank is also told where it sits (``placement``), in torchrun's variables with a
 "node" being the switch the worker hangs off: GROUP_RANK (the switch's index, switches
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -120,9 +122,33 @@ def placement_dict(seats: Sequence[Seat]) -> dict:
                       for s in seats]}
 
 
+def host_gpus() -> list[int]:
+    """Indices of the NVIDIA GPUs this host has (``nvidia-smi -L``); [] without a driver."""
+    smi = shutil.which("nvidia-smi", path=os.defpath + ":/usr/local/nvidia/bin:/usr/local/bin")
+    if smi is None:
+        return []
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [i for i, _ in enumerate(x for x in r.stdout.splitlines() if x.startswith("GPU "))] \
+        if r.returncode == 0 else []
+
+
+def gpu_for(rank: int, pinned: int | None, gpus: Sequence[int]) -> int | None:
+    """A worker's GPU: its topology's ``gpu:``, else round-robin by rank over ``gpus`` (the
+    host's, for a GPU run), else none (a CPU rank)."""
+    if pinned is not None:
+        return pinned
+    return gpus[rank % len(gpus)] if gpus else None
+
+
 def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, gpu: int | None,
-             threads: int, base: dict | None = None, seat: Seat | None = None) -> dict[str, str]:
-    """The environment of one rank: torchrun's variables plus data-plane pinning."""
+             threads: int, base: dict | None = None, seat: Seat | None = None,
+             cuda_visible: str | None = None) -> dict[str, str]:
+    """The environment of one rank: torchrun's variables plus data-plane pinning.
+    ``cuda_visible``: CUDA_VISIBLE_DEVICES as the node's backend numbers its GPUs (default:
+    the host index ``gpu``, none when it is None)."""
     env = dict(os.environ if base is None else base)
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -132,7 +158,7 @@ def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, 
         "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
         "NCCL_HOSTID": f"testbed-{node}", "NCCL_SOCKET_NTHREADS": "1", "NCCL_NSOCKS_PERTHREAD": "1",
         "NCCL_MULTI_RANK_GPU_ENABLE": "1",
-        "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
+        "CUDA_VISIBLE_DEVICES": cuda_visible if cuda_visible is not None else "" if gpu is None else str(gpu),
         "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
     })
     if seat is not None:
@@ -145,9 +171,12 @@ class Launcher:
 
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
                  extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
-                 seats: Sequence[Seat] | None = None):
+                 seats: Sequence[Seat] | None = None, gpus: Sequence[int] = ()):
         """``argv``: ``MODULE ARGS...`` run as ``python -m`` by the node's Python; ``mounts``:
-        host directories the ranks read or write (a container sees them at the same path)."""
+        host directories the ranks read or write (a container sees them at the same path);
+        ``gpus``: the host GPUs that workers without ``gpu:`` share, round-robin by rank
+        (empty: such workers see no GPU)."""
+        self.gpus = list(gpus)
         self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
         self.extra_env = extra_env or {}
         self.mounts = [run_dir.resolve(), *mounts]
@@ -165,8 +194,10 @@ class Launcher:
             backend = self.tb.backend(w.name)
             seat = self.seats[w.rank]
             assert seat.node == w.name, (seat, w.name)
+            gpu = gpu_for(w.rank, w.gpu, self.gpus if backend.shares_host_gpus else ())
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
-                           gpu=w.gpu, threads=threads, base=backend.environment(w), seat=seat)
+                           gpu=gpu, threads=threads, base=backend.environment(w), seat=seat,
+                           cuda_visible=backend.cuda_visible(w, gpu))
             env["TESTBED_PLACEMENT"] = str(where.resolve())
             env.update(self.extra_env)
             log = self.run_dir / f"rank{w.rank}.log"

@@ -73,6 +73,14 @@ class Backend(abc.ABC):
         """The base environment of a process inside the node (a rank's variables go on top)."""
         return dict(os.environ)
 
+    shares_host_gpus = True
+    """Whether a process in the node sees every GPU of the host (a namespace does), so that
+    workers without ``gpu:`` can be spread over them at run time."""
+
+    def cuda_visible(self, info, gpu: int | None) -> str:
+        """CUDA_VISIBLE_DEVICES for a rank in the node given host GPU ``gpu`` (None: no GPU)."""
+        return "" if gpu is None else str(gpu)
+
     @abc.abstractmethod
     def stop(self, info) -> None:
         """Stop every process running inside the node (the node itself stays)."""

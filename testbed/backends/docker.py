@@ -250,6 +250,13 @@ class DockerBackend(Backend):
     def python(self, info) -> str:
         return "python3"
 
+    shares_host_gpus = False  # a container has only the GPU it was created with (gpu:)
+
+    def cuda_visible(self, info, gpu: int | None) -> str:
+        # the container was given host GPU ``gpu:`` as a device request: inside it, that
+        # GPU is the only one, numbered 0 (host index N would hide it)
+        return "" if gpu is None else "0"
+
     def environment(self, info) -> dict[str, str]:
         env = {}
         for kv in self._container(info).attrs["Config"].get("Env") or []:

@@ -249,3 +249,25 @@ def test_schedule_and_traffic_errors_name_the_path(edit, words):
         return
     with pytest.raises(TestbedError, match=re.escape(words)):
         load_topology_dict(d)
+
+
+def test_gpu_runs_spread_unpinned_workers_over_the_host_gpus_and_containers_count_from_zero():
+    from testbed.backends.base import Backend
+    from testbed.backends.docker import DockerBackend
+    from testbed.experiment import RunRequest
+    from testbed.launch import gpu_for, rank_env
+
+    # gpu: pins; otherwise round-robin by rank over the host's GPUs; no GPUs: a CPU rank
+    assert [gpu_for(r, None, [0, 1, 2]) for r in range(5)] == [0, 1, 2, 0, 1]
+    assert gpu_for(4, 2, [0, 1]) == 2 and gpu_for(0, None, []) is None
+    env = rank_env(rank=0, world=1, node="w0", iface="eth0", master_addr="10.0.0.1", gpu=3, threads=1, base={})
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert rank_env(rank=0, world=1, node="w0", iface="eth0", master_addr="x", gpu=None, threads=1,
+                    base={"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] == "", "a CPU rank sees no GPU"
+    # a namespace sees the host's numbering; a container only its own GPU, as device 0
+    assert Backend.cuda_visible(None, None, 3) == "3" and Backend.shares_host_gpus
+    assert DockerBackend.cuda_visible(None, None, 3) == "0" and DockerBackend.cuda_visible(None, None, None) == ""
+    assert not DockerBackend.shares_host_gpus
+    # the run reads the workload's --backend as argparse does (the last one wins)
+    assert RunRequest("allreduce", ["--epochs", "1"]).compute_backend == "auto"
+    assert RunRequest("allreduce", ["--backend", "gloo", "--backend=nccl"]).compute_backend == "nccl"
