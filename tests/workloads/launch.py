@@ -52,7 +52,11 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
     for r in range(world):
         e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                 **(env or {}))
+                 # NCCL as testbed run sets it (over TCP, each rank its own "host", so ranks
+                 # may share one GPU), here on loopback
+                 NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_HOSTID=f"test-rank{r}",
+                 NCCL_MULTI_RANK_GPU_ENABLE="1")
+        e.update(env or {})
         if domains:
             g, i, n = where[r]
             e.update(GROUP_RANK=str(g), LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(n), TESTBED_SWITCH=f"s{g + 1}")
