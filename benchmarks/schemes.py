@@ -17,6 +17,10 @@ next to nothing and what remains is the scheme's own work):
   its real buckets), timed directly, relative to backward.
 
     python -m benchmarks.schemes [--model resnet18] [--batch-size 32] [--reps 5] [--ranks 4]
+                                 [--device cpu|cuda]
+
+``--device cuda`` times the single-process part on the GPU (a NCCL group of one; the
+times are taken after a device synchronise); the grouped part below stays on CPU (gloo).
 
 Then the schemes that need other ranks to mean anything (SparDL's rounds, PruneX's and
 hier-allreduce's leaders) in a gloo group of ``--ranks`` processes on this machine, in two
@@ -40,11 +44,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from workloads import placement, pruning, schemes
+from workloads import compat, placement, pruning, schemes
 from workloads.models import build_model
 from workloads.schemes.pactrain import _scatter
 from workloads.train import _free_port
@@ -90,7 +93,7 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
     rows = {}
     for label, (name, opts) in GROUPED.items():
         torch.manual_seed(0)
-        ddp = DDP(build_model(args.model, 10), forward_sync_buffers=False)
+        ddp = compat.ddp(build_model(args.model, 10), forward_sync_buffers=False)
         state = schemes.get(name).attach(ddp, schemes.SchemeOptions(placement=where, total_iters=100, **opts), None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         times, payload = [], []
@@ -145,24 +148,40 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="measured iterations per scheme")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--ranks", type=int, default=4, help="group size for spardl/prunex/hier-allreduce (even; 0: skip)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the single-process part runs (cuda: a NCCL group of one)")
     args = p.parse_args()
     if args.ranks and (args.ranks < 2 or args.ranks % 2):
         p.error("--ranks must be an even number >= 2, or 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU")
+    dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    if cuda:
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.benchmark = True
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+    else:
+        dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
-    base = build_model(args.model, 10)
+    base = build_model(args.model, 10).to(dev)
     masks = pruning.compute_masks(base, args.prune_ratio, "magnitude")
-    x = torch.randn(args.batch_size, 3, 32, 32)
-    y = torch.randint(0, 10, (args.batch_size,))
+    x = torch.randn(args.batch_size, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (args.batch_size,), device=dev)
 
     runs = {}  # label -> (ddp, state, hook, captured buckets, hook seconds, payloads)
     for label, (name, opts) in VARIANTS.items():
-        model = build_model(args.model, 10)
+        model = build_model(args.model, 10).to(dev)
         model.load_state_dict(base.state_dict())
         if name == "pactrain":
             pruning.apply_masks(model, masks)
-        ddp = DDP(model, forward_sync_buffers=False)
+        ddp = compat.ddp(model, device_ids=[dev] if cuda else None, forward_sync_buffers=False)
         captured = {}
         hooks = {}
         real_register = ddp.register_comm_hook
@@ -171,7 +190,7 @@ def main() -> None:
             _hooks["hook"] = hook
             _real(state, _capturing(hook, _captured))
         ddp.register_comm_hook = register
-        state = schemes.get(name).attach(ddp, schemes.SchemeOptions(**opts), masks)
+        state = schemes.get(name).attach(ddp, schemes.SchemeOptions(device=str(dev), **opts), masks)
         if not hooks:  # allreduce: DDP's built-in reduction; time the equivalent torch hook
             hooks["hook"] = default_hooks.allreduce_hook
             real_register(None, _capturing(default_hooks.allreduce_hook, captured))
@@ -184,8 +203,10 @@ def main() -> None:
     for _ in range(args.warmup):  # PacTrain's tracker settles, PowerSGD starts, buckets rebuild
         for ddp, state, *_rest in runs.values():
             loss = nn.functional.cross_entropy(ddp(x), y)
+            sync()
             t0 = time.perf_counter()
             loss.backward()
+            sync()
             backward.append(time.perf_counter() - t0)
             ddp.zero_grad(set_to_none=False)
             payloads = _rest[-1]
@@ -193,14 +214,17 @@ def main() -> None:
     backward = statistics.median(backward[-len(runs) * 2:])  # after the rebuild
     for _ in range(args.reps):
         for _ddp, state, hook, hook_state, captured, times, _ in runs.values():
+            sync()
             t0 = time.perf_counter()
             for b in sorted(captured):
                 hook(hook_state, captured[b]).wait()
+            sync()
             times.append(time.perf_counter() - t0)
 
     dense = runs["allreduce"][-1][-1]
     floor = statistics.median(runs["allreduce"][5])
-    print(f"{args.model}, batch {args.batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+    where = torch.cuda.get_device_name(dev) if cuda else f"{torch.get_num_threads()} threads"
+    print(f"{args.model}, batch {args.batch_size}, torch {torch.__version__}, {where}; "
           f"backward {backward * 1000:.0f} ms (median)")
     print(f"{'scheme':<22}{'payload/allreduce':>18}{'hook/backward':>15}{'(hook-allreduce)/backward':>27}")
     for label in VARIANTS:
@@ -212,12 +236,14 @@ def main() -> None:
     # PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets
     state = runs["pactrain 0.5"][1]
     buckets = [b for b in state._buckets.values() if b.kept is not None]
-    bufs = [torch.randn(b.size) for b in buckets]
+    bufs = [torch.randn(b.size, device=dev) for b in buckets]
     samples = []
     for _ in range(args.reps):
+        sync()
         t0 = time.perf_counter()
         for buf, b in zip(bufs, buckets):
             _scatter(buf, b.kept, buf.index_select(0, b.kept))
+        sync()
         samples.append(time.perf_counter() - t0)
     pack = statistics.median(samples)
     kept = sum(int(m.sum()) for m in masks.values()) + sum(
