@@ -82,7 +82,7 @@ def test_topk_residuals_survive_the_bucket_rebuild():
     run(_topk_rebuild, 1)
 
 
-def _terngrad_unbiased_per_layer(rank, world):
+def _terngrad_unbiased_per_layer(rank, world, vectorise=False):
     # two layers five orders of magnitude apart: with one scale per layer the small one is
     # quantised against its own maximum, not the large layer's
     torch.manual_seed(0)
@@ -91,6 +91,7 @@ def _terngrad_unbiased_per_layer(rank, world):
     xs = [torch.cat([torch.randn(n_el) * 1e-3 * (r + 1), torch.randn(n_el) * 10 * (r + 1)]) for r in range(world)]
     target = sum(xs) / world
     reducer = TernaryReducer(None, torch.Generator().manual_seed(10 + rank), clip=0)
+    reducer.vectorise = vectorise
     n = 1500
     total, total_sq = torch.zeros(2 * n_el, dtype=torch.float64), torch.zeros(2 * n_el, dtype=torch.float64)
     for _ in range(n):
@@ -111,8 +112,9 @@ def _terngrad_unbiased_per_layer(rank, world):
         assert 0.85 < ratio < 1.15, f"layer at {off}: variance {ratio:.3f} x the per-layer prediction"
 
 
-def test_terngrad_is_unbiased_per_layer_with_per_layer_variance():
-    run(_terngrad_unbiased_per_layer, 2)
+@pytest.mark.parametrize("vectorise", [False, True], ids=["loop", "whole-buffer"])
+def test_terngrad_is_unbiased_per_layer_with_per_layer_variance(vectorise):
+    run(_terngrad_unbiased_per_layer, 2, vectorise)
 
 
 def _ternary_does_not_wait_for_peers(rank, world):
@@ -152,6 +154,35 @@ def _terngrad_clips_per_layer(rank, world):
 
 def test_terngrad_clips_each_layer_to_its_own_deviation():
     run(_terngrad_clips_per_layer, 1)
+
+
+def _vectorised_matches_the_per_layer_loop(rank, world):
+    reducer = TernaryReducer(None, torch.Generator().manual_seed(rank), clip=2.5)
+    reducer.vectorise = True  # the GPU's path, here on CPU
+    torch.manual_seed(4)
+    # layers of very different scales, an empty one (a fully pruned layer in PacTrain's
+    # compact buffer), a single entry and a constant layer (neither is clipped)
+    parts = [torch.randn(700) * 1e-3, torch.randn(0), torch.randn(1) * 5, torch.full((40,), 0.25),
+             torch.randn(3000) * 10, torch.randn(9)]
+    parts[4][17] = 1e5
+    segs, off = [], 0
+    for t in parts:
+        segs.append((off, t.numel()))
+        off += t.numel()
+    x = torch.cat(parts)
+    a, b = x.clone(), x.clone()
+    fast, slow = reducer._clip_and_scale(a, segs), reducer._clip_and_scale_loop(b, segs)
+    assert torch.allclose(fast, slow, rtol=1e-5, atol=0) and torch.allclose(a, b, rtol=1e-5, atol=0)
+    assert float(fast[1]) == 0 and float(fast[2]) == pytest.approx(abs(float(x[700])))
+    assert torch.equal(a[701:741], x[701:741]), "a constant layer is left alone"
+    per = reducer._per_element(fast, a, segs)
+    assert per is not None and torch.equal(per, torch.cat([fast[j].expand(n) for j, (_, n) in enumerate(segs)]))
+    # segments that do not tile the buffer from 0 take the loop
+    assert reducer._per_element(fast[:2], a, [(5, 3), (0, 5)]) is None
+
+
+def test_vectorised_per_layer_clip_and_scale_equal_the_per_layer_loop():
+    run(_vectorised_matches_the_per_layer_loop, 1)
 
 
 def test_registry_lists_the_choices():

@@ -122,8 +122,55 @@ class TernaryReducer:
         self._calls = 0
         self._launched = 0
         self._ready: dict[int, tuple] = {}
+        self._layouts: dict[tuple, torch.Tensor | bool] = {}
+        self.vectorise: bool | None = None
+        """Whole-buffer segment operations instead of a loop over layers (None: on CUDA only)."""
+
+    def _lengths(self, segments, device) -> torch.Tensor | None:
+        """The segments' lengths as a tensor on ``device`` (cached per bucket layout), or
+        None when they do not tile the buffer from 0 in order (then the per-layer loop)."""
+        key = (tuple(segments), str(device))
+        hit = self._layouts.get(key)
+        if hit is None:
+            tiled = all(off == sum(n for _, n in segments[:i]) for i, (off, _) in enumerate(segments))
+            hit = self._layouts[key] = (torch.tensor([n for _, n in segments], dtype=torch.long, device=device)
+                                        if tiled and segments else False)
+        return hit if hit is not False else None
+
+    def _layout(self, values: torch.Tensor, segments) -> torch.Tensor | None:
+        """The lengths tensor when the whole-buffer path applies to ``values``, else None."""
+        if not (values.is_cuda if self.vectorise is None else self.vectorise):
+            return None
+        lengths = self._lengths(segments, values.device)
+        return lengths if lengths is not None and values.numel() == sum(n for _, n in segments) else None
 
     def _clip_and_scale(self, values: torch.Tensor, segments) -> torch.Tensor:
+        """Clip each segment to ``clip`` of its standard deviations, in place; the segments'
+        max |value|.
+
+        On a GPU, a bucket's layers in a handful of whole-buffer operations (segment
+        reductions, per-element bounds expanded with repeat_interleave): the per-layer loop's
+        small kernels cost more than the backward pass there (ResNet18 on an H100: the
+        ternary hook took 1.3x backward). On a CPU the loop is faster (repeat_interleave is
+        an index_select there: ResNet18's 11 M entries took 0.71 s vectorised, 0.19 s looped)."""
+        lengths = self._layout(values, segments)
+        if lengths is None:
+            return self._clip_and_scale_loop(values, segments)
+        total = values.numel()
+        if self.clip > 0:
+            mean = torch.segment_reduce(values, "mean", lengths=lengths, unsafe=True, initial=0)
+            dev = values - mean.repeat_interleave(lengths, output_size=total)
+            var = torch.segment_reduce(dev.square_(), "sum", lengths=lengths, unsafe=True, initial=0)
+            del dev
+            c = (var / (lengths - 1).clamp_min(1)).sqrt_() * self.clip
+            # a constant layer, or one of a single entry, is not clipped
+            c = torch.where((c > 0) & (lengths > 1), c, torch.full_like(c, float("inf")))
+            c = c.repeat_interleave(lengths, output_size=total)
+            torch.clamp(values, min=-c, max=c, out=values)
+            del c
+        return torch.segment_reduce(values.abs(), "max", lengths=lengths, unsafe=True, initial=0).float()
+
+    def _clip_and_scale_loop(self, values: torch.Tensor, segments) -> torch.Tensor:
         scales = []
         for off, n in segments:
             v = values[off:off + n]
@@ -136,6 +183,12 @@ class TernaryReducer:
                 torch.clamp(v, min=-c, max=c, out=v)
             scales.append(v.abs().amax())
         return torch.stack(scales).float() if scales else values.new_zeros(0, dtype=torch.float32)
+
+    def _per_element(self, per_segment: torch.Tensor, values: torch.Tensor, segments) -> torch.Tensor | None:
+        lengths = self._layout(values, segments)
+        if lengths is None:
+            return None
+        return per_segment.to(values.dtype).repeat_interleave(lengths, output_size=values.numel())
 
     def reduce(self, values: torch.Tensor, segments: list[tuple[int, int]]) -> tuple[torch.futures.Future, int]:
         """Average ``values`` (clipped in place) over ranks; (future of the average, bytes sent)."""
@@ -162,9 +215,14 @@ class TernaryReducer:
 
     def _launch(self, values, segments, agreed, result) -> None:
         try:
-            q = torch.empty(values.shape, dtype=torch.int8, device=values.device)
-            for j, (off, n) in enumerate(segments):
-                q[off:off + n] = ternarize(values[off:off + n], agreed[j], self.generator)
+            scale = self._per_element(agreed, values, segments)
+            if scale is not None:
+                q = ternarize(values, scale, self.generator)
+            else:
+                q = torch.empty(values.shape, dtype=torch.int8, device=values.device)
+                for j, (off, n) in enumerate(segments):
+                    q[off:off + n] = ternarize(values[off:off + n], agreed[j], self.generator)
+            del scale
             work = dist.all_reduce(q, group=self.value_group, async_op=True).get_future()
         except Exception as e:  # noqa: BLE001
             result.set_exception(e)
@@ -173,8 +231,13 @@ class TernaryReducer:
         def done(f):
             try:
                 total = f.value()[0]
-                for j, (off, n) in enumerate(segments):
-                    torch.mul(total[off:off + n], agreed[j].to(values.dtype) / self.world, out=values[off:off + n])
+                per = self._per_element(agreed / self.world, values, segments)
+                if per is not None:
+                    torch.mul(total, per, out=values)
+                else:
+                    for j, (off, n) in enumerate(segments):
+                        torch.mul(total[off:off + n], agreed[j].to(values.dtype) / self.world,
+                                  out=values[off:off + n])
                 result.set_result(values)
             except Exception as e:  # noqa: BLE001
                 result.set_exception(e)
