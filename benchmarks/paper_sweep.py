@@ -1,6 +1,6 @@
 """The papers' comparisons on the emulated three-switch testbed, CPU-sized.
 
-    sudo python -m benchmarks.paper_sweep [--sections pactrain,prunex,spardl] [--epochs 8] [--repeats 3]
+    sudo python -m benchmarks.paper_sweep [--sections pactrain,prune,prunex,spardl] [--epochs 8] [--repeats 3]
                                           [--target-acc 0.95] [--eval-every 1] [--out runs/paper]
     python -m benchmarks.paper_sweep --analyse runs/paper/sweep-...   (re-read, no runs)
 
@@ -23,6 +23,13 @@ iteration on the busiest bottleneck direction (measured from its tc counters ove
 run; eval and start-up traffic included). The bound on PacTrain's iteration-time speedup
 is (C + W_allreduce / R) / (C + W_pactrain / R); the benchmark reports the measured
 (median) speedup as a fraction of it (target >= 0.9).
+
+Section ``prune`` (the PacTrain paper's Fig. 6: final accuracy against the pruning ratio):
+allreduce and pactrain at ``--prune-ratios`` (default 0.1, 0.3, 0.5, 0.7, 0.9) at
+``--prune-bw`` from the same checkpoint; it prints per ratio the final accuracy and time to
+accuracy, median [min-max] over repeats, the payload relative to allreduce, and the final
+accuracy's difference from allreduce's. ``testbed report`` on its sweep directory draws
+prune_ratio.png.
 
 Section ``prunex`` (PruneX's claim: about 60 % less inter-node traffic than a flat dense
 all-reduce): allreduce, hier-allreduce and prunex on three_switch at ``--prunex-bw``; it
@@ -57,7 +64,8 @@ SHAPED = ("100mbit", "500mbit", "1gbit")
 FREE = "10gbit"
 PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5", "pactrain 0.5 ternary")
 SCALE = (2, 4, 8)
-SECTIONS = ("pactrain", "prunex", "spardl")
+SECTIONS = ("pactrain", "prune", "prunex", "spardl")
+PRUNE_RATIOS = "0.1,0.3,0.5,0.7,0.9"
 PRETRAIN_DATASET = None
 """Pre-train on digits itself (2 epochs: 0.76 accuracy, seeded). Pre-trained on the
 synthetic set instead, the CNN's features blew the first fine-tuning step up (loss 22,
@@ -114,6 +122,8 @@ def main() -> None:
                    help="the shared checkpoint is pre-trained on this dataset, then fine-tuned on digits")
     p.add_argument("--pretrain-epochs", type=float, default=2.0)
     p.add_argument("--prunex-bw", default="100mbit")
+    p.add_argument("--prune-bw", default="1gbit", help="the rate of the prune section (accuracy, not time)")
+    p.add_argument("--prune-ratios", default=PRUNE_RATIOS)
     p.add_argument("--spardl-bw", default="100mbit")
     p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
     args = p.parse_args()
@@ -129,6 +139,9 @@ def main() -> None:
             dirs += [sweep(args.out, "allreduce,fp16,topk:0.01,pactrain:0.5,pactrain:0.5:ternary", ",".join(SHAPED),
                            args),
                      sweep(args.out, "allreduce,pactrain:0.5,pactrain:0.5:ternary", FREE, args)]
+        if "prune" in sections:
+            dirs.append(sweep(args.out, "allreduce,pactrain", args.prune_bw, args,
+                              "--prune-ratios", args.prune_ratios))
         if "prunex" in sections:
             dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", args.prunex_bw, args))
         if "spardl" in sections:
@@ -141,6 +154,9 @@ def main() -> None:
     three = [r for r in runs if r.summary.get("world_size") == 8 and not str(r.summary.get("topology")).startswith("scale")]
     if "pactrain" in sections:
         pactrain_section([r for r in three if r.label in PACTRAIN], args)
+    if "prune" in sections:
+        prune_section([r for r in three if r.bw == args.prune_bw and r.summary["scheme"] in ("allreduce", "pactrain")
+                       and not (r.summary.get("hyper") or {}).get("ternary")], args)
     if "prunex" in sections:
         prunex_section([r for r in three if r.bw == args.prunex_bw], args)
     if "spardl" in sections:
@@ -175,6 +191,28 @@ def prunex_section(runs: list[RunData], args) -> None:
         print(f"prunex sends {1 - up['p'] / up['a']:.0%} less over the uplinks than allreduce (paper: about 60 %), "
               f"{1 - up['p'] / up['h']:.0%} less than hier-allreduce (the pruning's share); "
               f"hierarchy alone: {1 - up['h'] / up['a']:.0%} less (uplink bytes include start-up and evaluation)")
+
+
+def prune_section(runs: list[RunData], args) -> None:
+    rows = [r for r in table(runs, args.target_acc) if r["base_scheme"] in ("allreduce", "pactrain")]
+    base = next((r for r in rows if r["base_scheme"] == "allreduce"), None)
+    pts = sorted((r for r in rows if r["base_scheme"] == "pactrain" and r["hyper"].get("prune_ratio") is not None),
+                 key=lambda r: r["hyper"]["prune_ratio"])
+    if not pts:
+        print("\nno pactrain runs for the pruning-ratio section")
+        return
+    print(f"\nFinal accuracy against the pruning ratio (Fig. 6): 8 ranks, three_switch at {args.prune_bw}, "
+          f"median [min-max] over repeats; target {args.target_acc}")
+    print(f"{'ratio':>5} {'runs':>4} {'final acc':>21} {'vs allreduce':>12} {'TTA s':>19} {'payload/allreduce':>17}")
+    rowsout = ([("dense", base)] if base else []) + [(f"{r['hyper']['prune_ratio']:g}", r) for r in pts]
+    for name, r in rowsout:
+        n = r["ok"]
+        diff = r["final_accuracy"] - base["final_accuracy"] if base and r["final_accuracy"] is not None \
+            and base["final_accuracy"] is not None else float("nan")
+        print(f"{name:>5} {n:>4} "
+              f"{_cell(r['final_accuracy'], r['final_accuracy_min'], r['final_accuracy_max'], '.3f', n):>21} "
+              f"{diff:+12.3f} {_cell(r['tta_s'], r['tta_min_s'], r['tta_max_s'], '.1f', n):>19} "
+              f"{_x(r['payload_bytes_per_iter'], base['payload_bytes_per_iter'] if base else None):17.3f}")
 
 
 def spardl_section(runs: list[RunData], args) -> None:
