@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .nsexec import DIE_WITH_PARENT
 from .errors import TestbedError
 
 MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
@@ -200,6 +201,8 @@ class Launcher:
                            cuda_visible=backend.cuda_visible(w, gpu))
             env["TESTBED_PLACEMENT"] = str(where.resolve())
             env.update(self.extra_env)
+            # a rank dies with this process, even after kill -9 (testbed.nsexec)
+            env[DIE_WITH_PARENT] = str(os.getpid())
             log = self.run_dir / f"rank{w.rank}.log"
             argv = procs.python_argv(*self.argv, python=backend.python(w))
             with open(log, "wb") as f:

@@ -12,6 +12,9 @@
     (open_tree + move_mount, Linux 5.2+), then forks CMD as a process of the container.
     This process stays outside as its parent: it forwards SIGTERM/SIGINT/SIGHUP/SIGCONT
     and exits with CMD's status; if it dies, CMD is killed (PR_SET_PDEATHSIG).
+
+With ``TESTBED_DIE_WITH_PARENT=PID`` in its environment (PID: the process starting it),
+either form is killed when PID dies (PR_SET_PDEATHSIG); ``testbed run`` sets it for ranks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE = 1, os.O_CLOEXEC, 0x8000
 MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
 CLONE_NEWNS, MS_REC, MS_SLAVE = 0x00020000, 0x4000, 1 << 19
 PR_SET_PDEATHSIG = 1
+DIE_WITH_PARENT = "TESTBED_DIE_WITH_PARENT"
+"""Set to the starting process's pid (``testbed run`` does, for its ranks): this process,
+and what it execs or forks, is killed when that process dies, even by SIGKILL, so the
+ranks of a killed run never go on sending through the testbed under the next run."""
 NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")  # mnt last: it changes root and cwd
 
 
@@ -44,6 +51,18 @@ def _exec(argv: list[str]) -> int:
     except PermissionError:
         return _fail(f"permission denied: {argv[0]}", 126)
     return 1  # pragma: no cover - execvp does not return
+
+
+def _die_with_parent() -> int | None:
+    """PR_SET_PDEATHSIG when asked to (see DIE_WITH_PARENT); an exit code if the parent is
+    already gone. The variable is removed, so the command's own children are not bound."""
+    want = os.environ.pop(DIE_WITH_PARENT, None)
+    if want is None:
+        return None
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if str(os.getppid()) != want:  # it died before prctl took effect (or we were re-parented)
+        return _fail(f"the process that started this one ({want}) is gone", 137)
+    return None
 
 
 def _join_cgroups(pid: int) -> None:
@@ -136,6 +155,9 @@ def main(argv: list[str]) -> int:
               "       python -m testbed.nsexec --container PID --netns NETNS [--mount DIR]... [--cwd DIR] -- CMD...",
               file=sys.stderr)
         return 2
+    gone = _die_with_parent()
+    if gone is not None:
+        return gone
     cut = argv.index("--")
     opts, cmd = argv[:cut], argv[cut + 1:]
     if opts and opts[0] == "--container":

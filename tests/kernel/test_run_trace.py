@@ -88,6 +88,12 @@ def test_a_run_follows_a_trace_records_the_rate_per_iteration_and_restores(tmp_p
         while _replays() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _replays() and _rates("rtr") == ["300Mbit", "300Mbit"]
+        # its ranks die with it (they would go on sending through the links under the next run)
+        from testbed.net.netns import pids_in
+
+        while list(pids_in(["rtr.w0", "rtr.w1"])) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+        assert not list(pids_in(["rtr.w0", "rtr.w1"])), "the killed run's ranks are still running"
     finally:
         assert cli("down", "rtr").returncode == 0
 
