@@ -167,30 +167,46 @@ def _x(a, b) -> float:
     return a / b if a is not None and b else float("nan")
 
 
+def _spread(values) -> tuple:
+    """(median, min, max) of the values that are not None; (None, None, None) if none."""
+    vs = [v for v in values if v is not None]
+    return (statistics.median(vs), min(vs), max(vs)) if vs else (None, None, None)
+
+
+def _group(runs: list[RunData], key) -> dict:
+    out: dict = {}
+    for r in runs:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
 def prunex_section(runs: list[RunData], args) -> None:
-    by = {r.label: r for r in runs}
-    print(f"\nPruneX on three_switch at {args.prunex_bw}, 8 ranks (two switches of four); speedup = allreduce / scheme")
-    print(f"{'scheme':<16} {'uplinks MB/iter':>15} {'vs allreduce':>12} {'iter s':>7} {'iter speedup':>12} "
-          f"{'TTA s':>7} {'TTA speedup':>11} {'final acc':>9} {'kept':>5}")
-    base = by.get("allreduce")
+    by = _group(runs, lambda r: r.label)
+    print(f"\nPruneX on three_switch at {args.prunex_bw}, 8 ranks (two switches of four); speedup = allreduce / "
+          f"scheme (of medians); median [min-max] over repeats")
+    print(f"{'scheme':<16} {'runs':>4} {'uplinks MB/iter':>23} {'vs allreduce':>12} {'iter s':>21} "
+          f"{'iter speedup':>12} {'TTA s':>19} {'TTA speedup':>11} {'final acc':>21} {'kept':>5}")
+    med = {}
     for label in ("allreduce", "hier-allreduce", "prunex 0.5"):
-        r = by.get(label)
-        if r is None:
+        rs = by.get(label)
+        if not rs:
             print(f"{label:<16} (no run)")
             continue
-        s, b = r.summary, base.summary if base else {}
-        up = s["bottleneck"]["bytes_per_iteration"]
-        tta, btta = r.tta(args.target_acc), base.tta(args.target_acc) if base else None
-        print(f"{label:<16} {up / 1e6:15.3f} {_x(up, b.get('bottleneck', {}).get('bytes_per_iteration')):12.3f} "
-              f"{s['mean_iter_s']:7.3f} {_x(b.get('mean_iter_s'), s['mean_iter_s']):12.2f} "
-              f"{tta if tta is not None else float('nan'):7.1f} {_x(btta, tta):11.2f} {s['final_accuracy']:9.3f} "
-              f"{s.get('kept_fraction') or 1:5.2f}")
-    px, hier = by.get("prunex 0.5"), by.get("hier-allreduce")
-    if px and base and hier:
-        up = {k: v.summary["bottleneck"]["bytes_per_iteration"] for k, v in (("p", px), ("a", base), ("h", hier))}
-        print(f"prunex sends {1 - up['p'] / up['a']:.0%} less over the uplinks than allreduce (paper: about 60 %), "
-              f"{1 - up['p'] / up['h']:.0%} less than hier-allreduce (the pruning's share); "
-              f"hierarchy alone: {1 - up['h'] / up['a']:.0%} less (uplink bytes include start-up and evaluation)")
+        n = len(rs)
+        up = _spread(r.summary["bottleneck"]["bytes_per_iteration"] / 1e6 for r in rs)
+        it = _spread(r.summary["mean_iter_s"] for r in rs)
+        tta = _spread(r.tta(args.target_acc) for r in rs)
+        acc = _spread(r.summary["final_accuracy"] for r in rs)
+        med[label] = (up[0], it[0], tta[0])
+        b = med.get("allreduce", (None, None, None))
+        print(f"{label:<16} {n:>4} {_cell(*up, '.3f', n):>23} {_x(up[0], b[0]):12.3f} {_cell(*it, '.3f', n):>21} "
+              f"{_x(b[1], it[0]):12.2f} {_cell(*tta, '.1f', n):>19} {_x(b[2], tta[0]):11.2f} "
+              f"{_cell(*acc, '.3f', n):>21} {rs[0].summary.get('kept_fraction') or 1:5.2f}")
+    if {"prunex 0.5", "allreduce", "hier-allreduce"} <= set(med):
+        p, a, h = (med[k][0] for k in ("prunex 0.5", "allreduce", "hier-allreduce"))
+        print(f"prunex sends {1 - p / a:.0%} less over the uplinks than allreduce (paper: about 60 %), "
+              f"{1 - p / h:.0%} less than hier-allreduce (the pruning's share); "
+              f"hierarchy alone: {1 - h / a:.0%} less (medians; uplink bytes include start-up and evaluation)")
 
 
 def prune_section(runs: list[RunData], args) -> None:
@@ -216,19 +232,23 @@ def prune_section(runs: list[RunData], args) -> None:
 
 
 def spardl_section(runs: list[RunData], args) -> None:
-    by = {(r.summary["world_size"], r.summary["scheme"]): r for r in runs}
-    print(f"\nSparDL vs the top-k all-gather at {args.spardl_bw}, workers split over two switches; density 0.01 both")
-    print(f"{'ranks':>5} {'topk wire KB/rank/iter':>22} {'spardl':>8} {'topk/spardl':>11} "
-          f"{'topk iter s':>11} {'spardl':>8} {'topk/spardl':>11} {'topk acc':>8} {'spardl acc':>10}")
+    by = _group(runs, lambda r: (r.summary["world_size"], r.summary["scheme"]))
+    print(f"\nSparDL vs the top-k all-gather at {args.spardl_bw}, workers split over two switches; density 0.01 "
+          f"both; median [min-max] over repeats, ratios of medians")
+    print(f"{'ranks':>5} {'runs':>4} {'topk wire KB/rank/iter':>26} {'spardl':>26} {'topk/spardl':>11} "
+          f"{'topk iter s':>21} {'spardl':>21} {'topk/spardl':>11} {'topk acc':>21} {'spardl acc':>21}")
     for n in SCALE:
         t, d = by.get((n, "topk")), by.get((n, "spardl"))
-        if t is None or d is None:
+        if not t or not d:
             print(f"{n:>5} (missing runs)")
             continue
-        tw, dw = (x.summary["mean_wire_tx_bytes_per_iteration"] for x in (t, d))
-        ti, di = (x.summary["mean_iter_s"] for x in (t, d))
-        print(f"{n:>5} {tw / 1e3:22.1f} {dw / 1e3:8.1f} {_x(tw, dw):11.2f} {ti:11.3f} {di:8.3f} {_x(ti, di):11.2f} "
-              f"{t.summary['final_accuracy']:8.3f} {d.summary['final_accuracy']:10.3f}")
+        k = min(len(t), len(d))
+        tw, dw = (_spread(x.summary["mean_wire_tx_bytes_per_iteration"] / 1e3 for x in rs) for rs in (t, d))
+        ti, di = (_spread(x.summary["mean_iter_s"] for x in rs) for rs in (t, d))
+        ta, da = (_spread(x.summary["final_accuracy"] for x in rs) for rs in (t, d))
+        print(f"{n:>5} {k:>4} {_cell(*tw, '.1f', k):>26} {_cell(*dw, '.1f', k):>26} {_x(tw[0], dw[0]):11.2f} "
+              f"{_cell(*ti, '.3f', k):>21} {_cell(*di, '.3f', k):>21} {_x(ti[0], di[0]):11.2f} "
+              f"{_cell(*ta, '.3f', k):>21} {_cell(*da, '.3f', k):>21}")
 
 
 def _cell(mid, lo, hi, fmt: str, n: int) -> str:
