@@ -210,7 +210,7 @@ def prunex_section(runs: list[RunData], args) -> None:
 
 
 def prune_section(runs: list[RunData], args) -> None:
-    rows = [r for r in table(runs, args.target_acc) if r["base_scheme"] in ("allreduce", "pactrain")]
+    rows = table(runs, args.target_acc)  # runs: allreduce and exact pactrain (main selects them)
     base = next((r for r in rows if r["base_scheme"] == "allreduce"), None)
     pts = sorted((r for r in rows if r["base_scheme"] == "pactrain" and r["hyper"].get("prune_ratio") is not None),
                  key=lambda r: r["hyper"]["prune_ratio"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 
 
@@ -94,14 +93,9 @@ def _docker() -> Check:
 
 def _gpu() -> list[Check]:
     out = []
-    smi = shutil.which("nvidia-smi")
-    gpus: list[str] = []
-    if smi:
-        try:
-            r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-            gpus = [l for l in r.stdout.splitlines() if l.startswith("GPU")]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    from .launch import gpu_names
+
+    gpus = gpu_names()
     out.append(Check("GPUs", bool(gpus), f"{len(gpus)} GPU(s): " + "; ".join(gpus) if gpus else "none found",
                      None if gpus else "CPU runs use gloo; GPU runs need NVIDIA drivers (nvidia-smi)"))
     try:

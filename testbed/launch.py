@@ -123,8 +123,8 @@ def placement_dict(seats: Sequence[Seat]) -> dict:
                       for s in seats]}
 
 
-def host_gpus() -> list[int]:
-    """Indices of the NVIDIA GPUs this host has (``nvidia-smi -L``); [] without a driver."""
+def gpu_names() -> list[str]:
+    """The host's NVIDIA GPUs as ``nvidia-smi -L`` lists them ("GPU 0: ..."); [] without a driver."""
     smi = shutil.which("nvidia-smi", path=os.defpath + ":/usr/local/nvidia/bin:/usr/local/bin")
     if smi is None:
         return []
@@ -132,8 +132,12 @@ def host_gpus() -> list[int]:
         r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [i for i, _ in enumerate(x for x in r.stdout.splitlines() if x.startswith("GPU "))] \
-        if r.returncode == 0 else []
+    return [x for x in r.stdout.splitlines() if x.startswith("GPU ")] if r.returncode == 0 else []
+
+
+def host_gpus() -> list[int]:
+    """Indices of the NVIDIA GPUs this host has."""
+    return list(range(len(gpu_names())))
 
 
 def gpu_for(rank: int, pinned: int | None, gpus: Sequence[int]) -> int | None:

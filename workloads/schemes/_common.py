@@ -1,5 +1,6 @@
 """Pieces shared by the hooks: payload accounting, bucket identity, ternary quantisation."""
 
+import itertools
 import threading
 
 import torch
@@ -132,7 +133,8 @@ class TernaryReducer:
         key = (tuple(segments), str(device))
         hit = self._layouts.get(key)
         if hit is None:
-            tiled = all(off == sum(n for _, n in segments[:i]) for i, (off, _) in enumerate(segments))
+            ends = itertools.accumulate((n for _, n in segments), initial=0)
+            tiled = all(off == end for (off, _), end in zip(segments, ends))
             hit = self._layouts[key] = (torch.tensor([n for _, n in segments], dtype=torch.long, device=device)
                                         if tiled and segments else False)
         return hit if hit is not False else None
