@@ -32,7 +32,7 @@ link_app = typer.Typer(no_args_is_help=True, help="Show or change the links of a
 app.add_typer(link_app, name="link")
 monitor_app = typer.Typer(no_args_is_help=True, help="A real Prometheus scraping testbed's links and runs.")
 app.add_typer(monitor_app, name="monitor")
-image_app = typer.Typer(no_args_is_help=True, help="Worker images for backend: docker.")
+image_app = typer.Typer(no_args_is_help=True, help="Worker images for backend: docker (and the guest of backend: vm).")
 app.add_typer(image_app, name="image")
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout and nothing else.")
@@ -873,10 +873,24 @@ def version():
 def image_build(
     tag: str = typer.Option("testbed/worker:cpu", "--tag", help="Image tag to build."),
     force: bool = typer.Option(False, "--force", help="Rebuild the last step even if the content key matches."),
+    vm: bool = typer.Option(False, "--vm", help="Build the guest of backend: vm instead (Debian's kernel, "
+                            "fetched once with apt-get download, and a busybox initramfs)."),
     as_json: bool = JsonOpt,
 ):
     """Build the CPU worker image offline (debootstrap + pinned torch + workloads; cached by content)."""
     with _guard(as_json):
+        if vm:
+            from . import vmimage
+
+            res = vmimage.build(say=(lambda m: None) if as_json else
+                                (lambda m: err.print(m, highlight=False, markup=False)), force=force)
+            if as_json:
+                _emit(res)
+            else:
+                out.print(f"VM guest: kernel {res['kernel']}, initramfs {res['initrd']} "
+                          f"({'cached' if res['cached'] else 'built'} in {res['seconds']:.1f} s)",
+                          highlight=False, markup=False)
+            return
         from .images import build
 
         res = build(tag, say=(lambda m: None) if as_json else (lambda m: err.print(m, highlight=False, markup=False)),

@@ -99,11 +99,11 @@ class Testbed:
                 raise TopologyError(f"{link.path}.{field}",
                                     f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
                                     tc.NETEM_MISSING_HINT)
-        plan = make_plan(topology, choose_subnet(topology, host_routes()))
         for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
             nodes = [w for w in topology.workers if w.backend == name]
             if nodes:
                 backend.preflight(nodes)
+        plan = make_plan(topology, choose_subnet(topology, host_routes()))
         taken = [ns for ns in plan.namespaces if netns.exists(ns)]
         if taken:
             raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",

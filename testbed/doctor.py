@@ -52,6 +52,9 @@ def run_checks() -> list[Check]:
             res = {k: (False, str(e)) for k in kernel_hints}
         for k, (hint, required) in kernel_hints.items():
             ok, detail = res.get(k, (False, "not probed"))
+            if k == "netem" and not ok:
+                hint += ("; or run what needs netem inside a VM worker, whose guest kernel has it "
+                         "(backend: vm; tests/kernel/test_vm.py runs the netem tests that way)")
             checks.append(Check(k, ok, detail, None if ok else hint, required))
     else:
         for k, (hint, required) in kernel_hints.items():
@@ -63,6 +66,7 @@ def run_checks() -> list[Check]:
     ok, detail = image_status(DEFAULT_TAG)
     checks.append(Check("worker image", ok, detail,
                         None if ok else "`sudo testbed image build` (offline; only for the docker backend)"))
+    checks.extend(_vm())
     prom = shutil.which("prometheus")
     checks.append(Check("prometheus binary", bool(prom), prom or "not found",
                         None if prom else "apt-get install prometheus (needed by `testbed monitor`)"))
@@ -89,6 +93,29 @@ def _docker() -> Check:
         ok = os.path.exists(sock)
         return Check("docker engine", ok, f"socket {sock} {'present' if ok else 'absent'} (docker SDK not installed)",
                      None if ok else "apt-get install docker.io and start dockerd (only for the docker backend)")
+
+
+def _vm() -> list[Check]:
+    """What backend: vm needs: QEMU, /dev/net/tun, the guest; and whether KVM runs it."""
+    from . import vmimage
+    from .backends.vm import QEMU, _accel_cache
+
+    qemu = shutil.which(QEMU)
+    out = [Check("qemu (backend: vm)", bool(qemu), qemu or "not found",
+                 None if qemu else "apt-get install qemu-system-x86 (only for the vm backend)")]
+    ok, detail = vmimage.status()
+    out.append(Check("VM guest", ok, detail, None if ok else "`sudo testbed image build --vm` (only for the vm backend)"))
+    try:
+        import json
+
+        known = json.loads(_accel_cache().read_text())
+        kvm = (bool(known.get("ok")), str(known.get("detail")))
+    except (OSError, ValueError, AttributeError):
+        kvm = (os.access("/dev/kvm", os.R_OK | os.W_OK), "/dev/kvm accessible; not yet tried with a guest "
+               "(the first `up` with VM workers does)" if os.path.exists("/dev/kvm") else "/dev/kvm missing")
+    out.append(Check("KVM for VM workers", kvm[0], kvm[1],
+                     None if kvm[0] else "VM workers fall back to TCG (software emulation, much slower)"))
+    return out
 
 
 def _gpu() -> list[Check]:

@@ -116,12 +116,17 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
         for end, node_name in (("a", link.a), ("b", link.b)):
             info = plan.nodes[node_name]
             if info.kind == "worker":
+                node = topology.node(node_name)
+                b = backend(node.backend)
                 if info.netns not in created:
-                    node = topology.node(node_name)
-                    acts.extend(backend(node.backend).plan_node(name, node, info.netns, naming.tag(name)))
+                    if b.host_address:
+                        acts.extend(b.plan_node(name, node, info.netns, naming.tag(name)))
+                        acts.extend(SetSysctl(info.netns, k, v) for k, v in node.sysctls)
+                    else:  # a VM: the guest's eth0 carries the address, its kernel the sysctls
+                        acts.extend(b.plan_node(name, node, info.netns, naming.tag(name),
+                                                address=f"{info.address}/{subnet.prefixlen}", sysctls=node.sysctls))
                     created.add(info.netns)
-                    acts.extend(SetSysctl(info.netns, k, v) for k, v in topology.node(node_name).sysctls)
-                ends[end] = (info.netns, naming.WORKER_IFACE, None)
+                ends[end] = (info.netns, naming.WORKER_IFACE, b.node_master)
             else:
                 ends[end] = (fabric, naming.link_end_ifname(link.index, end), info.iface)
         (na, ia, ma), (nb, ib, mb) = ends["a"], ends["b"]
@@ -132,10 +137,12 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
             acts.append(CreateVeth(na, ia, nb, ib, master=ma, peer_master=mb, link=link.index, index=alloc(na)))
         for end, node_name in (("a", link.a), ("b", link.b)):
             info = plan.nodes[node_name]
-            if info.kind == "worker":
+            if info.kind == "worker" and backend(info.backend).host_address:
                 acts.append(AddAddress(info.netns, naming.WORKER_IFACE, info.address, subnet.prefixlen))
         plan.egress[(link.index, "forward")] = Endpoint(na, ia)
         plan.egress[(link.index, "reverse")] = Endpoint(nb, ib)
         acts.append(ShapeEgress(na, ia, link.forward, link.index, "forward"))
         acts.append(ShapeEgress(nb, ib, link.reverse, link.index, "reverse"))
+    for bname in dict.fromkeys(w.backend for w in topology.workers):  # e.g. wait for VMs that boot meanwhile
+        acts.extend(backend(bname).plan_ready([plan.nodes[w.name] for w in topology.workers if w.backend == bname]))
     return plan

@@ -1,7 +1,7 @@
 """Worker backends: what a worker node is made of, behind one small interface
 (:class:`testbed.backends.base.Backend`), in a registry by name.
 
-``netns`` (the embedded default) and ``docker`` exist; the topology validates ``backend:``
+``netns`` (the embedded default), ``docker`` and ``vm`` exist; the topology validates ``backend:``
 against this registry, so a new backend appears in errors and docs by registering here.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 from .base import Backend
 from .docker import DockerBackend
 from .netns import NetnsBackend
+from .vm import VmBackend
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(), DockerBackend())}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(), DockerBackend(), VmBackend())}
 
 
 def names() -> tuple[str, ...]:

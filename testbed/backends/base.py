@@ -51,8 +51,21 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
-        """Actions that create the node and its network namespace ``ns`` (tagged ``tag``)."""
+        """Actions that create the node and its network namespace ``ns`` (tagged ``tag``).
+        A backend whose ``host_address`` is False is also given ``address`` (CIDR) and
+        ``sysctls``: its node carries them itself."""
         ...
+
+    host_address = True
+    """Whether the worker's address and sysctls go on ``eth0`` in its host-side namespace
+    (netns, docker); a VM's guest carries them instead."""
+
+    node_master: str | None = None
+    """A bridge in the node's namespace that the worker's link end joins (a VM's NIC)."""
+
+    def plan_ready(self, infos) -> list:
+        """Actions at the end of the plan (e.g. wait until VMs that boot meanwhile answer)."""
+        return []
 
     def namespace(self, info) -> str:
         """The network namespace handle (a name under /run/netns) of the node's interfaces."""
