@@ -55,6 +55,12 @@ def test_every_registered_action_round_trips_through_the_ledger():
     samples["TargetFile"] = actions.TargetFile("/x/run.json")
     samples["StartReplay"] = actions.StartReplay("--replay-id=" + "ab" * 16, "/x/replay.jsonl")
     samples["StartTraffic"] = actions.StartTraffic("--logfile=/runs/r1/traffic-0-server.log")
+    from testbed.backends.vm import AwaitVMs, CreateVmNic, StartVM
+
+    samples["CreateVmNic"] = CreateVmNic("mix.w2")
+    samples["StartVM"] = StartVM("mix.w2", "w2", "/run/testbed/vm/mix.w2", "10.77.0.3/24", "/k/vmlinuz", "/k/initrd",
+                                 "auto", 2, "4g", ("net.core.somaxconn=512",), "0000:65:00.0", "/usr/bin/python3")
+    samples["AwaitVMs"] = AwaitVMs(("mix.w2", "/run/testbed/vm/mix.w2"))
     assert set(samples) == set(actions.registered()), "a registered action has no sample here"
     for a in samples.values():
         line = json.dumps(a.to_dict())  # what the ledger holds
