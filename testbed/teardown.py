@@ -133,6 +133,9 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
         procs.terminate(procs.with_arg(f"--sd-file={target}"))
         target.unlink(missing_ok=True)
         netns.kill_processes(nss)
+        from .backends.vm import forget_vms
+
+        forget_vms(nss)  # QEMU lives in its node's namespace (stopped above); its state directory
         for ns in nss:
             try:
                 netns.remove(ns)

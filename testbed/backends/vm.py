@@ -72,6 +72,20 @@ def qemu_pids(ns: str) -> list[int]:
     return [p for p in procs.with_arg(marker(ns)) if Path(procs.argv_of(p)[0] if procs.argv_of(p) else "").name == QEMU]
 
 
+def forget_vms(namespaces) -> None:
+    """What VM workers in ``namespaces`` leave when their ledger is lost (``down --all``):
+    QEMU processes and their state directories."""
+    for ns in namespaces:
+        procs.terminate(qemu_pids(ns), grace=3.0)
+        d = vm_dir(ns)
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            try:
+                d.parent.rmdir()
+            except OSError:
+                pass
+
+
 def _mem_mb(memory: str) -> int:
     m = MEM_RE.fullmatch(memory)
     assert m, memory

@@ -39,21 +39,23 @@ def _rtts(tb, src: str, dst: str, count: int, interval: float = 0.05) -> list[fl
 
 def test_wan_rtt_is_the_configured_delay(clean_kernel):
     """wan_two_site: 25 ms each way (+-2 ms jitter): the RTT across the WAN is 50 ms
-    within 5 %, once the path's own RTT (measured inside a site) is taken off."""
+    within 5 %, once the path's own RTT (the same path with the delay set to 0) is taken
+    off. Medians: jitter is symmetric, and a guest under TCG adds rare stalls."""
     with Testbed.up(load_topology(ROOT / "topologies" / "wan_two_site.yaml")) as tb:
-        base = statistics.median(_rtts(tb, "a0", "a1", 20))
-        wan = _rtts(tb, "a0", "b0", 40)
+        wan = _rtts(tb, "a0", "b0", 41)[1:]  # the first waits for ARP
         assert len(wan) >= 38
-        delay = statistics.mean(wan) - base
-        print(f"wan: RTT {statistics.mean(wan):.2f} ms, path's own {base:.2f} ms, delay {delay:.2f} ms of 50")
+        cli_json("link", "set", "wan", "--delay", "0ms", "--jitter", "0ms", "--testbed", "wan")
+        base = statistics.median(_rtts(tb, "a0", "b0", 21)[1:])
+        delay = statistics.median(wan) - base
+        print(f"wan: RTT {statistics.median(wan):.2f} ms, path's own {base:.2f} ms, delay {delay:.2f} ms of 50")
         assert abs(delay - 50.0) <= 0.05 * 50.0, (delay, base, wan)
 
 
 def test_jitter_spreads_rtt_as_configured(clean_kernel):
     """netem's jitter without a distribution table is uniform in +-J each way, so the RTT
     is 2 x delay plus a triangular spread on +-2J: its interquartile range is
-    4 (1 - 1/sqrt 2) J = 1.17 J, and (nearly) no sample leaves median +- 2 J. Quartiles,
-    not the standard deviation: a guest under TCG adds rare multi-ms stalls."""
+    4 (1 - 1/sqrt 2) J = 1.17 J, and no sample is below 2 (delay - J). Quartiles, not the
+    standard deviation: a guest under TCG adds rare multi-ms stalls."""
     j = 4.0
     with Testbed.up(load_topology_dict(dumbbell("jit", rate="1gbit", delay="20ms", jitter=f"{j:g}ms"))) as tb:
         rtts = _rtts(tb, "w0", "w1", 201, 0.02)[1:]  # the first waits for ARP
@@ -62,9 +64,12 @@ def test_jitter_spreads_rtt_as_configured(clean_kernel):
     expected = 4 * (1 - 1 / math.sqrt(2)) * j
     print(f"jitter {j} ms: RTT median {med:.2f} ms, IQR {q3 - q1:.2f} ms (expected {expected:.2f})")
     assert 0.75 * expected <= q3 - q1 <= 1.3 * expected, (q3 - q1, expected, rtts)
-    assert abs(med - 40.0) <= 2.0, med
-    outside = [r for r in rtts if abs(r - med) > 2 * j + 1.0]
-    assert len(outside) <= 0.02 * len(rtts), outside
+    assert 39.0 <= med <= 43.0, med  # 2 x 20 ms; a guest under TCG adds up to ~1 ms per netem hop
+    # netem never sends a packet before delay - J: no RTT below 2 (delay - J). (Above the
+    # spread, a guest under TCG adds stalls of up to ~20 ms to a few % of the samples.)
+    assert min(rtts) >= 2 * (20.0 - j) - 0.5, min(rtts)
+    over = [r for r in rtts if r > med + 2 * j + 1.0]
+    assert len(over) <= 0.1 * len(rtts), over
 
 
 def test_loss_is_within_its_binomial_interval(clean_kernel):

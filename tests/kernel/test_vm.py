@@ -131,7 +131,7 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
     assert _qemus("vmr") == []
 
 
-@pytest.mark.parametrize("step", ["first-vm", "await"])
+@pytest.mark.parametrize("step", ["first-vm", "await", "lost-ledger"])
 def test_kill9_during_up_then_down_all_leaves_no_qemu(clean_kernel, tmp_path, step):
     topo = _write(tmp_path, _vm_dumbbell("vmk"))
     actions = [a["action"] for a in cli_json("up", str(topo), "--dry-run")["actions"]]
@@ -142,6 +142,8 @@ def test_kill9_during_up_then_down_all_leaves_no_qemu(clean_kernel, tmp_path, st
     while not _qemus("vmk") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _qemus("vmk"), "the crash should have left QEMU running for down to find"
+    if step == "lost-ledger":  # then down --all finds the testbed by its namespaces' tags
+        shutil.rmtree(Path(clean_kernel["state_dir"]) / "vmk")
     assert cli_json("down", "--all")["removed"] == ["vmk"]
     assert _qemus("vmk") == []
     assert "vmk" not in run(["ip", "netns", "list"]).stdout
