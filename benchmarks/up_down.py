@@ -11,7 +11,12 @@ A Docker row (``--docker-sizes``, default 8,32; needs a running engine and the w
 image): `up`/`down` of a star of container workers next to creating and starting (then
 removing) the same containers with the docker SDK alone, one after another as `up` does.
 
-    sudo python -m benchmarks.up_down [--sizes 8,64,256,1024] [--docker-sizes 8,32]
+A VM row (``--vm-sizes``, default 1,4; needs qemu-system-x86 and `testbed image build
+--vm`): `up` of a star of VM workers, i.e. boot to a ready agent in every guest, all
+booting in parallel, next to the guest kernel alone booting to its initramfs (the
+``tb.probe`` path: no root overlay, no agent) with the same accelerator.
+
+    sudo python -m benchmarks.up_down [--sizes 8,64,256,1024] [--docker-sizes 8,32] [--vm-sizes 1,4]
 """
 
 from __future__ import annotations
@@ -129,10 +134,44 @@ def docker_times(n: int) -> tuple[float, float]:
     return t_up, time.perf_counter() - t0
 
 
+def vm_floor(accel: str) -> float:
+    """The guest kernel booting to its initramfs and powering off (no overlay, no agent)."""
+    from testbed import vmimage
+    from testbed.backends.vm import QEMU, TCG_CPU, tcg_clock_args
+
+    img = vmimage.current()
+    cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg", "-cpu", TCG_CPU]
+    argv = [QEMU, "-M", "microvm,pit=on,pic=on,rtc=on", *cpu, "-m", "2048", "-nodefaults", "-no-user-config",
+            "-nographic", "-serial", "stdio", "-kernel", img["kernel"], "-initrd", img["initrd"],
+            "-append", "console=ttyS0 panic=-1 quiet tb.probe=1" + (tcg_clock_args() if accel == "tcg" else "")]
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert "probe ok" in r.stdout, r.stdout[-500:]
+    return time.perf_counter() - t0
+
+
+def vm_times(n: int) -> tuple[float, float, str]:
+    from testbed import vmimage
+    from testbed.backends.vm import choose_accel
+
+    img = vmimage.current()
+    accel, _ = choose_accel("auto", img["kernel"], img["initrd"])
+    d = star(n, name="vbench", rate="1gbit")
+    d["defaults"]["backend"] = "vm"
+    t0 = time.perf_counter()
+    tb = Testbed.up(load_topology_dict(d))
+    t_up = time.perf_counter() - t0
+    assert tb.exec(f"w{n - 1}", ["ping", "-c1", "-W2", tb.address("w0")], stdout=subprocess.DEVNULL).returncode == 0
+    t0 = time.perf_counter()
+    down("vbench")
+    return t_up, time.perf_counter() - t0, accel
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256,1024")
     ap.add_argument("--docker-sizes", default="8,32", help="container workers ('' to skip)")
+    ap.add_argument("--vm-sizes", default="1,4", help="VM workers booting in parallel ('' to skip)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -150,6 +189,13 @@ def main() -> None:
         fu, fd = docker_floor(n)
         tu, td = docker_times(n)
         print(f"{n:7d} {tu:8.3f} {fu:9.3f} {tu / fu:9.2f} {td:9.3f} {fd:11.3f} {td / fd:11.2f}", flush=True)
+    vms = [int(x) for x in args.vm_sizes.split(",") if x.strip()]
+    if vms:
+        print(f"{'VMs':>7} {'up (s)':>8} {'per VM':>9} {'kernel':>9} {'up/kernel':>10} {'down (s)':>9}  accel")
+    for n in vms:
+        tu, td, accel = vm_times(n)
+        fk = vm_floor(accel)
+        print(f"{n:7d} {tu:8.3f} {tu / n:9.3f} {fk:9.3f} {tu / fk:10.2f} {td:9.3f}  {accel}", flush=True)
 
 
 if __name__ == "__main__":
