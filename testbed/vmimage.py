@@ -25,13 +25,13 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from .errors import TestbedError
+from .images import _run
 
 CACHE_ENV = "TESTBED_VM_CACHE"
 KERNEL_ENV = "TESTBED_VM_KERNEL"
@@ -84,15 +84,6 @@ poweroff -f
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, "/var/cache/testbed/vm"))
-
-
-def _run(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
-    r = subprocess.run(argv, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        tail = (r.stderr or r.stdout).strip()[-1000:]
-        raise TestbedError(f"{what} failed (exit {r.returncode}): {tail}",
-                           "see the message above; `testbed doctor` checks what VM workers need")
-    return r
 
 
 def _kernel_package() -> str:
