@@ -99,16 +99,21 @@ def _kernel_package() -> str:
     return m.group(1)
 
 
+def check_kernel_dir(d: Path, what: str) -> Path:
+    """``d`` holds ``vmlinuz`` and one ``lib/modules/<abi>/`` (an unpacked kernel package)."""
+    if not (d / "vmlinuz").is_file() or len(list((d / "lib" / "modules").glob("*"))) != 1:
+        raise TestbedError(f"{what} {d} has no vmlinuz and one lib/modules/<version>/",
+                           "point it at an unpacked kernel package (dpkg-deb -x linux-image-....deb DIR; "
+                           "mv DIR/boot/vmlinuz-* DIR/vmlinuz)")
+    return d
+
+
 def kernel_dir(say: Callable[[str], None] = lambda m: None) -> Path:
     """A directory with ``vmlinuz`` and ``lib/modules/<abi>/``: $TESTBED_VM_KERNEL, or
     Debian's generic kernel unpacked into the cache (fetched once)."""
     given = os.environ.get(KERNEL_ENV)
     if given:
-        d = Path(given)
-        if not (d / "vmlinuz").is_file() or not list((d / "lib" / "modules").glob("*")):
-            raise TestbedError(f"{KERNEL_ENV}={given} has no vmlinuz and lib/modules/<version>/",
-                               "point it at an unpacked kernel package (dpkg-deb -x linux-image-....deb DIR)")
-        return d
+        return check_kernel_dir(Path(given), KERNEL_ENV)
     pkg = _kernel_package()
     d = cache_dir() / pkg
     if (d / ".complete").exists():
@@ -200,12 +205,14 @@ def _cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def build(say: Callable[[str], None] = lambda m: None, force: bool = False) -> dict:
-    """Kernel and initramfs for VM workers; returns {"kernel", "initrd", "abi", "cached", "seconds"}."""
+def build(say: Callable[[str], None] = lambda m: None, force: bool = False, kernel: Path | None = None) -> dict:
+    """Kernel and initramfs for VM workers (the default kernel, or ``kernel``: a directory
+    as :func:`check_kernel_dir` wants); returns {"kernel", "initrd", "abi", "cached", "seconds"}."""
     t0 = time.monotonic()
     if not Path(BUSYBOX).is_file():
         raise TestbedError(f"{BUSYBOX} is missing (the guest's initramfs is busybox)", "apt-get install busybox-static")
-    kd = kernel_dir(say)
+    kd = check_kernel_dir(kernel, "kernel:") if kernel is not None else kernel_dir(say)
+    cache_dir().mkdir(parents=True, exist_ok=True)
     abi = next((kd / "lib" / "modules").iterdir()).name
     busybox = Path(BUSYBOX).read_bytes()
     mods = module_order(kd / "lib" / "modules" / abi)
@@ -228,18 +235,16 @@ def build(say: Callable[[str], None] = lambda m: None, force: bool = False) -> d
 
 def current() -> dict:
     """The kernel and initramfs ``build`` made last (no building, no network)."""
-    found = sorted(cache_dir().glob("initrd-*.cpio"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise TestbedError("the VM guest is not built", "run `testbed image build --vm` once")
-    initrd = found[-1]
-    abi = initrd.name[len("initrd-"):].rsplit("-", 1)[0]
-    kernels = [k for k in cache_dir().glob("linux-image-*/vmlinuz") if (k.parent / "lib" / "modules" / abi).is_dir()]
+    found = sorted(cache_dir().glob("initrd-*.cpio"), key=lambda p: p.stat().st_mtime, reverse=True)
     given = os.environ.get(KERNEL_ENV)
-    if given and (Path(given) / "lib" / "modules" / abi).is_dir():
-        kernels.insert(0, Path(given) / "vmlinuz")
-    if not kernels:
-        raise TestbedError(f"no kernel for {initrd.name} in {cache_dir()}", "run `testbed image build --vm` again")
-    return {"kernel": str(kernels[0]), "initrd": str(initrd), "abi": abi}
+    for initrd in found:  # the newest with the default kernel (a kernel: of a topology has its own)
+        abi = initrd.name[len("initrd-"):].rsplit("-", 1)[0]
+        kernels = [k for k in cache_dir().glob("linux-image-*/vmlinuz") if (k.parent / "lib" / "modules" / abi).is_dir()]
+        if given:
+            kernels = [Path(given) / "vmlinuz"] if (Path(given) / "lib" / "modules" / abi).is_dir() else []
+        if kernels:
+            return {"kernel": str(kernels[0]), "initrd": str(initrd), "abi": abi}
+    raise TestbedError("the VM guest is not built", "run `testbed image build --vm` once")
 
 
 def status() -> tuple[bool, str]:

@@ -393,7 +393,7 @@ def console_tail(d: Path, n: int = 3) -> str:
 
 class VmBackend(Backend):
     name = "vm"
-    option_keys = ("vcpus", "memory", "accel", "gpu_pci")
+    option_keys = ("vcpus", "memory", "accel", "gpu_pci", "kernel")
     host_address = False  # the guest's eth0 carries the address
     node_master = BRIDGE  # the link's end joins the bridge with the VM's tap
     shares_host_gpus = False  # a VM sees only a GPU passed through to it
@@ -419,6 +419,12 @@ class VmBackend(Backend):
                 raise TopologyError(f"{path}.gpu_pci", f"invalid PCI address {g!r}",
                                     "write DOMAIN:BUS:SLOT.FUNCTION as lspci -D shows it, e.g. 0000:65:00.0")
             out["gpu_pci"] = g.lower()
+        if "kernel" in options:
+            k = options["kernel"]
+            if not isinstance(k, str) or not k.startswith("/") or "\0" in k or ".." in k.split("/"):
+                raise TopologyError(f"{path}.kernel", f"kernel must be an absolute directory path, got {k!r}",
+                                    "an unpacked kernel package: DIR/vmlinuz and DIR/lib/modules/<version>/")
+            out["kernel"] = k
         for k in options:
             if k not in self.option_keys:
                 raise TopologyError(f"{path}.{k}", f"'{k}' does not apply to backend vm",
@@ -432,9 +438,17 @@ class VmBackend(Backend):
             raise TestbedError(f"backend vm needs {QEMU}", "apt-get install qemu-system-x86")
         if not os.path.exists("/dev/net/tun"):
             raise TestbedError("backend vm needs /dev/net/tun", "modprobe tun")
-        ok, detail = vmimage.status()
-        if not ok:
-            raise TestbedError(f"the VM guest is not built: {detail}", "run `testbed image build --vm` once")
+        if any("kernel" not in dict(n.options) for n in nodes):
+            ok, detail = vmimage.status()
+            if not ok:
+                raise TestbedError(f"the VM guest is not built: {detail}", "run `testbed image build --vm` once")
+        for k in dict.fromkeys(dict(n.options).get("kernel") for n in nodes):
+            if k:  # its own initramfs (its modules), built now and cached
+                user = next(n.name for n in nodes if dict(n.options).get("kernel") == k)
+                try:
+                    vmimage.build(kernel=Path(k))
+                except TestbedError as e:
+                    raise TestbedError(f"node {user}: {e.message}", e.hint) from None
         for n in nodes:
             g = dict(n.options).get("gpu_pci")
             if g:
@@ -448,7 +462,7 @@ class VmBackend(Backend):
         from .. import vmimage
 
         o = dict(node.options)
-        img = vmimage.current()
+        img = vmimage.build(kernel=Path(o["kernel"])) if o.get("kernel") else vmimage.current()
         return [CreateNetns(ns, tag), CreateVmNic(ns),
                 StartVM(ns, node.name, str(vm_dir(ns)), address or "", img["kernel"], img["initrd"],
                         o.get("accel", "auto"),

@@ -61,7 +61,11 @@ def _qemus(testbed: str) -> list[int]:
 def test_two_vm_workers_ping_and_goodput_follows_the_shaped_rate(clean_kernel, tmp_path):
     from testbed import Testbed, load_topology_dict
 
+    from testbed import vmimage
+
     d = _vm_dumbbell("vmg", sysctls={"net.ipv4.tcp_congestion_control": "reno"})
+    # w1 names its kernel (a directory as an unpacked kernel package leaves it): the default's here
+    d["nodes"]["w1"]["kernel"] = str(Path(vmimage.current()["kernel"]).parent)
     with Testbed.up(load_topology_dict(d)) as tb:
         assert len(_qemus("vmg")) == 2
         # each worker is its own kernel (the guest's, not the host's), with its own sysctls
@@ -156,6 +160,9 @@ def test_bad_vm_options_are_refused_before_anything_is_made(clean_kernel, tmp_pa
         assert r.returncode == 1 and f"nodes.w0.{what}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = cli("up", str(_write(tmp_path, _vm_dumbbell("vmbad", gpu_pci="0000:ff:1f.7"))))
     assert r.returncode == 1 and "gpu_pci 0000:ff:1f.7 is not bound to vfio-pci" in r.stderr, r.stderr
+    r = cli("up", str(_write(tmp_path, _vm_dumbbell("vmbad", kernel=str(tmp_path)))))
+    assert r.returncode == 1 and f"node w0: kernel: {tmp_path} has no vmlinuz" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_netem_tests_pass_inside_a_vm(clean_kernel, tmp_path):

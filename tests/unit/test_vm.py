@@ -22,7 +22,8 @@ def test_vm_options_are_validated_with_the_field_named():
         "memory"] == "512m"
     for opts, field in (({"vcpus": 0}, "vcpus"), ({"vcpus": True}, "vcpus"), ({"memory": "100m"}, "memory"),
                         ({"memory": 2}, "memory"), ({"accel": "hvf"}, "accel"), ({"gpu_pci": "65:00.0"}, "gpu_pci"),
-                        ({"image": "x"}, "image")):
+                        ({"image": "x"}, "image"), ({"kernel": "boot/vmlinuz"}, "kernel"),
+                        ({"kernel": "/a/../b"}, "kernel")):
         with pytest.raises(TopologyError) as e:
             b.validate(opts, "nodes.w0")
         assert e.value.path == f"nodes.w0.{field}", e.value
