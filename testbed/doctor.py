@@ -96,21 +96,17 @@ def _docker() -> Check:
 
 
 def _vm() -> list[Check]:
-    """What backend: vm needs: QEMU, /dev/net/tun, the guest; and whether KVM runs it."""
+    """What backend: vm needs: QEMU and the guest; and whether KVM runs it."""
     from . import vmimage
-    from .backends.vm import QEMU, _accel_cache
+    from .backends.vm import QEMU, known_kvm
 
     qemu = shutil.which(QEMU)
     out = [Check("qemu (backend: vm)", bool(qemu), qemu or "not found",
                  None if qemu else "apt-get install qemu-system-x86 (only for the vm backend)")]
     ok, detail = vmimage.status()
     out.append(Check("VM guest", ok, detail, None if ok else "`sudo testbed image build --vm` (only for the vm backend)"))
-    try:
-        import json
-
-        known = json.loads(_accel_cache().read_text())
-        kvm = (bool(known.get("ok")), str(known.get("detail")))
-    except (OSError, ValueError, AttributeError):
+    kvm = known_kvm()
+    if kvm is None:
         kvm = (os.access("/dev/kvm", os.R_OK | os.W_OK), "/dev/kvm accessible; not yet tried with a guest "
                "(the first `up` with VM workers does)" if os.path.exists("/dev/kvm") else "/dev/kvm missing")
     out.append(Check("KVM for VM workers", kvm[0], kvm[1],

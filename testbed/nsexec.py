@@ -141,12 +141,17 @@ def container(pid: int, netns_name: str, mounts: list[str], cwd: str | None, arg
         except InterruptedError:
             continue
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught anyway
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)  # die the same way, so the launcher sees the signal
-        return 128 + sig
+        return die_like(os.WTERMSIG(status))
     return os.WEXITSTATUS(status)
+
+
+def die_like(sig: int) -> int:
+    """End this process by signal ``sig`` (what the command it stands for died of), so the
+    launcher sees the signal; the exit code to return should the signal not end it."""
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught anyway
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    return 128 + sig
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,8 @@ through the port QEMU forwards to 127.0.0.1 in the node's network namespace on t
 so only root on the host reaches it; each request also carries the VM's token, a file
 readable by root only, compared in constant time).
 
-A request is one JSON line: ``{"token", "op", ...}``. ``op`` is
+A request is the first frame (:func:`send` / :func:`recv`), a JSON object
+``{"token", "op", ...}``. ``op`` is
 
 * ``exec``: run ``argv`` with ``env`` in ``cwd``; each host directory in ``mounts`` is
   bind-mounted at its own path from the host's writable share, in a private mount
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 
-STDIN, STDIN_EOF, SIGNAL, STDOUT, STDERR, EXIT, ERROR = range(7)
+STDIN, STDIN_EOF, SIGNAL, STDOUT, STDERR, EXIT, ERROR, REQUEST = range(8)
 MAX_REQUEST = 1 << 20
 HOST_SHARE = "/run/testbed-host"
 """Where the guest mounts the host's root, writable (source of ``mounts``)."""
@@ -76,18 +77,6 @@ def recv(sock: socket.socket) -> tuple[int, bytes] | None:
     if data is None:
         return None
     return kind, data
-
-
-def read_line(sock: socket.socket, limit: int = MAX_REQUEST) -> bytes | None:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        c = sock.recv(1)
-        if not c:
-            return None
-        buf += c
-        if len(buf) > limit:
-            raise ValueError("request too long")
-    return buf
 
 
 # ---------------------------------------------------------------------- guest side
@@ -152,10 +141,14 @@ class Agent:
     def handle(self, conn: socket.socket) -> None:
         try:
             with conn:
-                line = read_line(conn)
-                if line is None:
+                frame = recv(conn)
+                if frame is None:
                     return
-                req = json.loads(line)
+                kind, data = frame
+                if kind != REQUEST or len(data) > MAX_REQUEST:
+                    send(conn, ERROR, b"the first frame must be a request")
+                    return
+                req = json.loads(data)
                 if not isinstance(req, dict) or not hmac.compare_digest(str(req.get("token", "")), self.token):
                     send(conn, ERROR, b"bad token")
                     return

@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 
 from . import vmagent as wire
+from .errors import TestbedError
+from .nsexec import _die_with_parent, die_like
 
 EXIT_LOST = 255
 
@@ -33,34 +35,19 @@ def _fail(msg: str, code: int = 1) -> int:
 
 
 def connect(netns_name: str, vmdir: Path, timeout: float | None = 10.0) -> tuple[socket.socket, str]:
-    """A connection to the agent (made from inside NETNS by a thread that joins it) and the token."""
+    """A connection to the agent (made inside NETNS, on the namespace thread) and the token."""
     from .net import netns
 
     cfg = json.loads((vmdir / "agent.json").read_text())
     token = Path(cfg["token_file"]).read_text().strip()
-    port = int(cfg["port"])
-    out: dict = {}
-
-    def dial():
-        try:
-            netns._setns(netns_name)  # this thread only: setns(CLONE_NEWNET) is per thread
-            out["sock"] = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        except Exception as e:  # handed to the caller
-            out["error"] = e
-
-    t = threading.Thread(target=dial)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["sock"], token
+    return netns.call_in(netns_name, socket.create_connection, ("127.0.0.1", int(cfg["port"])), timeout), token
 
 
 def request(netns_name: str, vmdir: Path, op: str, timeout: float = 10.0) -> str:
     """One short request (``ping``, ``stop``); its answer, or OSError/RuntimeError."""
     sock, token = connect(netns_name, vmdir, timeout)
     with sock:
-        sock.sendall(json.dumps({"token": token, "op": op}).encode() + b"\n")
+        wire.send(sock, wire.REQUEST, json.dumps({"token": token, "op": op}).encode())
         frame = wire.recv(sock)
     if frame is None:
         raise ConnectionError("the agent closed the connection")
@@ -73,12 +60,12 @@ def request(netns_name: str, vmdir: Path, op: str, timeout: float = 10.0) -> str
 def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: str | None) -> int:
     try:
         sock, token = connect(netns_name, vmdir)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TestbedError) as e:
         return _fail(f"cannot reach the agent of the VM in {netns_name}: {e}", EXIT_LOST)
     sock.settimeout(None)
     env = {k: v for k, v in os.environ.items() if k != "TESTBED_DIE_WITH_PARENT"}
     req = {"token": token, "op": "exec", "argv": argv, "env": env, "mounts": mounts, "cwd": cwd}
-    sock.sendall(json.dumps(req).encode() + b"\n")
+    wire.send(sock, wire.REQUEST, json.dumps(req).encode())
     lock = threading.Lock()
 
     def forward(signum, frame):
@@ -118,17 +105,10 @@ def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: s
             return _fail(data.decode(errors="replace"), 127)
         elif kind == wire.EXIT:
             rc = int(data)
-            if rc < 0:
-                sig = -rc
-                if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                    signal.signal(sig, signal.SIG_DFL)
-                os.kill(os.getpid(), sig)  # die the same way, so the launcher sees the signal
-                return 128 + sig
-            return rc
+            return die_like(-rc) if rc < 0 else rc
 
 
 def main(argv: list[str]) -> int:
-    from .nsexec import _die_with_parent
 
     if "--" not in argv:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -149,7 +129,7 @@ def main(argv: list[str]) -> int:
         try:
             print(request(a.netns, a.dir, a.op))
             return 0
-        except (OSError, RuntimeError, ValueError, KeyError) as e:
+        except (OSError, RuntimeError, ValueError, KeyError, TestbedError) as e:
             return _fail(f"{a.op}: {e}")
     if not cmd:
         return _fail("give the command after --", 2)

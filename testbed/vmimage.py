@@ -4,8 +4,8 @@ No root filesystem image is built. The guest boots into an overlay whose lower l
 the host's own root filesystem, shared read-only over virtio-9p, and whose upper layer is
 a tmpfs of the guest: every VM is copy-on-write over the host, the base is never written,
 and the guest runs the very Python, torch and testbed the host runs, at the same paths
-(measured: nothing to build or keep in step, against several minutes and about 1 GB for a
-debootstrap + torch image, see README "VM workers"). The host directories a command must
+(nothing to build or keep in step, against about 2 minutes and 1.24 GB for the
+debootstrap + torch image of the docker backend; see README "VM workers"). The host directories a command must
 write (a run directory) are bind-mounted in the guest from a second, writable share.
 
 The kernel is Debian's ``linux-image-<abi>-amd64`` (the generic flavour: the cloud one has

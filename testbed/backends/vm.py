@@ -23,6 +23,7 @@ here (no GPU host with VFIO was available).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -57,10 +58,10 @@ READY_TIMEOUT = float(os.environ.get("TESTBED_VM_READY_TIMEOUT", "180"))
 TUNSETIFF, TUNSETPERSIST, IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x400454CA, 0x400454CB, 0x0002, 0x1000, 0x4000
 
 
-def vm_dir(ns: str, state: str | None = None) -> Path:
+def vm_dir(ns: str) -> Path:
     from ..ledger import state_root
 
-    return Path(state or state_root()) / "vm" / ns
+    return state_root() / "vm" / ns
 
 
 def marker(ns: str) -> str:
@@ -69,7 +70,17 @@ def marker(ns: str) -> str:
 
 
 def qemu_pids(ns: str) -> list[int]:
-    return [p for p in procs.with_arg(marker(ns)) if Path(procs.argv_of(p)[0] if procs.argv_of(p) else "").name == QEMU]
+    return [p for p in procs.with_arg(marker(ns)) if Path(next(iter(procs.argv_of(p)), "")).name == QEMU]
+
+
+def _remove_vm_dir(d: Path) -> None:
+    """A VM's state directory, and ``vm/`` with it when it was the last."""
+    if d.is_dir() and not d.is_symlink():
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        d.parent.rmdir()
+    except OSError:
+        pass
 
 
 def forget_vms(namespaces) -> None:
@@ -77,13 +88,7 @@ def forget_vms(namespaces) -> None:
     QEMU processes and their state directories."""
     for ns in namespaces:
         procs.terminate(qemu_pids(ns), grace=3.0)
-        d = vm_dir(ns)
-        if d.is_dir() and not d.is_symlink():
-            shutil.rmtree(d, ignore_errors=True)
-            try:
-                d.parent.rmdir()
-            except OSError:
-                pass
+        _remove_vm_dir(vm_dir(ns))
 
 
 def _mem_mb(memory: str) -> int:
@@ -93,35 +98,25 @@ def _mem_mb(memory: str) -> int:
 
 
 def create_tap(ns: str, ifname: str) -> None:
-    """A persistent tap ``ifname`` in namespace ``ns`` (made from a thread that joins it:
+    """A persistent tap ``ifname`` in namespace ``ns`` (made on the namespace thread:
     /dev/net/tun creates in the caller's namespace, which netlink cannot choose)."""
     import fcntl
     import struct
-    import threading
 
     from ..net import netns
 
-    err: list[BaseException] = []
-
     def make():
+        fd = os.open("/dev/net/tun", os.O_RDWR)
         try:
-            netns._setns(ns)
-            fd = os.open("/dev/net/tun", os.O_RDWR)
-            try:
-                fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", ifname.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
-                fcntl.ioctl(fd, TUNSETPERSIST, 1)
-            finally:
-                os.close(fd)
-        except BaseException as e:  # handed to the caller
-            err.append(e)
+            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", ifname.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+            fcntl.ioctl(fd, TUNSETPERSIST, 1)
+        finally:
+            os.close(fd)
 
-    t = threading.Thread(target=make)
-    t.start()
-    t.join()
-    if err:
-        e = err[0]
-        raise TestbedError(f"[{ns}] creating tap {ifname}: {e}",
-                           "VM workers need /dev/net/tun (modprobe tun)") from None
+    try:
+        netns.call_in(ns, make)
+    except OSError as e:
+        raise TestbedError(f"[{ns}] creating tap {ifname}: {e}", "VM workers need /dev/net/tun (modprobe tun)") from None
 
 
 # ---------------------------------------------------------------------- acceleration
@@ -155,29 +150,37 @@ def probe_kvm(kernel: str, initrd: str, timeout: float = 20.0) -> tuple[bool, st
     return False, f"a test guest did not boot with KVM ({tail[0][:160]})"
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def known_kvm(kernel: str | None = None) -> tuple[bool, str] | None:
+    """What the KVM probe found during this host boot (with ``kernel``; None: any), or None."""
+    try:
+        data = json.loads(_accel_cache().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("boot") != _boot_id() or \
+            (kernel is not None and data.get("kernel") != kernel):
+        return None
+    return bool(data.get("ok")), str(data.get("detail", ""))
+
+
 def choose_accel(want: str, kernel: str, initrd: str) -> tuple[str, str | None]:
     """(accel, warning): KVM when asked or when ``auto`` finds it working (result cached
     per host boot), else TCG."""
     if want == "tcg":
         return "tcg", None
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    cache = _accel_cache()
-    key = f"{boot}:{kernel}"
-    found = None
-    try:
-        data = json.loads(cache.read_text())
-        if isinstance(data, dict) and data.get("key") == key:
-            found = (bool(data.get("ok")), str(data.get("detail", "")))
-    except (OSError, ValueError):
-        pass
+    found = known_kvm(kernel)
     if found is None:
         found = probe_kvm(kernel, initrd)
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({"key": key, "ok": found[0], "detail": found[1]}))
+            _accel_cache().parent.mkdir(parents=True, exist_ok=True)
+            _accel_cache().write_text(json.dumps({"boot": _boot_id(), "kernel": kernel, "ok": found[0],
+                                                  "detail": found[1]}))
         except OSError:
             pass
     ok, detail = found
@@ -265,8 +268,7 @@ class StartVM(Action):
                 "-netdev", f"tap,id=data,ifname={TAP},script=no,downscript=no",
                 "-device", f"virtio-net-device,netdev=data,mac={_mac(self.ns, 0)}",
                 "-netdev", f"user,id=mgmt,restrict=on,hostfwd=tcp:127.0.0.1:{AGENT_PORT}-10.0.2.15:{AGENT_PORT}",
-                "-device", f"virtio-net-device,netdev=mgmt,mac={_mac(self.ns, 1)}",
-                "-pidfile", str(d / "qemu.pid")]
+                "-device", f"virtio-net-device,netdev=mgmt,mac={_mac(self.ns, 1)}"]
         if self.gpu_pci:
             argv += ["-device", f"vfio-pci,host={self.gpu_pci}"]
         return argv
@@ -303,11 +305,7 @@ class StartVM(Action):
             d = self._check()
         except TestbedError:
             return
-        shutil.rmtree(d, ignore_errors=True)
-        try:
-            d.parent.rmdir()  # the last VM of this state directory
-        except OSError:
-            pass
+        _remove_vm_dir(d)
 
 
 def host_tsc_khz() -> int | None:
@@ -357,7 +355,8 @@ class AwaitVMs(Action):
         from ..vmexec import request
 
         pending = dict(zip(self.nodes[::2], self.nodes[1::2]))
-        deadline = time.monotonic() + READY_TIMEOUT
+        started = time.monotonic()
+        deadline = started + READY_TIMEOUT
         while pending:
             for ns, d in list(pending.items()):
                 try:
@@ -366,7 +365,7 @@ class AwaitVMs(Action):
                     continue
                 except (OSError, RuntimeError, ValueError, KeyError):
                     pass
-                if not qemu_pids(ns) and time.monotonic() > deadline - READY_TIMEOUT + 5:
+                if not qemu_pids(ns) and time.monotonic() > started + 5:  # (a helper execs QEMU)
                     raise TestbedError(f"the VM in {ns} stopped while booting: {console_tail(Path(d))}",
                                        f"see {d}/console.log and {d}/qemu.log")
             if pending and time.monotonic() > deadline:
@@ -446,7 +445,7 @@ class VmBackend(Backend):
             if k:  # its own initramfs (its modules), built now and cached
                 user = next(n.name for n in nodes if dict(n.options).get("kernel") == k)
                 try:
-                    vmimage.build(kernel=Path(k))
+                    _guest(k)
                 except TestbedError as e:
                     raise TestbedError(f"node {user}: {e.message}", e.hint) from None
         for n in nodes:
@@ -459,10 +458,8 @@ class VmBackend(Backend):
 
     def plan_node(self, testbed: str, node, ns: str, tag: str, address: str | None = None,
                   sysctls: tuple = ()) -> list:
-        from .. import vmimage
-
         o = dict(node.options)
-        img = vmimage.build(kernel=Path(o["kernel"])) if o.get("kernel") else vmimage.current()
+        img = _guest(o.get("kernel"))
         return [CreateNetns(ns, tag), CreateVmNic(ns),
                 StartVM(ns, node.name, str(vm_dir(ns)), address or "", img["kernel"], img["initrd"],
                         o.get("accel", "auto"),
@@ -507,7 +504,7 @@ class VmBackend(Backend):
 
         try:
             request(info.netns, vm_dir(info.netns), "stop", timeout=30.0)
-        except (OSError, RuntimeError, ValueError, KeyError) as e:
+        except (OSError, RuntimeError, ValueError, KeyError, TestbedError) as e:
             raise TestbedError(f"node {info.name}: stopping its processes failed: {e}") from None
 
     # ------------------------------------------------------------------ files
@@ -528,6 +525,22 @@ class VmBackend(Backend):
         if r.returncode != 0:
             raise TestbedError(f"node {info.name}: cannot read {src}: "
                                f"{r.stderr.decode(errors='replace').strip()[-300:]}")
+
+
+def _guest(kernel: str | None) -> dict:
+    """Kernel and initramfs of VM workers with ``kernel:`` (None: the default)."""
+    from .. import vmimage
+
+    return _guest_of(kernel) if kernel else vmimage.current()
+
+
+@functools.lru_cache(maxsize=None)
+def _guest_of(kernel: str) -> dict:
+    """A topology's kernel: its initramfs is checked (built if need be) once per process,
+    not once per worker (each check reads and hashes every module)."""
+    from .. import vmimage
+
+    return vmimage.build(kernel=Path(kernel))
 
 
 _WARNED: set[str] = set()

@@ -134,6 +134,17 @@ def attach(name: str, pid: int) -> None:
     _bind(name, pid, f"naming the network namespace of pid {pid} as")
 
 
+def _call_in_thread(name: str, fn, args):
+    _setns(name)
+    return fn(*args)
+
+
+def call_in(name: str, fn, *args):
+    """``fn(*args)`` on the namespace thread inside namespace ``name``: what it opens (a
+    socket, a tap through /dev/net/tun) belongs to that namespace. Its exceptions propagate."""
+    return _thread.submit(_call_in_thread, name, fn, args).result()
+
+
 def open_netlink(name: str) -> int:
     """A netlink (route) socket fd inside existing namespace ``name``."""
     return _thread.submit(_open_in_thread, name).result()

@@ -99,7 +99,7 @@ def test_the_agent_refuses_a_wrong_token_and_runs_a_command_with_a_right_one(tmp
         a, b = socket.socketpair()
         t = threading.Thread(target=agent.handle, args=(b,))
         t.start()
-        a.sendall(json.dumps(req).encode() + b"\n")
+        wire.send(a, wire.REQUEST, json.dumps(req).encode())
         if stdin:
             wire.send(a, wire.STDIN, stdin)
         wire.send(a, wire.STDIN_EOF)
