@@ -33,9 +33,19 @@ MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserv
 
 _SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
 _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *_SHAPE_KEYS)
-_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic")
+_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan")
 _DEFAULT_KEYS = ("backend", "link", "sysctls")
-_NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls"), "switch": ("kind", "stp")}
+_NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls", "host"), "switch": ("kind", "stp", "host")}
+_HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed")
+_VXLAN_KEYS = ("port", "mtu")
+LOCAL_HOST = "local"
+"""The machine ``testbed up`` runs on (the controller); nodes without ``host:`` are placed here."""
+VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
+DEFAULT_VXLAN_PORT = 4789  # IANA's
+MIN_INNER_MTU = 1280
+DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
 """Keys every worker takes; each backend adds its own (testbed.backends, ``option_keys``)."""
 SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
 SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
@@ -104,10 +114,45 @@ class Node:
     """Network sysctls set inside the worker's namespace after it is created (key, value)."""
     options: tuple[tuple[str, Any], ...] = ()
     """The backend's own keys (e.g. docker's image, cpus), validated by that backend."""
+    host: str = LOCAL_HOST
+    """The machine the node is placed on (a ``hosts:`` entry, or the local host)."""
 
     @property
     def is_worker(self) -> bool:
         return self.kind == "worker"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine reached over SSH that runs its share of the testbed (``hosts:``)."""
+
+    name: str
+    address: str
+    """Where SSH connects (an IP address or a DNS name)."""
+    underlay: str
+    """This host's IPv4 address for VXLAN tunnels (default: ``address`` when that is one)."""
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    """Private key file; None: the SSH agent and the default keys (~/.ssh/id_*)."""
+    known_hosts: str | None = None
+    """Where its host key is checked; None: ~/.ssh/known_hosts (then /etc/ssh/ssh_known_hosts)."""
+    accept_new_host_key: bool = False
+    """Trust a host key seen for the first time and add it to ``known_hosts`` (OpenSSH's
+    accept-new). A key that *changed* is refused whatever this says."""
+    testbed: str = "testbed"
+    """The testbed program on that host (same version as here)."""
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"name": self.name, "address": self.address, "underlay": self.underlay,
+                             "user": self.user, "port": self.port}
+        for k in ("key", "known_hosts"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.accept_new_host_key:
+            d["accept_new_host_key"] = True
+        d["testbed"] = self.testbed
+        return d
 
 
 @dataclass(frozen=True)
@@ -148,6 +193,31 @@ class Topology:
     source: str | None = field(default=None, compare=False)
     traffic: tuple[Flow, ...] = ()
     """Cross-traffic flows that run alongside every ``testbed run`` (:mod:`testbed.traffic`)."""
+    hosts: tuple[Host, ...] = ()
+    """Remote machines (SSH); the local host is implicit."""
+    vxlan_port: int = DEFAULT_VXLAN_PORT
+    """UDP port of the tunnels that carry links between hosts."""
+    mtu: int | None = None
+    """Data-plane MTU of every link; None: 1500, or 1450 when a link crosses hosts."""
+
+    @property
+    def multi_host(self) -> bool:
+        return any(n.host != LOCAL_HOST for n in self.nodes)
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def data_mtu(self) -> int:
+        """The MTU every data-plane interface gets: one L2 domain, so one MTU (a bridge
+        drops a frame too big for the port it leaves by)."""
+        if self.mtu is not None:
+            return self.mtu
+        crosses = any(self.node(l.a).host != self.node(l.b).host for l in self.links)
+        return 1500 - VXLAN_OVERHEAD if crosses else 1500
 
     @property
     def workers(self) -> tuple[Node, ...]:
@@ -195,6 +265,8 @@ class Topology:
                     d.update(backend(n.backend).export(n.options))
             elif n.stp:
                 d["stp"] = True
+            if n.host != LOCAL_HOST:
+                d["host"] = n.host
             nodes[n.name] = d
         links = []
         for l in self.links:
@@ -216,6 +288,10 @@ class Topology:
             out["subnet"] = str(self.subnet)
         if self.traffic:
             out["traffic"] = [f.to_dict() for f in self.traffic]
+        if self.hosts:
+            out["hosts"] = [h.to_dict() for h in self.hosts]
+        if self.vxlan_port != DEFAULT_VXLAN_PORT or self.mtu is not None:
+            out["vxlan"] = {"port": self.vxlan_port, **({"mtu": self.mtu} if self.mtu is not None else {})}
         return out
 
 
@@ -396,6 +472,9 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
     default_sysctls = _sysctls(defaults.get("sysctls"), "defaults.sysctls")
 
+    hosts = _hosts(top.get("hosts"))
+    host_names = {h.name for h in hosts} | {LOCAL_HOST}
+    vxlan_port, mtu = _vxlan(top.get("vxlan"))
     nodes_in = _mapping(top["nodes"], "nodes", "node name -> node")
     if not nodes_in:
         raise TopologyError("nodes", "no nodes", "define at least two workers and the switches between them")
@@ -424,12 +503,12 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
                 raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
             sysctls = {**default_sysctls, **_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
             nodes.append(Node(nname, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items()),
-                              options=options))
+                              options=options, host=_node_host(spec, path, host_names)))
         else:
             stp = spec.get("stp", False)
             if not isinstance(stp, bool):
                 raise TopologyError(f"{path}.stp", f"stp must be true or false, got {stp!r}")
-            nodes.append(Node(nname, "switch", stp=stp))
+            nodes.append(Node(nname, "switch", stp=stp, host=_node_host(spec, path, host_names) or LOCAL_HOST))
     by_name = {n.name: n for n in nodes}
     workers = [n for n in nodes if n.is_worker]
     if not workers:
@@ -483,6 +562,13 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
         links.append(Link(i, a, b, dirs["forward"], dirs["reverse"], bottleneck, lname, schedule))
 
     _check_graph(by_name, links)
+    nodes = _place(nodes, links)
+    by_name = {n.name: n for n in nodes}
+    used = {n.host for n in nodes} - {LOCAL_HOST}
+    unused = [h.name for h in hosts if h.name not in used]
+    if unused:
+        raise TopologyError("hosts", f"host(s) {', '.join(unused)} carry no node",
+                            "place nodes there with host: NAME, or remove the entry")
 
     subnet = None
     if "subnet" in top:
@@ -500,7 +586,117 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
             raise TopologyError("subnet", f"{subnet} is a loopback/multicast/link-local range",
                                 "use a private range such as 10.77.0.0/16")
     traffic = _traffic(top.get("traffic"), {n.name for n in workers})
-    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source, traffic=traffic)
+    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source, traffic=traffic,
+                    hosts=hosts, vxlan_port=vxlan_port, mtu=mtu)
+
+
+def _node_host(spec: dict, path: str, host_names: set[str]) -> str | None:
+    if "host" not in spec:
+        return None  # placed later: a worker follows its switch
+    h = spec["host"]
+    if not isinstance(h, str) or h not in host_names:
+        raise TopologyError(f"{path}.host", f"unknown host {h!r}",
+                            f"define it under hosts:, or use one of: {', '.join(sorted(host_names))}")
+    return h
+
+
+def _place(nodes: list[Node], links: list[Link]) -> list[Node]:
+    """Workers without ``host:`` go where the switch they hang off is (the common case:
+    put ``host:`` on the switches); a worker linked to another worker stays local."""
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for n in nodes:
+        if n.host is None:
+            peer = next(by_name[l.b if l.a == n.name else l.a] for l in links if n.name in l.endpoints)
+            host = peer.host if not peer.is_worker else LOCAL_HOST
+            n = replace(n, host=host or LOCAL_HOST)
+        out.append(n)
+    return out
+
+
+def _hosts(value: Any) -> tuple[Host, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TopologyError("hosts", "must be a list of hosts",
+                            "write e.g. hosts: [{name: gpu1, address: 192.0.2.11}]")
+    out: list[Host] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        path = f"hosts[{i}]"
+        d = _mapping(item, path, "name, address, user, port, key, ...")
+        _unknown_keys(d, _HOST_KEYS, path)
+        for req in ("name", "address"):
+            if req not in d:
+                raise TopologyError(f"{path}.{req}", "missing", "every host needs name: and address:")
+        name = _name(d["name"], f"{path}.name", MAX_NODE_NAME, "host name")
+        if name == LOCAL_HOST:
+            raise TopologyError(f"{path}.name", f"'{LOCAL_HOST}' is the machine testbed runs on; it needs no entry",
+                                "choose another name")
+        if name in seen:
+            raise TopologyError(f"{path}.name", f"host '{name}' is defined twice")
+        seen.add(name)
+        address = d["address"]
+        ip = _ipv4(address)
+        if ip is None and not (isinstance(address, str) and DNS_RE.fullmatch(address)):
+            raise TopologyError(f"{path}.address", f"{address!r} is neither an IPv4 address nor a host name",
+                                "write e.g. address: 192.0.2.11 or address: gpu1.example.org")
+        underlay = d.get("underlay", ip)
+        if _ipv4(underlay) is None:
+            raise TopologyError(f"{path}.underlay", f"{underlay!r} is not an IPv4 address" if underlay is not None
+                                else "missing: the address is a name, and tunnels need this host's IPv4 address",
+                                "write underlay: the address other hosts reach this one at, e.g. 192.0.2.11")
+        user = d.get("user", "root")
+        if not isinstance(user, str) or not USER_RE.fullmatch(user):
+            raise TopologyError(f"{path}.user", f"invalid user name {user!r}", "e.g. user: root")
+        port = d.get("port", 22)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise TopologyError(f"{path}.port", f"port must be 1..65535, got {port!r}")
+        files = {}
+        for k in ("key", "known_hosts"):
+            v = d.get(k)
+            if v is not None and (not isinstance(v, str) or not v or "\0" in v):
+                raise TopologyError(f"{path}.{k}", f"{k} must be a file path, got {v!r}")
+            files[k] = v
+        accept = d.get("accept_new_host_key", False)
+        if not isinstance(accept, bool):
+            raise TopologyError(f"{path}.accept_new_host_key", f"must be true or false, got {accept!r}")
+        program = d.get("testbed", "testbed")
+        if not isinstance(program, str) or not PROGRAM_RE.fullmatch(program):
+            raise TopologyError(f"{path}.testbed", f"invalid program path {program!r}",
+                                "give the testbed program's path on that host, e.g. /opt/testbed/.venv/bin/testbed")
+        out.append(Host(name, address, str(underlay), user, port, files["key"], files["known_hosts"], accept, program))
+    underlays: dict[str, str] = {}
+    for h in out:
+        if h.underlay in underlays:
+            raise TopologyError("hosts", f"hosts {underlays[h.underlay]} and {h.name} have the same underlay {h.underlay}",
+                                "each host needs its own tunnel address")
+        underlays[h.underlay] = h.name
+    return tuple(out)
+
+
+def _ipv4(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        return None
+
+
+def _vxlan(value: Any) -> tuple[int, int | None]:
+    if value is None:
+        return DEFAULT_VXLAN_PORT, None
+    d = _mapping(value, "vxlan", "port, mtu")
+    _unknown_keys(d, _VXLAN_KEYS, "vxlan")
+    port = d.get("port", DEFAULT_VXLAN_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise TopologyError("vxlan.port", f"port must be 1..65535, got {port!r}", f"the default is {DEFAULT_VXLAN_PORT}")
+    mtu = d.get("mtu")
+    if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_INNER_MTU <= mtu <= 9000):
+        raise TopologyError("vxlan.mtu", f"mtu must be {MIN_INNER_MTU}..9000, got {mtu!r}",
+                            f"the underlay's MTU minus {VXLAN_OVERHEAD} (VXLAN's overhead), e.g. 1450 for 1500")
+    return port, mtu
 
 
 def _schedule(spec: dict, path: str, shapes: dict[str, Shape]) -> Trace | None:
