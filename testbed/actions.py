@@ -140,9 +140,26 @@ class ApplyContext:
         self.results: dict[str, object] = {}
         """Values an action hands back to ``up`` (e.g. the exporter's URL)."""
         self.fault_after_exporter = False
+        self.shares: dict[str, dict] = {}
+        """Host name -> its share of the plan (what ``testbed _host apply`` is given)."""
+        self.pending: list = []
+        """(host, thread, result box) of shares being built."""
+        self._remotes: dict[str, object] = {}
+        self.check = lambda: None
+        """Raises if a signal arrived (set by the executor)."""
+
+    def remote(self, spec):
+        from .ssh import Remote
+
+        if spec.name not in self._remotes:
+            self._remotes[spec.name] = Remote(spec)
+        return self._remotes[spec.name]
 
     def close(self) -> None:
         self.host.close()
+        for r in self._remotes.values():
+            r.close()
+        self._remotes.clear()
 
 
 @dataclass
@@ -236,16 +253,52 @@ class CreateVeth(_InterfaceAction):
     peer_master: str | None = None
     link: int = -1
     index: int | None = None
+    mtu: int | None = None
 
     def describe(self) -> str:
         m = f" master {self.master}" if self.master else ""
         pm = f" master {self.peer_master}" if self.peer_master else ""
-        return f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}  (links[{self.link}])"
+        mtu = f" mtu {self.mtu}" if self.mtu else ""
+        return f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}{mtu}  (links[{self.link}])"
 
     def apply(self, ctx: ApplyContext) -> None:
-        ctx.host.rtnl(self.ns).add_veth(self.ifname, self.peer_ns, self.peer_ifname, self.master, self.index)
+        ctx.host.rtnl(self.ns).add_veth(self.ifname, self.peer_ns, self.peer_ifname, self.master, self.index,
+                                        self.mtu)
         if self.peer_master:
             ctx.host.rtnl(self.peer_ns).set_master_up(self.peer_ifname, self.peer_master)
+
+
+@register
+@dataclass(frozen=True)
+class CreateVxlan(_InterfaceAction):
+    """One end of a link whose other end is on another host: a VXLAN device (its UDP
+    socket on this host's underlay) in the node's or the switches' namespace. It plays the
+    veth end's role: shaped, counted and bridged the same way."""
+
+    ns: str
+    ifname: str
+    vni: int
+    local: str
+    remote: str
+    port: int
+    mtu: int
+    master: str | None = None
+    link: int = -1
+
+    def describe(self) -> str:
+        m = f" master {self.master}" if self.master else ""
+        return (f"[{self.ns}] vxlan {self.ifname}{m} vni {self.vni} {self.local} -> {self.remote}:{self.port} "
+                f"mtu {self.mtu}  (links[{self.link}])")
+
+    def apply(self, ctx: ApplyContext) -> None:
+        from .net.rtnl import add_vxlan
+
+        add_vxlan(self.ns, self.ifname, self.vni, self.local, self.remote, self.port, self.mtu)
+        rt = ctx.host.rtnl(self.ns)
+        if self.master:
+            rt.set_master_up(self.ifname, self.master)
+        else:
+            rt.call(f"setting {self.ifname} up", "link", "set", index=rt.index(self.ifname), state="up")
 
 
 @register
@@ -279,6 +332,92 @@ class ShapeEgress(Action):
         from .net import tc
 
         tc.apply(ctx.host.rtnl(self.ns), self.ifname, self.shape)
+
+
+# ---------------------------------------------------------------------- other hosts
+
+
+@register
+@dataclass(frozen=True)
+class RemoteShare(Action):
+    """Another host's share of the plan, applied there by ``testbed _host apply`` with that
+    host's own ledger (:mod:`testbed.hostagent`). Recorded here before it starts, so that
+    ``down`` (also ``down --all`` after this process was killed) asks the host to remove
+    its share. Applying starts the host's work in the background; :class:`AwaitShares`
+    waits for it, so the hosts build at the same time as this one."""
+
+    host: str
+    address: str
+    underlay: str
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    testbed: str = "testbed"
+
+    def spec(self):
+        from .topology import Host
+
+        return Host(self.host, self.address, self.underlay, self.user, self.port, self.key, self.known_hosts,
+                    self.accept_new_host_key, self.testbed)
+
+    def describe(self) -> str:
+        return f"host {self.host} ({self.user}@{self.address}:{self.port}) builds its share"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        import threading
+
+        remote = ctx.remote(self.spec())
+        payload = ctx.shares[self.host]
+        box: dict = {}
+
+        def work():
+            try:
+                box["answer"] = remote.call("apply", ctx.testbed, payload=payload)
+            except BaseException as e:  # handed to AwaitShares
+                box["error"] = e
+
+        t = threading.Thread(target=work, name=f"share-{self.host}", daemon=True)
+        t.start()
+        ctx.pending.append((self.host, t, box))
+
+    def undo(self, td: Teardown) -> None:
+        from .ssh import Remote
+
+        remote = Remote(self.spec())
+        try:
+            remote.call("down", td.testbed)
+        except TestbedError as e:
+            td.problems.append(f"host {self.host}: {e.message}"
+                               + (f" (then run `testbed down {td.testbed}` again, or on {self.host})"
+                                  if "unreachable" in e.message else ""))
+        finally:
+            remote.close()
+
+
+@register
+@dataclass(frozen=True)
+class AwaitShares(Action):
+    """Wait until every other host has built its share; the first failure is raised."""
+
+    def describe(self) -> str:
+        return "wait for the other hosts' shares"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        failures = []
+        for host, t, box in ctx.pending:
+            while t.is_alive():
+                t.join(0.2)  # short joins: a signal is noticed between them
+                ctx.check()
+            if "error" in box:
+                failures.append(box["error"])
+        ctx.pending.clear()
+        if failures:
+            e = failures[0]
+            if isinstance(e, TestbedError) and len(failures) > 1:
+                e.message += f" (and {len(failures) - 1} other host(s) failed)"
+            raise e
 
 
 # ---------------------------------------------------------------------- host processes and files

@@ -75,7 +75,7 @@ def ignore_interrupts(signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
 
 
 def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | None = None,
-               exporter: str | None = None) -> None:
+               exporter: str | None = None, schedules: bool = True, ctx: ApplyContext | None = None) -> None:
     """Run the plan's actions (then start the exporter and the links' schedules), recording
     each ahead in ``ledger``.
 
@@ -85,13 +85,14 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     from .teardown import teardown
 
     name = plan.topology.name
-    ctx = ApplyContext(name)
+    ctx = ctx or ApplyContext(name)
     fault = int(os.environ.get(FAULT_ENV, "-1"))
     ctx.fault_after_exporter = fault == len(plan.actions)
     total = len(plan.actions)
     recorded = 0
     try:
         with Signals() as signals:
+            ctx.check = signals.check
             for i, action in enumerate(plan.actions):
                 signals.check()
                 if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
@@ -115,7 +116,7 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                 state["exporter"] = ctx.results["exporter"]
                 ledger.write_state(state)
             for link in plan.topology.links:  # schedules: a background replay per link, from now on
-                if link.schedule is not None:
+                if schedules and link.schedule is not None:
                     signals.check()
                     from .replay import start_background
 

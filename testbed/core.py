@@ -13,6 +13,7 @@ another process, also after ``kill -9``) reads the ledger and removes exactly th
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import subprocess
@@ -31,9 +32,10 @@ from .net import netns, tc
 from .net.handles import NetlinkPool  # noqa: F401  (the exporter's)
 from .net.rtnl import Rtnl
 from .net.tcbatch import LinkChanger
+from .hosts import LOCAL
 from .plan import Endpoint, NodeInfo, Plan, choose_subnet, make_plan
 from .teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
-from .topology import Link, Topology, check_shape, load_topology_dict
+from .topology import Link, Shape, Topology, check_shape, load_topology_dict
 from .units import Duration, Loss, Rate
 
 DIRECTIONS = ("forward", "reverse")
@@ -76,6 +78,26 @@ class Testbed:
                 raise StateError(f"the state of testbed '{self.name}' names namespace {ns!r}, which it cannot own",
                                  f"`testbed down {self.name}` removes what its ledger lists")
         self._owned = False
+        self.here: str = state.get("host", LOCAL)
+        """The host this process runs on: ``local`` on the controller, a host's name on a
+        host that holds a share of a multi-host testbed."""
+        self._remotes: dict = {}
+
+    def remote(self, host: str):
+        """The SSH link to ``host`` (from the controller), opened on first use."""
+        from .ssh import Remote
+
+        if self.here != LOCAL:
+            raise StateError(f"this is host {self.here}'s share of testbed '{self.name}'",
+                             "run this on the controller (where `testbed up` ran)")
+        if host not in self._remotes:
+            self._remotes[host] = Remote(self.topology.host(host))
+        return self._remotes[host]
+
+    def close(self) -> None:
+        for r in self._remotes.values():
+            r.close()
+        self._remotes.clear()
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -100,10 +122,13 @@ class Testbed:
                                     f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
                                     tc.NETEM_MISSING_HINT)
         for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
-            nodes = [w for w in topology.workers if w.backend == name]
+            nodes = [w for w in topology.workers if w.backend == name and w.host == LOCAL]
             if nodes:
                 backend.preflight(nodes)
-        plan = make_plan(topology, choose_subnet(topology, host_routes()))
+        underlays = _check_hosts(topology) if topology.multi_host else None
+        plan = make_plan(topology, choose_subnet(topology, host_routes()), underlays)
+        if topology.multi_host:
+            _probe_hosts(topology, plan, underlays)
         taken = [ns for ns in plan.namespaces if netns.exists(ns)]
         if taken:
             raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",
@@ -122,7 +147,10 @@ class Testbed:
             ledger.create()
             state = _initial_state(plan)
             ledger.write_state(state)
-            apply_plan(plan, ledger, state, progress, exporter)
+            from .actions import ApplyContext
+
+            ctx = ApplyContext(topology.name)
+            apply_plan(_local_plan(plan, state, ctx), ledger, state, progress, exporter, ctx=ctx)
         tb = cls(state)
         tb._owned = True
         return tb
@@ -184,8 +212,17 @@ class Testbed:
 
     def command(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (),
                 cwd: Path | None = None) -> list[str]:
-        """Host argv that runs ``argv`` inside ``node`` (through its backend; no shell)."""
+        """Host argv that runs ``argv`` inside ``node`` (through its backend; no shell). A
+        node on another host: through :mod:`testbed.sshexec`, which relays over SSH."""
         info = self.node(node)
+        if info.host != self.here:
+            if self.here != LOCAL:
+                raise TestbedError(f"node {node} is on host {info.host}", "run this on the controller")
+            if mounts or cwd is not None:
+                raise TestbedError(f"node {node} is on host {info.host}: host directories cannot be mounted there")
+            h = self.topology.host(info.host)
+            return procs.python_argv("testbed.sshexec", "--host", json.dumps(h.to_dict()), "--testbed", self.name,
+                                     "--node", node, "--", *argv)
         return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
 
     def spawn(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None,
@@ -255,7 +292,9 @@ class Testbed:
             own = changer is None
             changer = changer or LinkChanger()
             todo = [(self.egress[(idx, d)], l.shape(d), f"{l.name} {d}: changing the shape")
-                    for idx, l in new_links.items() for d in dirs]
+                    for idx, l in new_links.items() for d in dirs if self.egress[(idx, d)].host == self.here]
+            self._shape_elsewhere([(idx, d, l.shape(d)) for idx, l in new_links.items() for d in dirs
+                                   if self.egress[(idx, d)].host != self.here])
             try:
                 changer.apply(todo)
             except BaseException as e:
@@ -281,17 +320,34 @@ class Testbed:
             Ledger(self.name).write_state(state)
         return [new_links[i] for i in wanted]
 
-    def link_counters(self, links: Iterable[Link] | None = None,
-                      pool: "NetlinkPool | None" = None) -> dict[tuple[int, str], dict]:
-        """Live egress counters (bytes, packets, drops, ...) per (link index, direction).
+    def _shape_elsewhere(self, changes: list[tuple[int, str, "Shape"]]) -> None:
+        """Change link ends on other hosts (before the local ones: a refusal there leaves
+        nothing changed here)."""
+        by_host: dict[str, list[dict]] = {}
+        for idx, d, shape in changes:
+            by_host.setdefault(self.egress[(idx, d)].host, []).append(
+                {"link": idx, "direction": d, "shape": shape.to_dict()})
+        for host, items in by_host.items():
+            self.remote(host).call("shape", self.name, payload={"changes": items}, timeout=60)
+
+    def link_counters(self, links: Iterable[Link] | None = None, pool: "NetlinkPool | None" = None,
+                      local_only: bool = False) -> dict[tuple[int, str], dict]:
+        """Live egress counters (bytes, packets, drops, ...) per (link index, direction),
+        from every host (``local_only``: this host's link ends only).
 
         ``pool`` keeps the netlink handles open between calls (an exporter's scrapes)."""
         wanted = None if links is None else {l.index for l in links}
         by_ns: dict[str, list[tuple[int, str, Endpoint]]] = {}
+        elsewhere: set[str] = set()
         for (idx, d), ep in self.egress.items():
             if wanted is None or idx in wanted:
-                by_ns.setdefault(ep.ns, []).append((idx, d, ep))
+                if ep.host != self.here:
+                    elsewhere.add(ep.host)
+                else:
+                    by_ns.setdefault(ep.ns, []).append((idx, d, ep))
         counters: dict[tuple[int, str], dict] = {}
+        if elsewhere and not local_only:
+            counters.update(self._remote_counters(sorted(elsewhere), wanted))
         for ns, eps in by_ns.items():
             ino = netns.inode(ns)
             if ino is None:
@@ -316,6 +372,25 @@ class Testbed:
                 counters[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
         return counters
 
+    def _remote_counters(self, hosts: list[str], wanted: set[int] | None) -> dict[tuple[int, str], dict]:
+        """The other hosts' link-end counters, asked in parallel over SSH."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            answers = list(pool.map(lambda h: self.remote(h).call("counters", self.name, timeout=60), hosts))
+        out: dict[tuple[int, str], dict] = {}
+        for host, ans in zip(hosts, answers):
+            got = ans.get("counters")
+            if not isinstance(got, dict):
+                raise StateError(f"host {host} answered counters without counters")
+            for key, c in got.items():
+                i, _, d = str(key).partition("/")
+                if not i.isdigit() or d not in DIRECTIONS or not isinstance(c, dict):
+                    raise StateError(f"host {host} answered a malformed counter key {key!r}")
+                if (wanted is None or int(i) in wanted) and self.egress.get((int(i), d), Endpoint("", "")).host == host:
+                    out[(int(i), d)] = {k: v for k, v in c.items() if isinstance(v, (int, float))}
+        return out
+
     def link_stats(self) -> list[dict]:
         """Per link and direction: shape in force and live egress counters."""
         counters = self.link_counters()
@@ -332,7 +407,8 @@ def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
     row = {"index": l.index, "name": l.name, "a": l.a, "b": l.b, "bottleneck": l.bottleneck}
     for d, (src, dst) in (("forward", (l.a, l.b)), ("reverse", (l.b, l.a))):
         ep = egress[(l.index, d)]
-        row[d] = {"src": src, "dst": dst, "shape": l.shape(d).to_dict(), "netns": ep.ns, "ifname": ep.ifname}
+        row[d] = {"src": src, "dst": dst, "shape": l.shape(d).to_dict(), "netns": ep.ns, "ifname": ep.ifname,
+                  "host": ep.host}
     return row
 
 
@@ -349,3 +425,79 @@ def _initial_state(plan: Plan) -> dict:
         "nodes": {n: asdict(i) for n, i in plan.nodes.items()},
         "egress": {f"{i}/{d}": asdict(ep) for (i, d), ep in plan.egress.items()},
     }
+
+
+# ---------------------------------------------------------------------- several hosts
+
+
+def _check_hosts(topology: Topology) -> dict[str, str]:
+    """Each host's tunnel address: the remote ones from the topology, the local one the
+    source address of the route towards them (its interface's MTU checked)."""
+    from .hostagent import check_underlay
+
+    underlays = {h.name: h.underlay for h in topology.hosts}
+    if any(n.host == LOCAL for n in topology.nodes):
+        dst = topology.hosts[0].underlay
+        src = _route_source(dst)
+        if src is None:
+            raise StateError(f"this host has no route to {dst} (hosts[0].underlay)",
+                             "check the address, or the network between the hosts")
+        check_underlay(src, topology.data_mtu, f"this host's route to {dst}")
+        underlays[LOCAL] = src
+    return underlays
+
+
+def _route_source(dst: str) -> str | None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        try:
+            routes = ipr.route("get", dst=dst)
+        except Exception:
+            return None
+    for r in routes:
+        src = r.get_attr("RTA_PREFSRC")
+        if src:
+            return src
+    return None
+
+
+def _probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> None:
+    """Ask every remote host, in parallel, whether it can build its share (root, version,
+    underlay and MTU, names free, its backends ready); the first refusal is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .ssh import Remote
+
+    def one(h):
+        r = Remote(h)
+        try:
+            return r.call("probe", payload={
+                "version": __version__, "topology": topology.to_dict(), "host": h.name,
+                "underlay": underlays[h.name], "mtu": topology.data_mtu,
+                "namespaces": plan.namespaces_on(h.name)}, timeout=120)
+        finally:
+            r.close()
+
+    remote = [h for h in topology.hosts if h.name in plan.hosts]
+    with ThreadPoolExecutor(max_workers=max(1, len(remote))) as pool:
+        futures = [pool.submit(one, h) for h in remote]
+        for f in futures:
+            f.result()
+
+
+def _local_plan(plan: Plan, state: dict, ctx) -> Plan:
+    """What this host executes: the other hosts' shares (started in the background, each
+    recorded first), its own actions, then the wait for the others."""
+    from .actions import AwaitShares, RemoteShare
+
+    remote = [h for h in plan.topology.hosts if h.name in plan.hosts]
+    if not remote:
+        return plan
+    acts = []
+    for h in remote:
+        ctx.shares[h.name] = {"state": {**state, "host": h.name},
+                              "actions": [a.to_dict() for a in plan.share(h.name)]}
+        acts.append(RemoteShare(h.name, h.address, h.underlay, h.user, h.port, h.key, h.known_hosts,
+                                h.accept_new_host_key, h.testbed))
+    return Plan(plan.topology, plan.subnet, acts + plan.share(LOCAL) + [AwaitShares()], plan.nodes, plan.egress)

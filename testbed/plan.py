@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from . import naming
-from .actions import Action, AddAddress, CreateBridge, CreateNetns, CreateVeth, SetSysctl, ShapeEgress
+from .actions import Action, AddAddress, CreateBridge, CreateNetns, CreateVeth, CreateVxlan, SetSysctl, ShapeEgress
 from .errors import TopologyError
 from .hosts import LOCAL
 from .topology import Topology
@@ -58,10 +58,39 @@ class Plan:
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     egress: dict[tuple[int, str], Endpoint] = field(default_factory=dict)
     """(link index, 'forward'|'reverse') -> the interface whose egress carries that direction."""
+    placement: list[str] = field(default_factory=list)
+    """The host each action runs on (parallel to ``actions``)."""
+
+    def add(self, host: str, *actions: Action) -> None:
+        self.actions.extend(actions)
+        self.placement.extend(host for _ in actions)
+
+    def share(self, host: str) -> list[Action]:
+        """The actions host ``host`` performs (in plan order)."""
+        if not self.placement:
+            return list(self.actions) if host == LOCAL else []
+        return [a for a, h in zip(self.actions, self.placement) if h == host]
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts with a share, the local one first when it has one."""
+        return list(dict.fromkeys(sorted(self.placement or [LOCAL], key=lambda h: h != LOCAL)))
 
     @property
     def namespaces(self) -> list[str]:
-        return [a.ns for a in self.actions if a.creates_namespace]
+        """The namespaces the local host creates."""
+        return [a.ns for a in self.share(LOCAL) if a.creates_namespace]
+
+    def namespaces_on(self, host: str) -> list[str]:
+        return [a.ns for a in self.share(host) if a.creates_namespace]
+
+
+def vni_base(testbed: str) -> int:
+    """The first VXLAN network identifier of a testbed's links: a slot of 4096 per testbed
+    name (link i gets base + i), so that two testbeds between the same hosts rarely clash."""
+    import zlib
+
+    return (zlib.crc32(testbed.encode()) % 4000 + 1) * 4096
 
 
 def choose_subnet(topology: Topology, host_routes: Iterable[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
@@ -80,35 +109,41 @@ def choose_subnet(topology: Topology, host_routes: Iterable[ipaddress.IPv4Networ
                         "set subnet: explicitly in the topology")
 
 
-def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
+def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict[str, str] | None = None) -> Plan:
+    """``underlays``: each host's tunnel address (the local one found at preflight); needed
+    only when a link crosses hosts."""
     from .backends import get as backend
 
     name = topology.name
     fabric = naming.fabric_netns(name)
     plan = Plan(topology, subnet)
-    acts = plan.actions
     hosts = subnet.hosts()
+    mtu = topology.data_mtu
+    veth_mtu = None if mtu == 1500 else mtu
     switch_index = {s.name: i for i, s in enumerate(topology.switches)}
     for rank, w in enumerate(topology.workers):
         plan.nodes[w.name] = NodeInfo(w.name, "worker", w.backend, naming.node_netns(name, w.name),
-                                      naming.WORKER_IFACE, str(next(hosts)), rank, w.gpu)
+                                      naming.WORKER_IFACE, str(next(hosts)), rank, w.gpu, w.host)
     for s in topology.switches:
-        plan.nodes[s.name] = NodeInfo(s.name, "switch", None, fabric, naming.bridge_ifname(switch_index[s.name]), None)
+        plan.nodes[s.name] = NodeInfo(s.name, "switch", None, fabric, naming.bridge_ifname(switch_index[s.name]), None,
+                                      host=s.host)
 
     # Interfaces created locally get their index from the plan, so applying it needs no
     # lookup by name. The range starts far above what the kernel hands out by itself
     # (veth peers, fallback tunnel devices some modules add to every new namespace), so
     # pinned and automatic indexes never collide. pyroute2 cannot pin a veth peer's index.
-    next_index: dict[str, int] = {}
+    next_index: dict[tuple[str, str], int] = {}
 
-    def alloc(ns: str) -> int:
-        next_index[ns] = next_index.get(ns, PINNED_INDEX_BASE - 1) + 1
-        return next_index[ns]
+    def alloc(host: str, ns: str) -> int:
+        next_index[(host, ns)] = next_index.get((host, ns), PINNED_INDEX_BASE - 1) + 1
+        return next_index[(host, ns)]
 
-    if topology.switches:
-        acts.append(CreateNetns(fabric, naming.tag(name)))
+    for h in dict.fromkeys(s.host for s in topology.switches):  # a fabric namespace per host with switches
+        plan.add(h, CreateNetns(fabric, naming.tag(name)))
         for s in topology.switches:
-            acts.append(CreateBridge(fabric, naming.bridge_ifname(switch_index[s.name]), s.name, s.stp, alloc(fabric)))
+            if s.host == h:
+                plan.add(h, CreateBridge(fabric, naming.bridge_ifname(switch_index[s.name]), s.name, s.stp,
+                                         alloc(h, fabric)))
 
     created: set[str] = set()
     for link in topology.links:
@@ -120,29 +155,42 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network) -> Plan:
                 b = backend(node.backend)
                 if info.netns not in created:
                     if b.host_address:
-                        acts.extend(b.plan_node(name, node, info.netns, naming.tag(name)))
-                        acts.extend(SetSysctl(info.netns, k, v) for k, v in node.sysctls)
+                        plan.add(info.host, *b.plan_node(name, node, info.netns, naming.tag(name)))
+                        plan.add(info.host, *(SetSysctl(info.netns, k, v) for k, v in node.sysctls))
                     else:  # a VM: the guest's eth0 carries the address, its kernel the sysctls
-                        acts.extend(b.plan_node(name, node, info.netns, naming.tag(name),
-                                                address=f"{info.address}/{subnet.prefixlen}", sysctls=node.sysctls))
+                        plan.add(info.host, *b.plan_node(name, node, info.netns, naming.tag(name),
+                                                         address=f"{info.address}/{subnet.prefixlen}",
+                                                         sysctls=node.sysctls))
                     created.add(info.netns)
-                ends[end] = (info.netns, naming.WORKER_IFACE, b.node_master)
+                ends[end] = (info.netns, naming.WORKER_IFACE, b.node_master, info.host)
             else:
-                ends[end] = (fabric, naming.link_end_ifname(link.index, end), info.iface)
-        (na, ia, ma), (nb, ib, mb) = ends["a"], ends["b"]
-        # Create from the switch side when there is one: the bridge lives there.
-        if ma is None and mb is not None:
-            acts.append(CreateVeth(nb, ib, na, ia, master=mb, link=link.index, index=alloc(nb)))
-        else:
-            acts.append(CreateVeth(na, ia, nb, ib, master=ma, peer_master=mb, link=link.index, index=alloc(na)))
+                ends[end] = (fabric, naming.link_end_ifname(link.index, end), info.iface, info.host)
+        (na, ia, ma, ha), (nb, ib, mb, hb) = ends["a"], ends["b"]
+        if ha == hb:
+            # Create from the switch side when there is one: the bridge lives there.
+            if ma is None and mb is not None:
+                plan.add(ha, CreateVeth(nb, ib, na, ia, master=mb, link=link.index, index=alloc(ha, nb), mtu=veth_mtu))
+            else:
+                plan.add(ha, CreateVeth(na, ia, nb, ib, master=ma, peer_master=mb, link=link.index,
+                                        index=alloc(ha, na), mtu=veth_mtu))
+        else:  # the link crosses hosts: a VXLAN device at each end, one VNI per link
+            if underlays is None or ha not in underlays or hb not in underlays:
+                raise TopologyError(f"{link.path}", f"link {link.name} joins hosts {ha} and {hb}, "
+                                    "whose tunnel addresses are not known", "give hosts[].underlay:")
+            vni = vni_base(name) + link.index
+            for (ns, ifname, master, h), other in (((na, ia, ma, ha), hb), ((nb, ib, mb, hb), ha)):
+                plan.add(h, CreateVxlan(ns, ifname, vni, underlays[h], underlays[other], topology.vxlan_port, mtu,
+                                        master=master, link=link.index))
         for end, node_name in (("a", link.a), ("b", link.b)):
             info = plan.nodes[node_name]
             if info.kind == "worker" and backend(info.backend).host_address:
-                acts.append(AddAddress(info.netns, naming.WORKER_IFACE, info.address, subnet.prefixlen))
-        plan.egress[(link.index, "forward")] = Endpoint(na, ia)
-        plan.egress[(link.index, "reverse")] = Endpoint(nb, ib)
-        acts.append(ShapeEgress(na, ia, link.forward, link.index, "forward"))
-        acts.append(ShapeEgress(nb, ib, link.reverse, link.index, "reverse"))
+                plan.add(info.host, AddAddress(info.netns, naming.WORKER_IFACE, info.address, subnet.prefixlen))
+        plan.egress[(link.index, "forward")] = Endpoint(na, ia, ha)
+        plan.egress[(link.index, "reverse")] = Endpoint(nb, ib, hb)
+        plan.add(ha, ShapeEgress(na, ia, link.forward, link.index, "forward"))
+        plan.add(hb, ShapeEgress(nb, ib, link.reverse, link.index, "reverse"))
     for bname in dict.fromkeys(w.backend for w in topology.workers):  # e.g. wait for VMs that boot meanwhile
-        acts.extend(backend(bname).plan_ready([plan.nodes[w.name] for w in topology.workers if w.backend == bname]))
+        for h in dict.fromkeys(w.host for w in topology.workers if w.backend == bname):
+            plan.add(h, *backend(bname).plan_ready([plan.nodes[w.name] for w in topology.workers
+                                                    if w.backend == bname and w.host == h]))
     return plan

@@ -90,9 +90,11 @@ class Rtnl:
             self._index[ifname] = index
 
     def add_veth(self, ifname: str, peer_ns: str, peer_ifname: str, master: str | None,
-                 index: int | None = None) -> None:
+                 index: int | None = None, mtu: int | None = None) -> None:
         """Create a veth pair; ``index`` pins the local end's interface index (no lookup later)."""
         peer: dict = {"ifname": peer_ifname}
+        if mtu is not None:
+            peer["mtu"] = mtu
         fd = None
         if peer_ns != self.ns:
             try:
@@ -103,6 +105,8 @@ class Rtnl:
         kw = {"master": self.index(master)} if master else {}
         if index is not None:
             kw["index"] = index
+        if mtu is not None:
+            kw["mtu"] = mtu
         try:
             self.call(f"creating veth {ifname} <-> {peer_ns}/{peer_ifname}", "link", "add",
                       ifname=ifname, kind="veth", state="up", peer=peer, **kw)
@@ -133,3 +137,24 @@ class Rtnl:
                 return False
             raise translate(e, f"deleting {ifname}", self.ns) from None
         return True
+
+
+def add_vxlan(ns: str, ifname: str, vni: int, local: str, remote: str, port: int, mtu: int) -> None:
+    """A VXLAN device to ``remote`` created from *this* process's namespace (the host's, so
+    its UDP socket lives on the underlay) straight into namespace ``ns`` as ``ifname``."""
+    try:
+        fd = os.open(netns.path(ns), os.O_RDONLY)
+    except FileNotFoundError:
+        raise KernelError(f"network namespace '{ns}' does not exist") from None
+    try:
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=ifname, kind="vxlan", vxlan_id=vni, vxlan_local=local, vxlan_group=remote,
+                     vxlan_port=port, vxlan_learning=1, mtu=mtu, net_ns_fd=fd)
+    except NetlinkError as e:
+        err = translate(e, f"creating VXLAN {ifname} (VNI {vni}, {local} -> {remote}:{port})", ns)
+        if e.code == errno.EEXIST:
+            err.hint = (f"another VXLAN device on this host uses VNI {vni} on UDP port {port} "
+                        "(another testbed?); set vxlan: {port: N} in the topology to another port")
+        raise err from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,269 @@
+"""A host's side of a multi-host testbed: ``testbed _host OP ...`` run over SSH.
+
+The controller (the machine where ``testbed up`` runs) plans the whole testbed, then
+hands each remote host its share; that host applies the share with its *own* ledger and
+state directory, so ``testbed down NAME`` on it (from the controller over SSH, or typed
+there) removes exactly what it made, also after the controller died halfway. Every
+operation answers one JSON object on stdout (errors: ``{"error", "hint", "type"}``, exit 1).
+
+Operations (payloads are JSON on stdin, read as untrusted input):
+
+``probe``      checks before anything is made: root, same version, the underlay address
+               is this host's and its MTU carries the tunnel, names free, backends ready.
+``apply NAME`` {state, actions}: record and apply this host's actions; undo all on failure.
+               If the SSH connection dies meanwhile (the controller was killed), the share
+               removes itself (PR_SET_PDEATHSIG makes that a SIGTERM).
+``down NAME``  / ``down-all``: as ``testbed down`` here.
+``counters NAME``: egress counters of this host's link ends.
+``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
+``exec NAME NODE -- ARGV``: run ARGV in the node, killed if the connection dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from . import __version__, naming
+from .errors import StateError, TestbedError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_connection(sig: int) -> None:
+    """Get ``sig`` when sshd's session (our parent: the command line starts with exec) ends."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() == 1:
+        raise StateError("the SSH connection that started this is gone")
+
+
+def _payload() -> object:
+    try:
+        return json.loads(sys.stdin.read() or "null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TestbedError(f"the request is not JSON: {e}") from None
+
+
+def _dict(v: object, what: str) -> dict:
+    if not isinstance(v, dict):
+        raise TestbedError(f"the request's {what} is not a JSON object")
+    return v
+
+
+def underlay_interface(address: str) -> tuple[str, int] | None:
+    """(interface, MTU) holding IPv4 ``address`` in this process's namespace, or None."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for a in ipr.get_addr(family=2):
+            if a.get_attr("IFA_ADDRESS") == address or a.get_attr("IFA_LOCAL") == address:
+                link = ipr.get_links(a["index"])[0]
+                return link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_MTU")
+    return None
+
+
+def check_underlay(address: str, mtu: int, where: str) -> None:
+    from .topology import VXLAN_OVERHEAD
+
+    found = underlay_interface(address)
+    if found is None:
+        raise StateError(f"{where}: {address} is not an address of this host",
+                         "set hosts[].underlay: to an address the other hosts reach this one at")
+    dev, dev_mtu = found
+    if dev_mtu - VXLAN_OVERHEAD < mtu:
+        raise StateError(f"{where}: the underlay {dev} has MTU {dev_mtu}, too small for data-plane MTU {mtu} "
+                         f"plus VXLAN's {VXLAN_OVERHEAD} bytes",
+                         f"set vxlan: {{mtu: {dev_mtu - VXLAN_OVERHEAD}}} in the topology, or raise {dev}'s MTU")
+
+
+def probe(req: dict) -> dict:
+    from .backends import BACKENDS
+    from .ledger import Ledger
+    from .net import netns
+    from .teardown import require_root
+    from .topology import load_topology_dict
+
+    if os.geteuid() != 0:
+        raise StateError(f"this host runs testbed as uid {os.geteuid()}, not root",
+                         "log in as root (hosts[].user: root); testbed makes namespaces and qdiscs there")
+    require_root()
+    if req.get("version") != __version__:
+        raise StateError(f"this host has testbed {__version__}, the controller {req.get('version')}",
+                         "install the same version on every host")
+    topo = load_topology_dict(req.get("topology"))
+    me = req.get("host")
+    if not isinstance(me, str):
+        raise TestbedError("the request names no host")
+    if Ledger(topo.name).exists():
+        raise StateError(f"testbed '{topo.name}' is already up here (or a previous up did not finish)",
+                         f"`testbed down {topo.name}` on the controller (or here) first")
+    if isinstance(req.get("underlay"), str) and isinstance(req.get("mtu"), int):
+        check_underlay(req["underlay"], req["mtu"], "underlay")
+    taken = [ns for ns in req.get("namespaces") or [] if isinstance(ns, str) and netns.exists(ns)]
+    if taken:
+        raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist here and are not this testbed's",
+                         f"remove them (`ip netns del {taken[0]}`) or rename the testbed")
+    if topo.needs_netem:
+        from .net.probe import netem_missing
+
+        if detail := netem_missing():
+            raise StateError(f"this host's kernel lacks netem ({detail}), which the topology's delay/loss needs")
+    for name, backend in BACKENDS.items():
+        nodes = [w for w in topo.workers if w.backend == name and w.host == me]
+        if nodes:
+            backend.preflight(nodes)
+    return {"version": __version__, "hostname": os.uname().nodename, "state_id": naming.state_id()}
+
+
+def apply(name: str, req: dict) -> dict:
+    """Record and apply this host's share (see the module's docstring)."""
+    import dataclasses
+
+    from . import actions
+    from .apply import apply_plan
+    from .core import Testbed
+    from .ledger import Ledger, global_lock
+    from .net import netns
+    from .plan import Plan
+    from .teardown import require_root
+
+    require_root()
+    state = _dict(req.get("state"), "state")
+    if state.get("name") != name:
+        raise TestbedError("the request's state names another testbed")
+    entries = req.get("actions")
+    if not isinstance(entries, list):
+        raise TestbedError("the request's actions are not a list")
+    todo = []
+    for e in entries:
+        a = actions.from_dict(e)
+        for ns in (getattr(a, k, None) for k in ("ns", "peer_ns")):
+            if isinstance(ns, str) and not naming.owned_namespace(name, ns):
+                raise StateError(f"action {type(a).__name__} names namespace {ns!r}, which '{name}' cannot own")
+        if "tag" in {f.name for f in dataclasses.fields(a)}:
+            a = dataclasses.replace(a, tag=naming.tag(name))  # this host's state directory owns it
+        todo.append(a)
+    tb = Testbed(state)  # validates the state as the controller's own commands would
+    _die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
+    with global_lock():
+        if Ledger(name).exists():
+            raise StateError(f"testbed '{name}' is already up here")
+        taken = [a.ns for a in todo if a.creates_namespace and netns.exists(a.ns)]
+        if taken:
+            raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist here")
+        ledger = Ledger(name)
+        ledger.create()
+        state = {**state, "ready": False, "pid": os.getpid()}
+        ledger.write_state(state)
+        apply_plan(Plan(tb.topology, ipaddress.ip_network(state["subnet"]), todo), ledger, state, schedules=False)
+    return {"applied": len(todo)}
+
+
+def down(name: str) -> dict:
+    from .teardown import down as down_
+
+    return {"removed": down_(name)}
+
+
+def down_all() -> dict:
+    from .teardown import down_all as down_all_
+
+    return {"removed": down_all_()}
+
+
+def counters(name: str) -> dict:
+    from .core import Testbed
+
+    tb = Testbed.attach(name)
+    got = tb.link_counters(local_only=True)
+    return {"counters": {f"{i}/{d}": c for (i, d), c in got.items()}}
+
+
+def shape(name: str, req: dict) -> dict:
+    from .core import Testbed
+    from .net.tcbatch import LinkChanger
+    from .topology import shape_from_dict
+
+    tb = Testbed.attach(name)
+    changes = req.get("changes")
+    if not isinstance(changes, list):
+        raise TestbedError("the request's changes are not a list")
+    todo = []
+    for c in changes:
+        c = _dict(c, "change")
+        key = (c.get("link"), c.get("direction"))
+        ep = tb.egress.get(key)  # type: ignore[arg-type]
+        if ep is None or ep.host != tb.here:
+            raise TestbedError(f"link end {key} is not on this host")
+        todo.append((ep, shape_from_dict(c.get("shape")), f"links[{key[0]}] {key[1]}: changing the shape"))
+    changer = LinkChanger()
+    try:
+        changer.apply(todo)
+    finally:
+        changer.close()
+    return {"changed": len(todo)}
+
+
+def exec_(name: str, node: str, argv: list[str]) -> int:
+    """Run ``argv`` in ``node`` with this process's stdin/stdout/stderr; killed when the SSH
+    connection dies (PR_SET_PDEATHSIG here, DIE_WITH_PARENT for what runs in the node)."""
+    from .core import Testbed
+    from .nsexec import DIE_WITH_PARENT
+
+    _die_with_connection(signal.SIGTERM)
+    tb = Testbed.attach(name)
+    info = tb.node(node)
+    if info.host != tb.here:
+        raise TestbedError(f"node {node} is on host {info.host}, not on this one")
+    cmd = tb.command(node, argv)
+    env = dict(os.environ)
+    env[DIE_WITH_PARENT] = str(os.getpid())
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    rc = proc.wait()
+    return rc if rc >= 0 else 128 - rc
+
+
+def main(op: str, args: list[str]) -> int:
+    """Dispatch ``testbed _host OP ARGS``; prints the JSON answer; the exit status."""
+    try:
+        if op == "exec":
+            if len(args) < 4 or args[2] != "--":
+                raise TestbedError("usage: testbed _host exec NAME NODE -- ARGV...")
+            try:
+                return exec_(args[0], args[1], args[3:])
+            except TestbedError as e:
+                sys.stderr.write(f"error: {e}\n")
+                return 1
+        if op == "probe" and not args:
+            answer = probe(_dict(_payload(), "request"))
+        elif op == "apply" and len(args) == 1:
+            answer = apply(args[0], _dict(_payload(), "request"))
+        elif op == "down" and len(args) == 1:
+            answer = down(args[0])
+        elif op == "down-all" and not args:
+            answer = down_all()
+        elif op == "counters" and len(args) == 1:
+            answer = counters(args[0])
+        elif op == "shape" and len(args) == 1:
+            answer = shape(args[0], _dict(_payload(), "request"))
+        else:
+            raise TestbedError(f"unknown operation {op!r} or wrong arguments {args!r}")
+    except TestbedError as e:
+        sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+        return 1
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    return 0

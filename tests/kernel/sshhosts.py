@@ -1,0 +1,177 @@
+"""Hosts for the multi-host tests: real SSH servers, each in its own network namespace on an
+underlay bridge, with its own mount namespace (a private /run/netns and /run/testbed), so
+that what testbed makes "on a host" is invisible from the controller, as on another
+machine. Keys (host keys, the client key, known_hosts) are generated per session.
+
+The controller is this machine's root namespace: the underlay bridge ``tbul0`` carries
+198.18.0.1/24 (RFC 2544's benchmarking range), host i listens on 198.18.0.(10+i).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BRIDGE = "tbul0"
+NET = "198.18.0"
+SSHD = "/usr/sbin/sshd"
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+    return r
+
+
+@dataclass
+class SSHHost:
+    name: str
+    address: str
+    netns: str
+    dir: Path
+    proc: subprocess.Popen | None = None
+
+    def spec(self, key: Path, known_hosts: Path, **extra) -> dict:
+        """Its ``hosts:`` entry."""
+        return {"name": self.name, "address": self.address, "key": str(key), "known_hosts": str(known_hosts),
+                "testbed": str(Path(sys.executable).parent / "testbed"), **extra}
+
+    def in_mounts(self, *argv: str) -> subprocess.CompletedProcess:
+        """Run ``argv`` in this host's mount and network namespaces (what it sees)."""
+        assert self.proc is not None
+        return _run("nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", f"--net=/proc/{self.proc.pid}/ns/net",
+                    *argv, check=False)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self.in_mounts("ip", "netns", "list").stdout.split())
+
+    def ledgers(self) -> list[str]:
+        return sorted(p for p in self.in_mounts("ls", "-A", "/run/testbed").stdout.split() if p not in (".lock",))
+
+    def new_host_key(self) -> None:
+        """Replace its host key (as a reinstall would) and restart its sshd."""
+        key = self.dir / "ssh_host_ed25519_key"
+        key.unlink()
+        key.with_suffix(".pub").unlink()
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        self.stop()
+        self.start()
+
+    def start(self) -> None:
+        cfg = self.dir / "sshd_config"
+        inner = ("mkdir -p /run/netns /run/testbed /run/sshd && mount -t tmpfs -o mode=755 tbnetns /run/netns && "
+                 "mount -t tmpfs -o mode=700 tbstate /run/testbed && exec " + SSHD + f" -D -e -f {cfg}")
+        log = open(self.dir / "sshd.log", "ab")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation",
+                                      "private", "sh", "-c", inner], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if _probe(self.netns, self.address):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"sshd of {self.name} did not start: {(self.dir / 'sshd.log').read_text()[-800:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+def _probe(ns: str, address: str) -> bool:
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
+                        f"import socket; socket.create_connection(('{address}', 22), 1).close()"],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+@dataclass
+class Lab:
+    dir: Path
+    hosts: list[SSHHost]
+    key: Path
+    known_hosts: Path
+
+    def host_specs(self, **extra) -> list[dict]:
+        return [h.spec(self.key, self.known_hosts, **extra) for h in self.hosts]
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What each host still has of any testbed: namespaces, ledgers."""
+        return {h.name: h.namespaces() + h.ledgers() for h in self.hosts if h.namespaces() or h.ledgers()}
+
+    def write_known_hosts(self) -> None:
+        lines = []
+        for h in self.hosts:
+            pub = (h.dir / "ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{h.address} {pub[0]} {pub[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+
+
+def build(root: Path, n: int) -> Lab:
+    """``n`` SSH hosts on a fresh underlay bridge; :func:`destroy` removes them."""
+    if not Path(SSHD).exists():
+        raise FileNotFoundError(SSHD)
+    destroy_stale()
+    _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    _run("ip", "addr", "add", f"{NET}.1/24", "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+    key = root / "id_ed25519"
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+    auth = root / "authorized_keys"
+    shutil.copy(key.with_suffix(".pub"), auth)
+    hosts = []
+    for i in range(1, n + 1):
+        name, addr, ns = f"h{i}", f"{NET}.{10 + i}", f"tbhost{i}"
+        d = root / name
+        d.mkdir()
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "ssh_host_ed25519_key"))
+        (d / "sshd_config").write_text(
+            f"ListenAddress {addr}\nPort 22\nHostKey {d / 'ssh_host_ed25519_key'}\nPidFile {d / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {auth}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n")
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", f"tbh{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _run("ip", "link", "set", f"tbh{i}", "master", BRIDGE, "up")
+        _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        _run("ip", "-n", ns, "link", "set", "eth0", "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        h = SSHHost(name, addr, ns, d)
+        h.start()
+        hosts.append(h)
+    lab = Lab(root, hosts, key, root / "known_hosts")
+    lab.write_known_hosts()
+    return lab
+
+
+def destroy(lab: Lab) -> None:
+    for h in lab.hosts:
+        h.stop()
+    destroy_stale()
+
+
+def destroy_stale() -> None:
+    """Remove a lab (also one a killed session left)."""
+    for ns in _run("ip", "netns", "list", check=False).stdout.split():
+        if ns.startswith("tbhost"):
+            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+            for p in pids:
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            _run("ip", "netns", "del", ns, check=False)
+    _run("ip", "link", "del", BRIDGE, check=False)

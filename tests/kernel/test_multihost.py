@@ -1,0 +1,179 @@
+"""Testbeds across hosts: real sshd hosts (tests/kernel/sshhosts.py), VXLAN links, SSH control."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+
+import pytest
+import yaml
+
+from .conftest import cli, cli_json
+
+pytest.importorskip("paramiko")
+if shutil.which("sshd") is None and not __import__("os").path.exists("/usr/sbin/sshd"):
+    pytest.skip("no sshd (apt-get install openssh-server): the multi-host tests need real SSH servers",
+                allow_module_level=True)
+
+from . import sshhosts  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = sshhosts.build(tmp_path_factory.mktemp("lab"), 2)
+    try:
+        yield lab
+    finally:
+        sshhosts.destroy(lab)
+
+
+@pytest.fixture
+def clean_lab(lab, clean_kernel):
+    """Every host as bare after the test as before (namespaces, ledgers), and the local kernel too."""
+    assert lab.leftovers() == {}
+    yield lab
+    left = lab.leftovers()
+    assert left == {}, f"left on hosts: {left}"
+
+
+def _topology(lab, name: str, rate: str = "100mbit", **host_extra) -> dict:
+    """w0, w1 behind s0 here; w2 behind s1 on h1; w3 behind s2 on h2; s1-s0 and s2-s0 cross hosts."""
+    return {
+        "name": name,
+        "hosts": lab.host_specs(**host_extra),
+        "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch", "host": "h1"},
+                  "s2": {"kind": "switch", "host": "h2"},
+                  "w0": {"kind": "worker"}, "w1": {"kind": "worker"}, "w2": {"kind": "worker"},
+                  "w3": {"kind": "worker"}},
+        "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s0"]}, {"endpoints": ["w2", "s1"]},
+                  {"endpoints": ["w3", "s2"]},
+                  {"endpoints": ["s1", "s0"], "rate": rate, "bottleneck": True},
+                  {"endpoints": ["s2", "s0"], "rate": rate}],
+    }
+
+
+def _write(tmp_path, topo: dict):
+    p = tmp_path / f"{topo['name']}.yaml"
+    p.write_text(yaml.safe_dump(topo))
+    return p
+
+
+def _goodput(name: str, server: str, client: str, address: str, seconds: int = 4) -> float:
+    """iperf3 TCP goodput client -> server in bit/s, both run with `testbed exec` (over SSH for remote nodes)."""
+    import subprocess
+    import sys
+
+    srv = subprocess.Popen([sys.executable, "-m", "testbed.cli", "exec", "--testbed", name, server, "--",
+                            "iperf3", "-s", "-1", "-p", "5301"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)
+        r = cli("exec", "--testbed", name, client, "--", "iperf3", "-c", address, "-p", "5301", "-t", str(seconds),
+                "-O", "1", "-J")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
+    lab = clean_lab
+    topo = _write(tmp_path, _topology(lab, "mh"))
+    up = cli_json("up", str(topo))
+    try:
+        nodes = {n["name"]: n for n in up["nodes"]}
+        assert {n: nodes[n]["host"] for n in ("w0", "w1", "w2", "w3", "s1", "s2")} == {
+            "w0": "local", "w1": "local", "w2": "h1", "w3": "h2", "s1": "h1", "s2": "h2"}
+        # the remote nodes really are on their hosts, not here
+        h1, h2 = lab.hosts
+        assert h1.namespaces() == ["mh", "mh.w2"] and h2.namespaces() == ["mh", "mh.w3"]
+        local = cli("status", "mh", "--json")
+        assert local.returncode == 0
+        # the cross-host link ends are VXLAN devices with the tunnel's MTU, on both sides
+        vx = h1.in_mounts("ip", "-n", "mh", "-d", "link", "show", "l4a").stdout
+        assert "vxlan id" in vx and "mtu 1450" in vx and f"remote {sshhosts.NET}.1" in vx
+        # every worker reaches every other (across 0, 1 and 2 tunnels)
+        addr = {n: nodes[n]["address"] for n in ("w0", "w1", "w2", "w3")}
+        for src in addr:
+            for dst in addr:
+                if src != dst:
+                    r = cli("exec", "--testbed", "mh", src, "--", "ping", "-c1", "-W2", addr[dst])
+                    assert r.returncode == 0, f"{src} -> {dst}: {r.stdout}{r.stderr}"
+        # a full-size packet crosses (the MTU is the same everywhere in the L2 domain)
+        r = cli("exec", "--testbed", "mh", "w0", "--", "ping", "-c1", "-W2", "-M", "do", "-s", "1422", addr["w2"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        # goodput across the shaped cross-host link: 100mbit, then changed live to 1gbit
+        g = _goodput("mh", "w2", "w0", addr["w2"])
+        assert 0.90 * 100e6 <= g <= 1.0 * 100e6, g
+        before = {(l["name"]): l for l in cli_json("link", "show", "--testbed", "mh")["links"]}
+        cli_json("link", "set", "s1-s0", "--bw", "1gbit", "--testbed", "mh")
+        tc = h1.in_mounts("tc", "-n", "mh", "class", "show", "dev", "l4a").stdout
+        assert "rate 1Gbit" in tc, tc
+        g = _goodput("mh", "w0", "w2", addr["w0"])  # the other direction: shaped on h1
+        assert 0.90 * 1e9 <= g <= 1.0 * 1e9, g
+        # counters come from both hosts of the link: forward (s1 -> s0) is counted on h1
+        after = {(l["name"]): l for l in cli_json("link", "show", "--testbed", "mh")["links"]}
+        fwd = after["s1-s0"]["forward"]["counters"]["bytes"] - before["s1-s0"]["forward"]["counters"]["bytes"]
+        rev = after["s1-s0"]["reverse"]["counters"]["bytes"] - before["s1-s0"]["reverse"]["counters"]["bytes"]
+        assert fwd > 100e6 / 8, (fwd, rev)  # the 1gbit iperf from w2 to w0 ran a few seconds
+        assert after["s1-s0"]["forward"]["shape"]["rate"] == "1gbit"
+    finally:
+        r = cli("down", "mh")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert lab.leftovers() == {}
+
+
+def test_a_killed_controller_mid_up_then_down_all_leaves_nothing_anywhere(clean_lab, tmp_path):
+    lab = clean_lab
+    topo = _write(tmp_path, _topology(lab, "mk"))
+    r = cli("up", str(topo), env={"TESTBED_FAULT_STEP": "4"})  # after both shares started and a few local steps
+    assert r.returncode == -9, r.stdout + r.stderr
+    r = cli("down", "--all", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mk" in json.loads(r.stdout)["removed"]
+    deadline = time.monotonic() + 30  # a share still being built when the controller died removes itself
+    while lab.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_a_changed_or_unknown_host_key_is_refused(clean_lab, tmp_path):
+    lab = clean_lab
+    h2 = lab.hosts[1]
+    saved = lab.known_hosts.read_text()
+    h2.new_host_key()
+    try:
+        topo = _write(tmp_path, _topology(lab, "mkey"))
+        r = cli("up", str(topo))
+        assert r.returncode == 1
+        out = r.stdout + r.stderr
+        assert "host h2" in out and "CHANGED" in out and "ssh-keygen" in out and "Traceback" not in out, out
+        assert cli("status", "mkey").returncode != 0  # nothing was built, here or there
+        assert lab.known_hosts.read_text() == saved  # and the old key was not replaced
+        # a host seen for the first time: refused unless the topology opts in
+        lab.known_hosts.write_text("".join(l for l in saved.splitlines(True) if not l.startswith(h2.address + " ")))
+        r = cli("up", str(topo))
+        assert r.returncode == 1 and "not in" in r.stdout + r.stderr and "accept_new_host_key" in r.stdout + r.stderr
+        topo = _write(tmp_path, _topology(lab, "mkey", accept_new_host_key=True))
+        cli_json("up", str(topo))
+        cli_json("down", "mkey")
+        assert any(l.startswith(h2.address + " ") for l in lab.known_hosts.read_text().splitlines())
+    finally:
+        lab.write_known_hosts()
+
+
+def test_bad_hosts_are_refused_before_anything_is_made(clean_lab, tmp_path):
+    lab = clean_lab
+    t = _topology(lab, "mbad")
+    t["hosts"][1]["address"] = f"{sshhosts.NET}.99"  # nobody there
+    r = cli("up", str(_write(tmp_path, t)))
+    assert r.returncode == 1 and "host h2" in r.stdout + r.stderr and "unreachable" in r.stdout + r.stderr
+    t = _topology(lab, "mbad")
+    t["vxlan"] = {"mtu": 1480}  # underlay 1500 cannot carry 1480 + 50
+    r = cli("up", str(_write(tmp_path, t)))
+    assert r.returncode == 1 and re.search(r"MTU 1500, too small", r.stdout + r.stderr), r.stdout + r.stderr
+    t = _topology(lab, "mbad")
+    t["hosts"][0]["testbed"] = "/nonexistent/testbed"
+    r = cli("up", str(_write(tmp_path, t)))
+    assert r.returncode == 1 and "is not there" in r.stdout + r.stderr, r.stdout + r.stderr
