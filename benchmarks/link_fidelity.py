@@ -5,7 +5,12 @@ A two-worker dumbbell whose switch-to-switch link is set to each rate in turn (w
 The ceiling is 0.956: TCP/IP/Ethernet headers at MTU 1500 (tc counts layer 2).
 Needs root and iperf3.
 
-    sudo python -m benchmarks.link_fidelity [--rates 10mbit,100mbit,...] [--seconds 4]
+With ``--cross-host`` the same rates are measured a second time with the second switch on
+another host: a real sshd in its own namespace on an underlay bridge (the multi-host
+tests' lab, tests/kernel/sshhosts.py), so the link is a VXLAN tunnel shaped at both ends,
+at MTU 1450 (TCP ceiling 0.955). Needs openssh-server too.
+
+    sudo python -m benchmarks.link_fidelity [--rates 10mbit,100mbit,...] [--seconds 4] [--cross-host]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default=RATES)
     ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--cross-host", action="store_true", help="also measure a link between two hosts (VXLAN)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -42,20 +48,42 @@ def main() -> None:
     # access links faster than the fastest bottleneck tested, so only the bottleneck shapes
     topo = dumbbell(name="fidelity", rate=str(rates[0]))
     topo["defaults"] = {"link": {"rate": "40gbit"}}
-    print(f"{'rate':>9} {'goodput Mbit/s':>15} {'ratio':>6}  (target >= {TARGET}, TCP ceiling 0.956)")
-    worst = 1.0
-    with Testbed.up(load_topology_dict(topo)) as tb:
-        tb.set_links(tb.find_links(bottleneck=True), rate=Rate.parse("400gbit"))
-        capacity = goodput(tb, args.seconds)
-        print(f"path capacity of this machine (shaping at 400gbit, i.e. CPU-bound): {capacity / 1e6:.0f} Mbit/s")
-        for rate in rates:
-            tb.set_links(tb.find_links(bottleneck=True), rate=rate)
-            g = goodput(tb, args.seconds)
-            ratio = g / rate.bps
-            worst = min(worst, ratio)
-            print(f"{str(rate):>9} {g / 1e6:15.1f} {ratio:6.3f}{'' if ratio >= TARGET else '  below target'}", flush=True)
-    print(f"worst ratio {worst:.3f}")
+    rows = {"local (veth)": measure(topo, rates, args.seconds)}
+    if args.cross_host:
+        from tests.kernel import sshhosts
 
+        lab = sshhosts.build(Path(tempfile.mkdtemp(prefix="testbed-lab-")), 1)
+        try:
+            topo = dict(topo, name="fidelityx", hosts=lab.host_specs())
+            topo["nodes"] = dict(topo["nodes"], s1={"kind": "switch", "host": "h1"})
+            rows["cross-host (VXLAN)"] = measure(topo, rates, args.seconds)
+        finally:
+            sshhosts.destroy(lab)
+    print(f"\n{'rate':>9} " + " ".join(f"{k + ' ratio':>24}" for k in rows) + f"  (target >= {TARGET})")
+    for i, rate in enumerate(rates):
+        print(f"{str(rate):>9} " + " ".join(f"{v[i]:24.3f}" for v in rows.values()))
+    for k, v in rows.items():
+        print(f"worst ratio, {k}: {min(v):.3f}")
+
+
+def measure(topo: dict, rates: list, seconds: float) -> list[float]:
+    print(f"{'rate':>9} {'goodput Mbit/s':>15} {'ratio':>6}  {topo['name']} (target >= {TARGET}, TCP ceiling 0.956)")
+    out = []
+    with Testbed.up(load_topology_dict(topo)) as tb:
+        try:
+            tb.set_links(tb.find_links(bottleneck=True), rate=Rate.parse("400gbit"))
+            capacity = goodput(tb, seconds)
+            print(f"path capacity of this machine (shaping at 400gbit, i.e. CPU-bound): {capacity / 1e6:.0f} Mbit/s")
+            for rate in rates:
+                tb.set_links(tb.find_links(bottleneck=True), rate=rate)
+                g = goodput(tb, seconds)
+                ratio = g / rate.bps
+                out.append(ratio)
+                print(f"{str(rate):>9} {g / 1e6:15.1f} {ratio:6.3f}{'' if ratio >= TARGET else '  below target'}",
+                      flush=True)
+        finally:
+            tb.close()
+    return out
 
 if __name__ == "__main__":
     main()

@@ -107,14 +107,19 @@ def up(
                 routes = host_routes()
             except Exception:
                 routes = []
-            plan = make_plan(topo, choose_subnet(topo, routes))
+            under = None
+            if topo.multi_host:  # tunnel addresses as given; this host's is found at up
+                under = {"local": "<this host>", **{h.name: h.underlay for h in topo.hosts}}
+            plan = make_plan(topo, choose_subnet(topo, routes), under)
+            where = plan.placement or ["local"] * len(plan.actions)
             if as_json:
-                _emit({"name": topo.name, "subnet": str(plan.subnet),
-                       "actions": [a.to_dict() for a in plan.actions]})
+                _emit({"name": topo.name, "subnet": str(plan.subnet), "hosts": plan.hosts,
+                       "actions": [{**a.to_dict(), "host": h} for a, h in zip(plan.actions, where)]})
             else:
                 out.print(f"plan for [bold]{escape(topo.name)}[/]: {len(plan.actions)} actions, subnet {plan.subnet}")
-                for i, a in enumerate(plan.actions):
-                    out.print(f"{i:5d}  {a.describe()}", highlight=False, markup=False)
+                for i, (a, h) in enumerate(zip(plan.actions, where)):
+                    out.print(f"{i:5d}  {'' if not topo.multi_host else f'{h}: '}{a.describe()}",
+                              highlight=False, markup=False)
             return
         from .core import Testbed
 
@@ -199,11 +204,12 @@ def status(
 
 
 def _render_testbed(d: dict) -> None:
-    nodes = Table("node", "kind", "rank", "backend", "netns", "interface", "address", title=f"testbed {d['name']}: nodes",
-                  title_justify="left")
+    hosts = any(n.get("host", "local") != "local" for n in d["nodes"])
+    nodes = Table("node", "kind", "rank", "backend", *(("host",) if hosts else ()), "netns", "interface", "address",
+                  title=f"testbed {d['name']}: nodes", title_justify="left")
     for n in d["nodes"]:
         nodes.add_row(*_lit(n["name"], n["kind"], "" if n["rank"] is None else str(n["rank"]), n["backend"] or "",
-                            n["netns"], n["iface"] or "",
+                            *((n.get("host", "local"),) if hosts else ()), n["netns"], n["iface"] or "",
                             f"{n['address']}/{d['subnet'].split('/')[1]}" if n["address"] else ""))
     out.print(nodes)
     links = Table("link", "endpoints", "bottleneck", "forward (a->b)", "reverse (b->a)", "interfaces",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import time
 
 import pytest
@@ -106,12 +107,14 @@ def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         # goodput across the shaped cross-host link: 100mbit, then changed live to 1gbit
         g = _goodput("mh", "w2", "w0", addr["w2"])
+        print(f"cross-host goodput at 100mbit: {g / 1e6:.1f} Mbit/s")
         assert 0.90 * 100e6 <= g <= 1.0 * 100e6, g
         before = {(l["name"]): l for l in cli_json("link", "show", "--testbed", "mh")["links"]}
         cli_json("link", "set", "s1-s0", "--bw", "1gbit", "--testbed", "mh")
         tc = h1.in_mounts("tc", "-n", "mh", "class", "show", "dev", "l4a").stdout
         assert "rate 1Gbit" in tc, tc
         g = _goodput("mh", "w0", "w2", addr["w0"])  # the other direction: shaped on h1
+        print(f"cross-host goodput at 1gbit: {g / 1e6:.1f} Mbit/s")
         assert 0.90 * 1e9 <= g <= 1.0 * 1e9, g
         # counters come from both hosts of the link: forward (s1 -> s0) is counted on h1
         after = {(l["name"]): l for l in cli_json("link", "show", "--testbed", "mh")["links"]}
@@ -125,17 +128,32 @@ def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
     assert lab.leftovers() == {}
 
 
+def _local_steps(topo) -> int:
+    """How many steps the controller executes: a start per remote share, its own share, the wait."""
+    plan = cli_json("up", str(topo), "--dry-run")
+    return len(plan["hosts"]) - 1 + sum(a["host"] == "local" for a in plan["actions"]) + 1
+
+
 def test_a_killed_controller_mid_up_then_down_all_leaves_nothing_anywhere(clean_lab, tmp_path):
     lab = clean_lab
     topo = _write(tmp_path, _topology(lab, "mk"))
-    r = cli("up", str(topo), env={"TESTBED_FAULT_STEP": "4"})  # after both shares started and a few local steps
-    assert r.returncode == -9, r.stdout + r.stderr
-    r = cli("down", "--all", "--json")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "mk" in json.loads(r.stdout)["removed"]
-    deadline = time.monotonic() + 30  # a share still being built when the controller died removes itself
-    while lab.leftovers() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    n = _local_steps(topo)
+    # SIGKILL (a) while the hosts build their shares (before the wait for them), and (b) once
+    # everything is built and the exporter runs (the hosts' shares complete)
+    for step, built in ((n - 1, False), (n, True)):
+        r = cli("up", str(topo), env={"TESTBED_FAULT_STEP": str(step)})
+        assert r.returncode == -9, r.stdout + r.stderr
+        if built:
+            assert lab.leftovers() == {"h1": ["mk", "mk.w2", "mk"], "h2": ["mk", "mk.w3", "mk"]}
+        r = cli("down", "--all", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "mk" in json.loads(r.stdout)["removed"]
+        # a share still being built when the controller died removes itself (its sshd
+        # session ended: SIGTERM); down waits for it on that host's lock
+        deadline = time.monotonic() + 30
+        while lab.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lab.leftovers() == {}, step
 
 
 def test_a_changed_or_unknown_host_key_is_refused(clean_lab, tmp_path):
@@ -163,17 +181,32 @@ def test_a_changed_or_unknown_host_key_is_refused(clean_lab, tmp_path):
         lab.write_known_hosts()
 
 
+def _refused(r):
+    """A clean refusal: exit 1, no traceback, printed as an error with a hint."""
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr and "error:" in r.stderr, r.stdout + r.stderr
+    print(r.stderr.strip())
+    return r
+
+
 def test_bad_hosts_are_refused_before_anything_is_made(clean_lab, tmp_path):
     lab = clean_lab
     t = _topology(lab, "mbad")
     t["hosts"][1]["address"] = f"{sshhosts.NET}.99"  # nobody there
-    r = cli("up", str(_write(tmp_path, t)))
+    r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and "host h2" in r.stdout + r.stderr and "unreachable" in r.stdout + r.stderr
     t = _topology(lab, "mbad")
     t["vxlan"] = {"mtu": 1480}  # underlay 1500 cannot carry 1480 + 50
-    r = cli("up", str(_write(tmp_path, t)))
+    r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and re.search(r"MTU 1500, too small", r.stdout + r.stderr), r.stdout + r.stderr
+    other = tmp_path / "testbed-other-version"  # the same code claiming another version
+    other.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import sys, testbed; testbed.__version__ = '0.0.1-other'; "
+                     "sys.argv[0] = 'testbed'; from testbed.cli import main; main()\" \"$@\"\n")
+    other.chmod(0o755)
+    t = _topology(lab, "mbad")
+    t["hosts"][0]["testbed"] = str(other)
+    r = _refused(cli("up", str(_write(tmp_path, t))))
+    assert r.returncode == 1 and "host h1" in r.stdout + r.stderr and "0.0.1-other" in r.stdout + r.stderr, r.stdout
     t = _topology(lab, "mbad")
     t["hosts"][0]["testbed"] = "/nonexistent/testbed"
-    r = cli("up", str(_write(tmp_path, t)))
+    r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and "is not there" in r.stdout + r.stderr, r.stdout + r.stderr
