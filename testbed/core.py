@@ -220,10 +220,22 @@ class Testbed:
                 raise TestbedError(f"node {node} is on host {info.host}", "run this on the controller")
             if mounts or cwd is not None:
                 raise TestbedError(f"node {node} is on host {info.host}: host directories cannot be mounted there")
-            h = self.topology.host(info.host)
-            return procs.python_argv("testbed.sshexec", "--host", json.dumps(h.to_dict()), "--testbed", self.name,
-                                     "--node", node, "--", *argv)
+            return self.remote_command(node, argv)
         return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
+
+    def remote_command(self, node: str, argv: Sequence[str], *, python: bool = False, run: str | None = None,
+                       env: dict[str, str] | None = None, mounts: Sequence[Path] = ()) -> list[str]:
+        """Host argv that runs ``argv`` in ``node`` on its (other) host, relayed over SSH by
+        :mod:`testbed.sshexec`. ``python``: ``argv`` is MODULE ARGS for the node's Python
+        there; ``run``: start in that host's directory of the run; ``env``: variables set
+        on top of the node's own environment there; ``mounts``: directories that exist
+        on that host too (a container sees them)."""
+        info = self.node(node)
+        h = self.topology.host(info.host)
+        opts = (["--python"] if python else []) + ([f"--run={run}"] if run else [])
+        opts += [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--mount={m}" for m in mounts]
+        return procs.python_argv("testbed.sshexec", "--host", json.dumps(h.to_dict()), "--testbed", self.name,
+                                 "--node", node, *(f"--remote-opt={o}" for o in opts), "--", *argv)
 
     def spawn(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None,
               **popen_kwargs) -> subprocess.Popen:

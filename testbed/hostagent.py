@@ -209,21 +209,84 @@ def shape(name: str, req: dict) -> dict:
     return {"changed": len(todo)}
 
 
-def exec_(name: str, node: str, argv: list[str]) -> int:
-    """Run ``argv`` in ``node`` with this process's stdin/stdout/stderr; killed when the SSH
-    connection dies (PR_SET_PDEATHSIG here, DIE_WITH_PARENT for what runs in the node)."""
+RUN_ID_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def run_dir(name: str, run: str, create: bool = False):
+    """This host's directory for run ``run`` of testbed ``name`` (inside its state
+    directory: ``down`` removes it; the controller collects what ranks write there)."""
+    from .ledger import Ledger, private_dir
+
+    if not RUN_ID_RE.fullmatch(run) or run in (".", ".."):
+        raise TestbedError(f"invalid run id {run!r}")
+    ledger = Ledger(name)
+    if not ledger.exists():
+        raise StateError(f"testbed '{name}' is not up on this host")
+    d = ledger.dir / "runs" / run
+    if create:
+        private_dir(d)
+    elif not d.is_dir():
+        raise StateError(f"run {run} has no directory on this host")
+    return d
+
+
+def rundir(name: str, run: str) -> dict:
+    return {"path": str(run_dir(name, run, create=True))}
+
+
+def exec_(name: str, node: str, args: list[str]) -> int:
+    """Run a command in ``node`` with this process's stdin/stdout/stderr; killed when the SSH
+    connection dies (PR_SET_PDEATHSIG here, DIE_WITH_PARENT for what runs in the node).
+
+    ``args``: ``[--python] [--run RUN] [--env K=V]... [--mount DIR]... -- ARGV``. ``--python``:
+    ARGV is ``MODULE ARGS`` for the node's Python; ``--run``: the command starts in this
+    host's directory of that run, which the node sees (with each ``--mount``) at that path."""
+    import argparse
+    from pathlib import Path
+
+    from . import procs
     from .core import Testbed
     from .nsexec import DIE_WITH_PARENT
 
+    p = argparse.ArgumentParser(prog="testbed _host exec", add_help=False)
+    p.add_argument("--python", action="store_true")
+    p.add_argument("--run")
+    p.add_argument("--env", action="append", default=[])
+    p.add_argument("--mount", action="append", default=[])
+    try:
+        cut = args.index("--")
+    except ValueError:
+        raise TestbedError("usage: testbed _host exec NAME NODE [OPTIONS] -- ARGV...") from None
+    opts, unknown = p.parse_known_args(args[:cut])
+    argv = args[cut + 1:]
+    if unknown or not argv:
+        raise TestbedError(f"bad exec options {unknown!r}" if unknown else "no command")
     _die_with_connection(signal.SIGTERM)
     tb = Testbed.attach(name)
     info = tb.node(node)
     if info.host != tb.here:
         raise TestbedError(f"node {node} is on host {info.host}, not on this one")
-    cmd = tb.command(node, argv)
-    env = dict(os.environ)
+    backend = tb.backend(node)
+    env = backend.environment(info)
+    for kv in opts.env:
+        k, sep, v = kv.partition("=")
+        if not sep or not k or "\0" in kv:
+            raise TestbedError(f"bad --env {kv!r}")
+        env[k] = v
+    mounts = [Path(m) for m in opts.mount]
+    for m in mounts:
+        if not m.is_absolute() or not m.is_dir():
+            raise TestbedError(f"--mount {m}: not a directory on host {tb.here}",
+                               "a path the command needs must exist on every host that runs it")
+    cwd = None
+    if opts.run is not None:
+        cwd = run_dir(name, opts.run)
+        mounts.insert(0, cwd)
+    if opts.python:
+        argv = procs.python_argv(*argv, python=backend.python(info))
+    cmd = tb.command(node, argv, mounts=mounts, cwd=cwd)
     env[DIE_WITH_PARENT] = str(os.getpid())
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd)
 
     def forward(signum, frame):
         try:
@@ -241,10 +304,10 @@ def main(op: str, args: list[str]) -> int:
     """Dispatch ``testbed _host OP ARGS``; prints the JSON answer; the exit status."""
     try:
         if op == "exec":
-            if len(args) < 4 or args[2] != "--":
-                raise TestbedError("usage: testbed _host exec NAME NODE -- ARGV...")
+            if len(args) < 4:
+                raise TestbedError("usage: testbed _host exec NAME NODE [OPTIONS] -- ARGV...")
             try:
-                return exec_(args[0], args[1], args[3:])
+                return exec_(args[0], args[1], args[2:])
             except TestbedError as e:
                 sys.stderr.write(f"error: {e}\n")
                 return 1
@@ -258,6 +321,8 @@ def main(op: str, args: list[str]) -> int:
             answer = down_all()
         elif op == "counters" and len(args) == 1:
             answer = counters(args[0])
+        elif op == "rundir" and len(args) == 2:
+            answer = rundir(args[0], args[1])
         elif op == "shape" and len(args) == 1:
             answer = shape(args[0], _dict(_payload(), "request"))
         else:

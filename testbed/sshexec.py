@@ -32,11 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True)
     p.add_argument("--testbed", required=True)
     p.add_argument("--node", required=True)
+    p.add_argument("--remote-opt", action="append", default=[],
+                   help="an option for `testbed _host exec` there (--python, --run=ID, --env=K=V, --mount=DIR)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         p.error("no command")
+    if any(not o.startswith(("--python", "--run=", "--env=", "--mount=")) or o == "--" for o in a.remote_opt):
+        p.error(f"bad --remote-opt in {a.remote_opt!r}")
     if (code := _die_with_parent()) is not None:
         return code
     try:
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, stop)
-    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, "--", *cmd]))
+    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, *a.remote_opt, "--", *cmd]))
 
     def pump_stdin():
         try:

@@ -142,7 +142,8 @@ def build(root: Path, n: int) -> Lab:
         (d / "sshd_config").write_text(
             f"ListenAddress {addr}\nPort 22\nHostKey {d / 'ssh_host_ed25519_key'}\nPidFile {d / 'sshd.pid'}\n"
             f"AuthorizedKeysFile {auth}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n")
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n"
+            "Subsystem sftp internal-sftp\n")
         _run("ip", "netns", "add", ns)
         _run("ip", "link", "add", f"tbh{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
         _run("ip", "link", "set", f"tbh{i}", "master", BRIDGE, "up")

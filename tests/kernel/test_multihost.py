@@ -10,6 +10,7 @@ import time
 
 import pytest
 import yaml
+from pathlib import Path
 
 from .conftest import cli, cli_json
 
@@ -210,3 +211,75 @@ def test_bad_hosts_are_refused_before_anything_is_made(clean_lab, tmp_path):
     t["hosts"][0]["testbed"] = "/nonexistent/testbed"
     r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and "is not there" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+SHORT = ["--max-iters", "12", "--eval-every", "6", "--target-acc", "0.3"]
+
+
+def _two_host_dumbbell(lab, name: str) -> dict:
+    """Rank 0 (w0) behind s1 on h1, rank 1 (w1) behind s0 here; the bottleneck s0-s1 crosses."""
+    return {"name": name, "hosts": lab.host_specs()[:1],
+            "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch", "host": "h1"},
+                      "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
+            "links": [{"endpoints": ["w0", "s1"]}, {"endpoints": ["w1", "s0"]},
+                      {"endpoints": ["s0", "s1"], "rate": "1gbit", "bottleneck": True}]}
+
+
+def test_runs_across_hosts_collect_records_and_prove_the_bottleneck(clean_lab, tmp_path):
+    lab = clean_lab
+    topo = _write(tmp_path, _two_host_dumbbell(lab, "rmh"))
+    runs = tmp_path / "runs"
+    cli_json("up", str(topo))
+    try:
+        for scheme in ("allreduce", "pactrain"):
+            s = cli_json("run", scheme, "--testbed", "rmh", "--bw", "200mbit", "--out", str(runs), *SHORT)
+            assert s["status"] == "ok" and s["world_size"] == 2 and s["iterations"] == 12, s
+            b = s["bottleneck"]  # counted on both hosts: forward on this one, reverse on h1
+            assert b["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"], (b, s["mean_payload_bytes"])
+            assert b["bytes"] <= 2.3 * s["mean_payload_bytes"] * s["iterations"] + 2e6
+            d = Path(s["run_dir"])
+            # rank 0 ran on h1: its records, the evaluation and the summary were collected here
+            for f in ("config.json", "rank0.jsonl", "rank1.jsonl", "rank0.log", "eval.jsonl", "summary.json"):
+                assert (d / f).exists(), f
+            recs = [json.loads(x) for x in (d / "rank0.jsonl").read_text().splitlines()]
+            assert len(recs) == 12 and recs[-1]["tx_bytes"] - recs[0]["tx_bytes"] >= \
+                0.9 * sum(r["payload_bytes"] for r in recs[1:])
+            assert (d / "placement.json").exists()
+            place = json.loads((d / "placement.json").read_text())
+            assert [r["host"] for r in place["ranks"]] == ["h1", "local"]
+        assert s["from_scratch"] is False  # pactrain's checkpoint, made here, was handed to h1's rank
+    finally:
+        cli_json("down", "rmh")
+
+
+def test_a_rank_killed_on_another_host_ends_the_run_naming_the_host(clean_lab, tmp_path):
+    import subprocess
+
+    lab = clean_lab
+    topo = _write(tmp_path, _two_host_dumbbell(lab, "rmk"))
+    runs = tmp_path / "runs"
+    cli_json("up", str(topo))
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--testbed", "rmk", "--out",
+                              str(runs), "--max-iters", "100000", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # rank 0's records arrive here from h1
+            recs = list(runs.glob("*/rank0.jsonl"))
+            if recs and recs[0].stat().st_size > 0:
+                break
+            time.sleep(0.5)
+        else:
+            p.kill()
+            raise AssertionError("no records from h1: " + "".join(p.communicate()))
+        pids = lab.hosts[0].in_mounts("ip", "netns", "pids", "rmk.w0").stdout.split()
+        assert pids
+        lab.hosts[0].in_mounts("kill", "-9", *pids)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1, out + err
+        msg = json.loads(out)["error"]
+        assert "rank 0 (node w0 on host h1)" in msg, msg
+        # and the other rank (here) was stopped
+        assert subprocess.run(["ip", "netns", "pids", "rmk.w1"], capture_output=True, text=True).stdout.split() == []
+    finally:
+        cli_json("down", "rmk")
