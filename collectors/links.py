@@ -1,5 +1,8 @@
 """Per link and direction: tc counters and shape of every running testbed, read at scrape time.
 
+On a testbed that spans hosts, each host's exporter reports the link directions whose
+egress is on that host, so every series comes from exactly one exporter.
+
 Counters come from the root HTB qdisc of the interface whose egress carries the direction
 (the same numbers as ``testbed link show`` and the run summaries), read over netlink in
 the testbed's namespaces; the shape is the one in force (``testbed link set`` included).
@@ -44,7 +47,7 @@ class LinkCollector(Collector):
         out: dict[str, dict | None] = {}
         for tb in testbeds:
             try:
-                out[tb.name] = tb.link_counters(pool=self.pool)
+                out[tb.name] = tb.link_counters(pool=self.pool, local_only=True)
             except (TestbedError, OSError):
                 out[tb.name] = None
         self.pool.prune()  # close the handles of testbeds gone since the last scrape
@@ -82,6 +85,8 @@ class LinkCollector(Collector):
             up.add_metric([tb.name], 1)
             for l in tb.topology.links:
                 for d, (src, dst) in zip(DIRECTIONS, ((l.a, l.b), (l.b, l.a))):
+                    if tb.egress[(l.index, d)].host != tb.here:
+                        continue  # that host's exporter has it (multi-host: one series, one exporter)
                     labels = [tb.name, l.name, d, src, dst, "true" if l.bottleneck else "false"]
                     c = live.get((l.index, d))
                     shape = l.shape(d)

@@ -412,12 +412,25 @@ class AwaitShares(Action):
                 ctx.check()
             if "error" in box:
                 failures.append(box["error"])
+        done = [(host, box.get("answer") or {}) for host, _, box in ctx.pending]
         ctx.pending.clear()
         if failures:
             e = failures[0]
             if isinstance(e, TestbedError) and len(failures) > 1:
                 e.message += f" (and {len(failures) - 1} other host(s) failed)"
             raise e
+        from .sd import parse_listen, testbed_target, write_target
+
+        for host, answer in done:  # announce each host's link exporter to the local Prometheus
+            url = answer.get("exporter")
+            if isinstance(url, str) and url.startswith("http://") and url.endswith("/metrics"):
+                try:
+                    addr, port = parse_listen(url[len("http://"):-len("/metrics")])
+                except ValueError:
+                    continue
+                target = testbed_target(ctx.testbed).with_name(f"testbed-{ctx.testbed}@{host}.json")
+                write_target(target, addr, port, {"exporter": "links", "host": host})
+                ctx.results.setdefault("host_exporters", {})[host] = url
 
 
 # ---------------------------------------------------------------------- host processes and files
@@ -540,7 +553,8 @@ def recorded(name: str, cls: type) -> list:
 @register
 @dataclass(frozen=True)
 class TargetFile(Action):
-    """A file-SD target file written by a run's exporter; removed if the run dies."""
+    """A file-SD target file written by a run's exporter (removed if the run dies), or the
+    one announcing another host's link exporter (``testbed-NAME@HOST.json``)."""
 
     target: str
 
@@ -548,7 +562,9 @@ class TargetFile(Action):
         return f"file-SD target {self.target}"
 
     def release(self, td: Teardown) -> None:
-        _check_target(self.target, f"run-{td.testbed}-*.json")
+        name = Path(self.target).name
+        _check_target(self.target, f"testbed-{td.testbed}@*.json" if name.startswith("testbed-")
+                      else f"run-{td.testbed}-*.json")
         Path(self.target).unlink(missing_ok=True)
 
 

@@ -150,7 +150,11 @@ class Testbed:
             from .actions import ApplyContext
 
             ctx = ApplyContext(topology.name)
-            apply_plan(_local_plan(plan, state, ctx), ledger, state, progress, exporter, ctx=ctx)
+            apply_plan(_local_plan(plan, state, ctx, exporter is not None), ledger, state, progress, exporter,
+                       ctx=ctx)
+            if ctx.results.get("host_exporters"):
+                state["host_exporters"] = ctx.results["host_exporters"]
+                ledger.write_state(state)
         tb = cls(state)
         tb._owned = True
         return tb
@@ -498,10 +502,15 @@ def _probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> N
             f.result()
 
 
-def _local_plan(plan: Plan, state: dict, ctx) -> Plan:
+def _local_plan(plan: Plan, state: dict, ctx, exporters: bool = True) -> Plan:
     """What this host executes: the other hosts' shares (started in the background, each
-    recorded first), its own actions, then the wait for the others."""
-    from .actions import AwaitShares, RemoteShare
+    recorded first), its own actions, then the wait for the others.
+
+    ``exporters``: each host also starts its link exporter, on the address the controller
+    reaches it at (its management network; any free port), announced here to Prometheus
+    through a file-SD target ``testbed-NAME@HOST.json``."""
+    from .actions import AwaitShares, RemoteShare, TargetFile
+    from .sd import testbed_target
 
     remote = [h for h in plan.topology.hosts if h.name in plan.hosts]
     if not remote:
@@ -512,4 +521,17 @@ def _local_plan(plan: Plan, state: dict, ctx) -> Plan:
                               "actions": [a.to_dict() for a in plan.share(h.name)]}
         acts.append(RemoteShare(h.name, h.address, h.underlay, h.user, h.port, h.key, h.known_hosts,
                                 h.accept_new_host_key, h.testbed))
+        if exporters:
+            listen = h.address if _is_ipv4(h.address) else h.underlay
+            ctx.shares[h.name]["exporter"] = f"{listen}:0"
+            acts.append(TargetFile(str(testbed_target(plan.topology.name).with_name(
+                f"testbed-{plan.topology.name}@{h.name}.json"))))
     return Plan(plan.topology, plan.subnet, acts + plan.share(LOCAL) + [AwaitShares()], plan.nodes, plan.egress)
+
+
+def _is_ipv4(s: str) -> bool:
+    try:
+        ipaddress.IPv4Address(s)
+        return True
+    except ValueError:
+        return False

@@ -160,8 +160,16 @@ def apply(name: str, req: dict) -> dict:
         ledger.create()
         state = {**state, "ready": False, "pid": os.getpid()}
         ledger.write_state(state)
-        apply_plan(Plan(tb.topology, ipaddress.ip_network(state["subnet"]), todo), ledger, state, schedules=False)
-    return {"applied": len(todo)}
+        exporter = req.get("exporter")
+        if exporter is not None:
+            from . import procs
+
+            if not isinstance(exporter, str):
+                raise TestbedError("the request's exporter is not HOST:PORT")
+            procs.check_listen(exporter, "exporter", "HOST:PORT")
+        apply_plan(Plan(tb.topology, ipaddress.ip_network(state["subnet"]), todo), ledger, state, schedules=False,
+                   exporter=exporter)
+    return {"applied": len(todo), "exporter": state.get("exporter")}
 
 
 def down(name: str) -> dict:

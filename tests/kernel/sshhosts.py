@@ -53,7 +53,13 @@ class SSHHost:
         return sorted(self.in_mounts("ip", "netns", "list").stdout.split())
 
     def ledgers(self) -> list[str]:
-        return sorted(p for p in self.in_mounts("ls", "-A", "/run/testbed").stdout.split() if p not in (".lock",))
+        """Its state directory's entries (testbeds' ledgers; files left in targets/)."""
+        top = [p for p in self.in_mounts("ls", "-A", "/run/testbed").stdout.split() if p != ".lock"]
+        out = [p for p in top if p not in ("targets", "monitors")]
+        for d in ("targets", "monitors"):
+            if d in top:
+                out += [f"{d}/{f}" for f in self.in_mounts("ls", "-A", f"/run/testbed/{d}").stdout.split()]
+        return sorted(out)
 
     def new_host_key(self) -> None:
         """Replace its host key (as a reinstall would) and restart its sshd."""

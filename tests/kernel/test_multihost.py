@@ -80,6 +80,59 @@ def _goodput(name: str, server: str, client: str, address: str, seconds: int = 4
         srv.wait()
 
 
+def _scrape(url: str) -> dict[tuple[str, str], float]:
+    """(link, direction) -> testbed_link_transmit_bytes_total, as one exporter serves it."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == "testbed_link_transmit_bytes_total":
+                out[(smp.labels["link"], smp.labels["direction"])] = smp.value
+    return out
+
+
+def _check_exporters(lab, tmp_path, up: dict, links: dict) -> None:
+    """Every host serves its own link ends on its management address; the controller's
+    Prometheus discovers all of them (file-SD), and each series comes from one exporter."""
+    import os
+
+    targets = Path(os.environ["TESTBED_STATE_DIR"]) / "targets"
+    assert sorted(p.name for p in targets.iterdir()) == ["testbed-mh.json", "testbed-mh@h1.json", "testbed-mh@h2.json"]
+    urls = {"local": up["exporter"]}
+    for h in lab.hosts:
+        t = json.loads((targets / f"testbed-mh@{h.name}.json").read_text())[0]
+        assert t["targets"][0].startswith(h.address + ":") and t["labels"] == {"exporter": "links", "host": h.name}
+        urls[h.name] = f"http://{t['targets'][0]}/metrics"
+    served = {host: _scrape(u) for host, u in urls.items()}
+    seen = [k for got in served.values() for k in got]
+    assert len(seen) == len(set(seen)) == 2 * len(links), served  # every direction, exactly once
+    for name, l in links.items():
+        for d in ("forward", "reverse"):
+            assert (name, d) in served[l[d]["host"]], (name, d)
+    if shutil.which("prometheus") is None:
+        print("no prometheus binary: the exporters were scraped directly only")
+        return
+    from .test_monitor import _free_ports, _wait
+
+    (port,) = _free_ports(1)
+    mon = cli_json("monitor", "up", "--dir", str(tmp_path / "mon"), "--listen", f"127.0.0.1:{port}",
+                   "--scrape-interval", "1s")
+    try:
+        prom = mon["prometheus_url"]
+        res = _wait(prom, 'up{exporter="links"} == 1', lambda r: len(r) == 3)
+        assert sorted(r["metric"].get("host", "local") for r in res) == ["h1", "h2", "local"], res
+        res = _wait(prom, 'count by (link, direction) (testbed_link_transmit_bytes_total{testbed="mh"})',
+                    lambda r: len(r) == 2 * len(links))
+        assert len(res) == 2 * len(links) and {r["value"][1] for r in res} == {"1"}, res
+    finally:
+        cli("monitor", "down", "--dir", str(tmp_path / "mon"))
+
+
 def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
     lab = clean_lab
     topo = _write(tmp_path, _topology(lab, "mh"))
@@ -123,6 +176,7 @@ def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
         rev = after["s1-s0"]["reverse"]["counters"]["bytes"] - before["s1-s0"]["reverse"]["counters"]["bytes"]
         assert fwd > 100e6 / 8, (fwd, rev)  # the 1gbit iperf from w2 to w0 ran a few seconds
         assert after["s1-s0"]["forward"]["shape"]["rate"] == "1gbit"
+        _check_exporters(lab, tmp_path, up, after)
     finally:
         r = cli("down", "mh")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -130,9 +184,10 @@ def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
 
 
 def _local_steps(topo) -> int:
-    """How many steps the controller executes: a start per remote share, its own share, the wait."""
+    """How many steps the controller executes: per remote host the start of its share and
+    the target file of its exporter, then its own share, then the wait."""
     plan = cli_json("up", str(topo), "--dry-run")
-    return len(plan["hosts"]) - 1 + sum(a["host"] == "local" for a in plan["actions"]) + 1
+    return 2 * (len(plan["hosts"]) - 1) + sum(a["host"] == "local" for a in plan["actions"]) + 1
 
 
 def test_a_killed_controller_mid_up_then_down_all_leaves_nothing_anywhere(clean_lab, tmp_path):
@@ -145,7 +200,8 @@ def test_a_killed_controller_mid_up_then_down_all_leaves_nothing_anywhere(clean_
         r = cli("up", str(topo), env={"TESTBED_FAULT_STEP": str(step)})
         assert r.returncode == -9, r.stdout + r.stderr
         if built:
-            assert lab.leftovers() == {"h1": ["mk", "mk.w2", "mk"], "h2": ["mk", "mk.w3", "mk"]}
+            assert lab.leftovers() == {"h1": ["mk", "mk.w2", "mk", "targets/testbed-mk.json"],
+                                       "h2": ["mk", "mk.w3", "mk", "targets/testbed-mk.json"]}
         r = cli("down", "--all", "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "mk" in json.loads(r.stdout)["removed"]
