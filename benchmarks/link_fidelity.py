@@ -32,7 +32,10 @@ TARGET = 0.95
 
 
 def goodput(tb: Testbed, seconds: float) -> float:
-    return iperf3(tb, seconds, "-O", "1")["end"]["sum_received"]["bits_per_second"]
+    r = iperf3(tb, seconds, "-O", "1")
+    if "sum_received" not in r["end"]:
+        raise RuntimeError(f"iperf3: {r.get('error') or r['end']}")
+    return r["end"]["sum_received"]["bits_per_second"]
 
 
 def main() -> None:

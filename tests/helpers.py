@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -34,10 +35,26 @@ def star_of_stars(n: int, name: str = "stars", rate: str = "1gbit", per_leaf: in
     return {"name": name, "defaults": {"link": {"rate": rate}}, "nodes": nodes, "links": links}
 
 
+def _await_line(proc, text: bytes, timeout: float) -> None:
+    """Read ``proc``'s stdout until a line holds ``text`` (then leave the rest unread)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    buf = b""
+    fd = proc.stdout.fileno()
+    while text not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or proc.poll() is not None:
+            raise RuntimeError(f"iperf3 server did not start: {buf.decode(errors='replace')[-500:]}")
+        if select.select([fd], [], [], min(left, 0.5))[0]:
+            buf += os.read(fd, 4096)
+
+
 def iperf3(tb, seconds: float, *extra: str, server: str = "w1", client: str = "w0") -> dict:
     """One iperf3 TCP test client -> server inside a testbed; iperf3's JSON result."""
-    srv = tb.spawn(server, ["iperf3", "-s", "-1", "-B", tb.address(server)], stdout=subprocess.DEVNULL)
-    time.sleep(0.6)
+    srv = tb.spawn(server, ["iperf3", "-s", "-1", "--forceflush", "-B", tb.address(server)],
+                   stdout=subprocess.PIPE)
+    _await_line(srv, b"Server listening", 30)  # on another host: after SSH and the relay start
     try:
         r = tb.exec(client, ["iperf3", "-c", tb.address(server), "-t", str(seconds), "-J", *extra],
                     capture_output=True, text=True, timeout=seconds + 30)
@@ -45,8 +62,11 @@ def iperf3(tb, seconds: float, *extra: str, server: str = "w1", client: str = "w
             raise RuntimeError(f"iperf3 failed: {r.stdout[-2000:]}{r.stderr}")
         return json.loads(r.stdout)
     finally:
-        srv.kill()
-        srv.wait()
+        try:  # -1: it ends after the one test (a node on another host: its relay ends with it)
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
 
 
 class TcSampler:
