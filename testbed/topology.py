@@ -564,6 +564,12 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     _check_graph(by_name, links)
     nodes = _place(nodes, links)
     by_name = {n.name: n for n in nodes}
+    if any(n.host != LOCAL_HOST for n in nodes):
+        vm = next((n for n in nodes if n.is_worker and n.backend == "vm"), None)
+        if vm is not None:
+            raise TopologyError(f"nodes.{vm.name}.backend", "VM workers cannot be part of a multi-host topology yet "
+                                "(their guest's MTU and files are the controller's)",
+                                "use backend netns or docker on topologies with hosts:")
     used = {n.host for n in nodes} - {LOCAL_HOST}
     unused = [h.name for h in hosts if h.name not in used]
     if unused:

@@ -172,6 +172,12 @@ class CrossTraffic:
     """The flows of one run: started with :meth:`start`, stopped with :meth:`stop`."""
 
     def __init__(self, tb, flows: Sequence[Flow], run_dir: Path, seed: int = 0):
+        for f in flows:
+            for n in (f.src, f.dst):
+                if tb.node(n).host != tb.here:
+                    raise TestbedError(f"cross-traffic {f.label()}: node {n} is on host {tb.node(n).host}; "
+                                       "cross-traffic runs between nodes of the controller only so far",
+                                       "drop the flow, or choose nodes placed on the local host")
         self.tb, self.flows, self.run_dir = tb, list(flows), run_dir.resolve()
         self.rng = random.Random(seed)
         self.procs: list[subprocess.Popen] = []

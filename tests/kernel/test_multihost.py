@@ -304,6 +304,9 @@ def test_runs_across_hosts_collect_records_and_prove_the_bottleneck(clean_lab, t
             place = json.loads((d / "placement.json").read_text())
             assert [r["host"] for r in place["ranks"]] == ["h1", "local"]
         assert s["from_scratch"] is False  # pactrain's checkpoint, made here, was handed to h1's rank
+        r = _refused(cli("run", "allreduce", "--testbed", "rmh", "--cross-traffic", "w0->w1", "--out", str(runs),
+                         "--max-iters", "2"))
+        assert "node w0 is on host h1" in r.stderr
     finally:
         cli_json("down", "rmh")
 

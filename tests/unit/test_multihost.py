@@ -64,6 +64,7 @@ def test_one_host_keeps_mtu_1500_and_vxlan_mtu_overrides():
     (lambda t: t["hosts"][1].update(underlay="192.0.2.11"), "hosts", "same underlay"),
     (lambda t: t.update(vxlan={"mtu": 100}), "vxlan.mtu", "1280..9000"),
     (lambda t: t.update(vxlan={"port": 70000}), "vxlan.port", "1..65535"),
+    (lambda t: t["nodes"]["w2"].update(backend="vm"), "nodes.w2.backend", "multi-host topology yet"),
 ])
 def test_bad_hosts_name_the_field(change, path, words):
     t = _topo()
