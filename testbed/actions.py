@@ -347,28 +347,35 @@ class RemoteShare(Action):
     waits for it, so the hosts build at the same time as this one."""
 
     host: str
-    address: str
-    underlay: str
-    user: str = "root"
-    port: int = 22
-    key: str | None = None
-    known_hosts: str | None = None
-    accept_new_host_key: bool = False
-    testbed: str = "testbed"
+    spec: str
+    """The host's ``hosts:`` entry as JSON, read back through the topology's own checks."""
 
-    def spec(self):
-        from .topology import Host
+    @classmethod
+    def of(cls, host) -> "RemoteShare":
+        import json
 
-        return Host(self.host, self.address, self.underlay, self.user, self.port, self.key, self.known_hosts,
-                    self.accept_new_host_key, self.testbed)
+        return cls(host.name, json.dumps(host.to_dict(), sort_keys=True))
+
+    def host_spec(self):
+        import json
+
+        from .topology import _hosts
+
+        try:
+            (h,) = _hosts([json.loads(self.spec)])
+        except (ValueError, TestbedError) as e:
+            raise StateError(f"ledger entry RemoteShare: bad host spec: {e}") from None
+        if h.name != self.host:
+            raise StateError(f"ledger entry RemoteShare names host {self.host!r} but describes {h.name!r}")
+        return h
 
     def describe(self) -> str:
-        return f"host {self.host} ({self.user}@{self.address}:{self.port}) builds its share"
+        return f"host {self.host} builds its share"
 
     def apply(self, ctx: ApplyContext) -> None:
         import threading
 
-        remote = ctx.remote(self.spec())
+        remote = ctx.remote(self.host_spec())
         payload = ctx.shares[self.host]
         box: dict = {}
 
@@ -385,7 +392,7 @@ class RemoteShare(Action):
     def undo(self, td: Teardown) -> None:
         from .ssh import Remote
 
-        remote = Remote(self.spec())
+        remote = Remote(self.host_spec())
         try:
             remote.call("down", td.testbed)
         except TestbedError as e:

@@ -519,8 +519,7 @@ def _local_plan(plan: Plan, state: dict, ctx, exporters: bool = True) -> Plan:
     for h in remote:
         ctx.shares[h.name] = {"state": {**state, "host": h.name},
                               "actions": [a.to_dict() for a in plan.share(h.name)]}
-        acts.append(RemoteShare(h.name, h.address, h.underlay, h.user, h.port, h.key, h.known_hosts,
-                                h.accept_new_host_key, h.testbed))
+        acts.append(RemoteShare.of(h))
         if exporters:
             listen = h.address if _is_ipv4(h.address) else h.underlay
             ctx.shares[h.name]["exporter"] = f"{listen}:0"

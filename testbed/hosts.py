@@ -1,8 +1,9 @@
 """Hosts: where kernel calls happen. An endpoint is (host, namespace handle, ifname).
 
-Only the local host exists so far; a remote host (SSH) will implement the same methods by
-running its share of the plan with the testbed package on the other side. Actions reach
-the kernel exclusively through a host, so they never assume where they run.
+Actions reach the kernel exclusively through the host they run on, so they never assume
+where they run. Another host of a multi-host testbed runs its share of the plan with the
+testbed package on its side (``testbed _host apply`` over SSH, :mod:`testbed.hostagent`),
+through its own LocalHost; the controller only talks to it (:mod:`testbed.ssh`).
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ def test_every_registered_action_round_trips_through_the_ledger():
                                  "auto", 2, "4g", ("net.core.somaxconn=512",), "0000:65:00.0", "/usr/bin/python3")
     samples["AwaitVMs"] = AwaitVMs(("mix.w2", "/run/testbed/vm/mix.w2"))
     samples["CreateVxlan"] = actions.CreateVxlan("mix", "l3a", 4096, "192.0.2.1", "192.0.2.11", 4789, 1450, "sw0", 3)
-    samples["RemoteShare"] = actions.RemoteShare("h1", "gpu1.example.org", "192.0.2.11", "root", 2222, "/k", "/kh",
-                                                 True, "/opt/testbed/bin/testbed")
+    samples["RemoteShare"] = actions.RemoteShare("h1", '{"address": "gpu1.example.org", "name": "h1", '
+                                                 '"underlay": "192.0.2.11", "port": 2222}')
     samples["AwaitShares"] = actions.AwaitShares()
     assert set(samples) == set(actions.registered()), "a registered action has no sample here"
     for a in samples.values():
