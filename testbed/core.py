@@ -488,6 +488,7 @@ def _probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> N
     def one(h):
         r = Remote(h)
         try:
+            r.require_root()
             return r.call("probe", payload={
                 "version": __version__, "topology": topology.to_dict(), "host": h.name,
                 "underlay": underlays[h.name], "mtu": topology.data_mtu,

@@ -185,6 +185,16 @@ class Remote:
         what = "timed out or lost the connection" if status == -1 else f"exit {status}"
         raise TestbedError(f"host {self.host.name}: `testbed _host {op}` failed ({what}): {tail or 'no output'}")
 
+    def require_root(self) -> None:
+        """Refuse a login that is not root there (before running testbed with it)."""
+        status, out, err = run(self.client(), ["id", "-u"], timeout=60)
+        uid = out.decode(errors="replace").strip()
+        if status != 0 or not uid.isdigit():
+            raise StateError(f"host {self.host.name}: `id -u` failed: {(err or out).decode(errors='replace')[-300:]}")
+        if uid != "0":
+            raise StateError(f"host {self.host.name}: user {self.host.user} is uid {uid} there, not root",
+                             "testbed makes namespaces and qdiscs there: log in as root (hosts[].user: root)")
+
     def close(self) -> None:
         with self._lock:
             if self._client is not None:

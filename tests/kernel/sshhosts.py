@@ -137,8 +137,12 @@ def build(root: Path, n: int) -> Lab:
     _run("ip", "link", "set", BRIDGE, "up")
     key = root / "id_ed25519"
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
-    auth = root / "authorized_keys"
+    # readable by any user (a test logs in as one that is not root; pytest's tmp is 0700)
+    keys = Path(f"/run/tblab-{os.getpid()}")
+    keys.mkdir(mode=0o755, exist_ok=True)
+    auth = keys / "authorized_keys"
     shutil.copy(key.with_suffix(".pub"), auth)
+    auth.chmod(0o644)
     hosts = []
     for i in range(1, n + 1):
         name, addr, ns = f"h{i}", f"{NET}.{10 + i}", f"tbhost{i}"
@@ -168,6 +172,7 @@ def destroy(lab: Lab) -> None:
     for h in lab.hosts:
         h.stop()
     destroy_stale()
+    shutil.rmtree(f"/run/tblab-{os.getpid()}", ignore_errors=True)
 
 
 def destroy_stale() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 
@@ -238,6 +239,15 @@ def test_a_changed_or_unknown_host_key_is_refused(clean_lab, tmp_path):
         lab.write_known_hosts()
 
 
+def _user(name: str) -> bool:
+    """Create a login user without a home (for the test only); False where useradd is missing."""
+    if shutil.which("useradd") is None:
+        print("no useradd: the not-root check was not run")
+        return False
+    subprocess.run(["userdel", name], capture_output=True)
+    return subprocess.run(["useradd", "-M", "-p", "*", "-s", "/bin/sh", name], capture_output=True).returncode == 0
+
+
 def _refused(r):
     """A clean refusal: exit 1, no traceback, printed as an error with a hint."""
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr and "error:" in r.stderr, r.stdout + r.stderr
@@ -263,6 +273,14 @@ def test_bad_hosts_are_refused_before_anything_is_made(clean_lab, tmp_path):
     t["hosts"][0]["testbed"] = str(other)
     r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and "host h1" in r.stdout + r.stderr and "0.0.1-other" in r.stdout + r.stderr, r.stdout
+    if _user("tbnoroot"):  # a user that is not root there
+        try:
+            t = _topology(lab, "mbad")
+            t["hosts"][1]["user"] = "tbnoroot"
+            r = _refused(cli("up", str(_write(tmp_path, t))))
+            assert "host h2" in r.stderr and "not root" in r.stderr, r.stderr
+        finally:
+            subprocess.run(["userdel", "tbnoroot"], capture_output=True)
     t = _topology(lab, "mbad")
     t["hosts"][0]["testbed"] = "/nonexistent/testbed"
     r = _refused(cli("up", str(_write(tmp_path, t))))
