@@ -175,8 +175,19 @@ def destroy(lab: Lab) -> None:
     shutil.rmtree(f"/run/tblab-{os.getpid()}", ignore_errors=True)
 
 
+def _lab_links() -> list[str]:
+    out = _run("ip", "-o", "link", "show", check=False).stdout
+    names = [l.split(":")[1].strip().split("@")[0] for l in out.splitlines() if ":" in l]
+    return [n for n in names if n == BRIDGE or (n.startswith("tbh") and n[3:].isdigit())]
+
+
 def destroy_stale() -> None:
-    """Remove a lab (also one a killed session left)."""
+    """Remove a lab (also one a killed session left). The host-side veth ends are deleted
+    first: a namespace's own devices go only when the kernel gets round to freeing it
+    (asynchronously), and the next test's snapshot must not see them."""
+    for link in _lab_links():
+        if link != BRIDGE:
+            _run("ip", "link", "del", link, check=False)
     for ns in _run("ip", "netns", "list", check=False).stdout.split():
         if ns.startswith("tbhost"):
             pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
@@ -187,3 +198,6 @@ def destroy_stale() -> None:
                     pass
             _run("ip", "netns", "del", ns, check=False)
     _run("ip", "link", "del", BRIDGE, check=False)
+    deadline = time.monotonic() + 10
+    while _lab_links() and time.monotonic() < deadline:
+        time.sleep(0.1)
