@@ -357,13 +357,11 @@ class RemoteShare(Action):
         return cls(host.name, json.dumps(host.to_dict(), sort_keys=True))
 
     def host_spec(self):
-        import json
-
-        from .topology import _hosts
+        from .topology import host_from_json
 
         try:
-            (h,) = _hosts([json.loads(self.spec)])
-        except (ValueError, TestbedError) as e:
+            h = host_from_json(self.spec)
+        except TestbedError as e:
             raise StateError(f"ledger entry RemoteShare: bad host spec: {e}") from None
         if h.name != self.host:
             raise StateError(f"ledger entry RemoteShare names host {self.host!r} but describes {h.name!r}")

@@ -59,6 +59,39 @@ life, and the inode tells a namespace apart from a later one of the same name, s
 repeated counter reads (the exporter's scrapes) skip the lookups."""
 
 
+def check_share(topology: Topology, host: str) -> None:
+    """What each host checks of its share before anything is created (the controller for
+    its own, every other host in ``testbed _host probe``): the testbed not up here,
+    netem present when asked for, the backends of the workers placed here ready."""
+    if Ledger(topology.name).exists():
+        raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
+                         f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
+    if topology.needs_netem:
+        from .net.probe import netem_missing
+
+        if detail := netem_missing():
+            link = next(l for l in topology.links if l.forward.needs_netem or l.reverse.needs_netem
+                        or (l.schedule is not None and l.schedule.needs_netem))
+            shape = link.forward if link.forward.needs_netem else link.reverse
+            field = ("delay" if shape.delay else ("jitter" if shape.jitter else "loss")) if shape.needs_netem \
+                else "schedule"  # only a step of its schedule has delay or loss
+            raise TopologyError(f"{link.path}.{field}",
+                                f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
+                                tc.NETEM_MISSING_HINT)
+    for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
+        nodes = [w for w in topology.workers if w.backend == name and w.host == host]
+        if nodes:
+            backend.preflight(nodes)
+
+
+def check_free(namespaces: Iterable[str]) -> None:
+    """Refuse namespaces that already exist on this host (someone else's)."""
+    taken = [ns for ns in namespaces if netns.exists(ns)]
+    if taken:
+        raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",
+                         f"remove them (`ip netns del {taken[0]}`) or rename the testbed")
+
+
 class Testbed:
     """A running testbed (built by :meth:`up`, or found by :meth:`attach`)."""
 
@@ -106,33 +139,12 @@ class Testbed:
         require_root()
         if exporter is not None:
             procs.check_listen(exporter, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
-        if Ledger(topology.name).exists():
-            raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
-                             f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
-        if topology.needs_netem:
-            from .net.probe import netem_missing
-
-            if detail := netem_missing():
-                link = next(l for l in topology.links if l.forward.needs_netem or l.reverse.needs_netem
-                            or (l.schedule is not None and l.schedule.needs_netem))
-                shape = link.forward if link.forward.needs_netem else link.reverse
-                field = ("delay" if shape.delay else ("jitter" if shape.jitter else "loss")) if shape.needs_netem \
-                    else "schedule"  # only a step of its schedule has delay or loss
-                raise TopologyError(f"{link.path}.{field}",
-                                    f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
-                                    tc.NETEM_MISSING_HINT)
-        for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
-            nodes = [w for w in topology.workers if w.backend == name and w.host == LOCAL]
-            if nodes:
-                backend.preflight(nodes)
+        check_share(topology, LOCAL)
         underlays = _check_hosts(topology) if topology.multi_host else None
         plan = make_plan(topology, choose_subnet(topology, host_routes()), underlays)
         if topology.multi_host:
             _probe_hosts(topology, plan, underlays)
-        taken = [ns for ns in plan.namespaces if netns.exists(ns)]
-        if taken:
-            raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",
-                             f"remove them (`ip netns del {taken[0]}`) or rename the testbed")
+        check_free(plan.namespaces)
         return plan
 
     @classmethod

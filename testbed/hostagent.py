@@ -21,7 +21,6 @@ Operations (payloads are JSON on stdin, read as untrusted input):
 
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import json
 import os
@@ -32,12 +31,11 @@ import sys
 from . import __version__, naming
 from .errors import StateError, TestbedError
 
-PR_SET_PDEATHSIG = 1
-
-
 def _die_with_connection(sig: int) -> None:
     """Get ``sig`` when sshd's session (our parent: the command line starts with exec) ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    from .nsexec import PR_SET_PDEATHSIG, _libc
+
+    _libc.prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() == 1:
         raise StateError("the SSH connection that started this is gone")
 
@@ -82,16 +80,12 @@ def check_underlay(address: str, mtu: int, where: str) -> None:
 
 
 def probe(req: dict) -> dict:
-    from .backends import BACKENDS
-    from .ledger import Ledger
-    from .net import netns
-    from .teardown import require_root
+    from .core import check_free, check_share
     from .topology import load_topology_dict
 
     if os.geteuid() != 0:
         raise StateError(f"this host runs testbed as uid {os.geteuid()}, not root",
                          "log in as root (hosts[].user: root); testbed makes namespaces and qdiscs there")
-    require_root()
     if req.get("version") != __version__:
         raise StateError(f"this host has testbed {__version__}, the controller {req.get('version')}",
                          "install the same version on every host")
@@ -99,24 +93,10 @@ def probe(req: dict) -> dict:
     me = req.get("host")
     if not isinstance(me, str):
         raise TestbedError("the request names no host")
-    if Ledger(topo.name).exists():
-        raise StateError(f"testbed '{topo.name}' is already up here (or a previous up did not finish)",
-                         f"`testbed down {topo.name}` on the controller (or here) first")
+    check_share(topo, me)
     if isinstance(req.get("underlay"), str) and isinstance(req.get("mtu"), int):
         check_underlay(req["underlay"], req["mtu"], "underlay")
-    taken = [ns for ns in req.get("namespaces") or [] if isinstance(ns, str) and netns.exists(ns)]
-    if taken:
-        raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist here and are not this testbed's",
-                         f"remove them (`ip netns del {taken[0]}`) or rename the testbed")
-    if topo.needs_netem:
-        from .net.probe import netem_missing
-
-        if detail := netem_missing():
-            raise StateError(f"this host's kernel lacks netem ({detail}), which the topology's delay/loss needs")
-    for name, backend in BACKENDS.items():
-        nodes = [w for w in topo.workers if w.backend == name and w.host == me]
-        if nodes:
-            backend.preflight(nodes)
+    check_free(ns for ns in req.get("namespaces") or [] if isinstance(ns, str))
     return {"version": __version__, "hostname": os.uname().nodename, "state_id": naming.state_id()}
 
 
@@ -126,9 +106,8 @@ def apply(name: str, req: dict) -> dict:
 
     from . import actions
     from .apply import apply_plan
-    from .core import Testbed
+    from .core import Testbed, check_free
     from .ledger import Ledger, global_lock
-    from .net import netns
     from .plan import Plan
     from .teardown import require_root
 
@@ -153,9 +132,7 @@ def apply(name: str, req: dict) -> dict:
     with global_lock():
         if Ledger(name).exists():
             raise StateError(f"testbed '{name}' is already up here")
-        taken = [a.ns for a in todo if a.creates_namespace and netns.exists(a.ns)]
-        if taken:
-            raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist here")
+        check_free(a.ns for a in todo if a.creates_namespace)
         ledger = Ledger(name)
         ledger.create()
         state = {**state, "ready": False, "pid": os.getpid()}

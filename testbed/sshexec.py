@@ -14,7 +14,6 @@ remote ranks too.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -26,7 +25,7 @@ from .errors import TestbedError
 def main(argv: list[str] | None = None) -> int:
     from .nsexec import _die_with_parent
     from .ssh import connect, remote_line
-    from .topology import TopologyError, _hosts
+    from .topology import TopologyError, host_from_json
 
     p = argparse.ArgumentParser(prog="python -m testbed.sshexec")
     p.add_argument("--host", required=True)
@@ -44,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     if (code := _die_with_parent()) is not None:
         return code
     try:
-        (host,) = _hosts([json.loads(a.host)])
-    except (json.JSONDecodeError, TopologyError) as e:
+        host = host_from_json(a.host)
+    except TopologyError as e:
         print(f"error: bad --host: {e}", file=sys.stderr)
         return 2
     try:

@@ -681,6 +681,18 @@ def _hosts(value: Any) -> tuple[Host, ...]:
     return tuple(out)
 
 
+def host_from_json(text: str) -> Host:
+    """A ``hosts:`` entry passed as JSON (a ledger entry, a relay's argument), checked by
+    the topology's own rules; TopologyError otherwise."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise TopologyError("hosts[0]", f"not JSON: {e}") from None
+    return _hosts([data])[0]
+
+
 def _ipv4(value: Any) -> str | None:
     if not isinstance(value, str):
         return None
