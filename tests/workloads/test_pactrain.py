@@ -24,7 +24,7 @@ def _masks(model, ratio=0.5):
     return {n: torch.rand(p.shape, generator=g) >= ratio for n, p in model.named_parameters() if p.dim() > 1}
 
 
-def _lossless(rank, world, iters, ternary):
+def _lossless(rank, world, iters, ternary, stable_iters=2):
     model = _model()
     masks = _masks(model)
     with torch.no_grad():
@@ -33,7 +33,10 @@ def _lossless(rank, world, iters, ternary):
                 p.mul_(masks[n])
     ref = copy.deepcopy(model)
     ddp = DDP(model, bucket_cap_mb=0.002)  # several buckets after the rebuild at iteration 2
-    state = PacTrainState.for_model(model, masks, config=PacTrainConfig(stable_iters=2, ternary=ternary))
+    state = PacTrainState.for_model(model, masks, config=PacTrainConfig(stable_iters=stable_iters, ternary=ternary))
+    agreements = []
+    agreed = state._agreed
+    state._agreed = lambda kept: agreements.append(kept.numel()) or agreed(kept)
     ddp.register_comm_hook(state, pactrain_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -68,6 +71,9 @@ def _lossless(rank, world, iters, ternary):
                 assert payload < kept_bytes / 3
         opt.step()
     assert len(keys_seen) >= 3, "the first iteration's single bucket and at least two rebuilt ones"
+    if stable_iters == 1:  # compact from iteration 1; the rebuilt buckets take over its positions
+        assert len(agreements) == 1, "one agreement (the first bucket's), none after DDP's rebuild"
+        assert len(state._buckets) == len(keys_seen) - 1, "the bucket DDP rebuilt away is dropped"
     for n, p in model.named_parameters():
         if n in masks:
             assert torch.count_nonzero(p.detach()[~masks[n]]) == 0, f"{n}: masked weights must stay exactly zero"
@@ -76,6 +82,11 @@ def _lossless(rank, world, iters, ternary):
 @pytest.mark.parametrize("world", [2, 3])
 def test_compact_allreduce_equals_dense_allreduce_of_masked_gradients(world):
     run(_lossless, world, 12, False)
+
+
+def test_buckets_rebuilt_from_compact_ones_are_compact_at_once_and_lossless():
+    run(_lossless, 3, 8, False, 1)
+    run(_lossless, 2, 6, True, 1)
 
 
 def test_ternary_keeps_masked_weights_zero_and_sends_a_quarter():

@@ -11,7 +11,9 @@ Pruning fixes a global mask (identical on all ranks). In DDP's communication hoo
   first iteration (indices, lengths and membership change). A bucket's mask must be
   unchanged for ``stable_iters`` consecutive iterations and agreed on by all ranks
   (one all-reduce of a checksum) before it is compacted; until then the dense, masked
-  bucket is all-reduced.
+  bucket is all-reduced. A rebuilt bucket whose parameters all sat in compact buckets is
+  compact at once: its kept positions are theirs, moved (masks change only through
+  ``reset``, so neither counting again nor another agreement would tell anything new).
 * Compact all-reduce: the unmasked elements are gathered into a dense tensor with one
   ``index_select``, all-reduced (no indices travel: the mask is global), and scattered
   back with one ``index_copy_``: no Python loop over parameters on the hot path.
@@ -68,6 +70,8 @@ class PacTrainState(Accounting):
     """Bytes this rank handed to collectives since the last ``take_payload_bytes``."""
     _buckets: dict[tuple[int, ...], _Bucket] = field(default_factory=dict)
     _keys: BucketKeys = field(default_factory=BucketKeys)
+    _where: dict[int, tuple[tuple[int, ...], int, int]] = field(default_factory=dict)
+    """id(parameter) -> (key of its compact bucket, offset in that bucket's buffer, numel)."""
     ternary: TernaryReducer | None = None
     """The per-layer ternary all-reduce (config.ternary); made by ``for_model``."""
 
@@ -94,12 +98,15 @@ class PacTrainState(Accounting):
         if masks is not None:
             self.masks = masks
         self._buckets.clear()
+        self._where.clear()
 
     def _track(self, bucket) -> _Bucket:
         key = self._keys(bucket)
         b = self._buckets.get(key)
         if b is not None and b.kept is not None:
             return b  # stable and agreed: the hot path does no mask work (masks change only via reset)
+        if b is None and (moved := self._moved(key, bucket)) is not None:
+            return moved
         flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()])
         if b is None or not torch.equal(b.mask, flat):
             b = self._buckets[key] = _Bucket(flat, size=flat.numel())  # new membership (rebuild) or changed mask
@@ -110,7 +117,37 @@ class PacTrainState(Accounting):
                 b.kept, b.mask = kept, None  # the positions say it all from now on
                 b.segments = segments_of(bucket, flat,
                                          {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
+                self._settle(key, bucket)
         return b
+
+    def _moved(self, key: tuple[int, ...], bucket) -> "_Bucket | None":
+        """A new bucket (DDP's rebuild) made only of parameters that sat in compact buckets:
+        compact now, its kept positions cut from theirs and shifted (no pass over the masks,
+        no collective). None when any parameter is new to compaction."""
+        params = list(bucket.parameters())
+        old = [self._where.get(id(p)) for p in params]
+        if not params or any(o is None for o in old):
+            return None
+        pieces, counts, off = [], {}, 0
+        for p, (okey, ooff, n) in zip(params, old):
+            ok = self._buckets[okey].kept
+            lo, hi = torch.searchsorted(ok, torch.tensor([ooff, ooff + n], device=ok.device)).tolist()
+            pieces.append(ok[lo:hi] - (ooff - off))
+            counts[id(p)] = hi - lo
+            off += n
+        b = self._buckets[key] = _Bucket(None, kept=torch.cat(pieces), size=off, seen=1)
+        b.segments = segments_of(bucket, b.kept, counts)
+        self._settle(key, bucket)
+        return b
+
+    def _settle(self, key: tuple[int, ...], bucket) -> None:
+        """Record where a compact bucket's parameters sit; drop buckets none of them is left in."""
+        off, before = 0, {w[0] for w in self._where.values()}
+        for p in bucket.parameters():
+            self._where[id(p)] = (key, off, p.numel())
+            off += p.numel()
+        for gone in before - {w[0] for w in self._where.values()}:
+            del self._buckets[gone]  # DDP rebuilt it away: its positions live on in the new buckets
 
     def _agreed(self, kept: torch.Tensor) -> bool:
         """All ranks hold the same mask: checksums of the kept positions (their count, their
