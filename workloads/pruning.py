@@ -59,8 +59,10 @@ def _grasp_scores(model: nn.Module, batches, names: list[str]) -> list[torch.Ten
 
 
 def compute_masks(model: nn.Module, ratio: float, method: str = "magnitude", batches=None,
-                  process_group=None) -> dict[str, torch.Tensor]:
-    """Global masks (True = kept) by parameter name; identical on every rank."""
+                  process_group=None, broadcast: bool = True) -> dict[str, torch.Tensor]:
+    """Global masks (True = kept) by parameter name; identical on every rank: rank 0's,
+    broadcast, or (``broadcast=False``, for callers whose ranks hold identical weights and
+    score them deterministically) each rank's own."""
     if not 0 <= ratio < 1:
         raise ValueError(f"--prune-ratio must be in [0, 1), got {ratio}")
     if method not in METHODS:
@@ -90,7 +92,7 @@ def compute_masks(model: nn.Module, ratio: float, method: str = "magnitude", bat
         if short > 0:
             keep[(flat == t).nonzero().squeeze(1)[:short]] = 1
     del flat
-    if dist.is_initialized():  # rank 0's mask for everyone
+    if broadcast and dist.is_initialized():  # rank 0's mask for everyone
         dist.broadcast(keep, src=dist.get_global_rank(process_group, 0) if process_group else 0,
                        group=process_group)
     masks, off = {}, 0
