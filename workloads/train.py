@@ -521,7 +521,9 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
                 # DDP rebuilds its buckets once, at the start of the second iteration; a
                 # synthetic run times single iterations, so it does that here, off the clock
                 # (every rank, in the same place: the rebuild agrees bucket indices across ranks)
-                if ddp.reducer._rebuild_buckets():
+                # (private API: where it is gone, DDP rebuilds in iteration 2 as it always did)
+                rebuild = getattr(ddp.reducer, "_rebuild_buckets", None)
+                if rebuild is not None and rebuild():
                     ddp._has_rebuilt_buckets = True
         epoch += 1
 
