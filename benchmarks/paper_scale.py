@@ -144,6 +144,10 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
     return dirs
 
 
+def _num(x: float | None) -> str:
+    return f"{x:8.2f}" if x is not None else f"{'-':>8}"
+
+
 def analyse(runs: list[RunData]) -> None:
     by = {}
     for r in runs:
@@ -170,7 +174,7 @@ def analyse(runs: list[RunData]) -> None:
                 print(f"{model:<10} {bw:>8} {v:<21} {it if it is not None else float('nan'):8.2f} "
                       f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} "
                       f"{w / 1e6:9.1f}{' ' if steady else '*'} "
-                      f"{f'{bound:8.2f}' if steady else '       -'} {f'{bound / it:8.2f}' if it and steady else '       -'} "
+                      f"{_num(bound if steady else None)} {_num(bound / it if it and steady else None)} "
                       f"{(s.get('max_rss_bytes_per_rank') or 0) / 1e9:11.2f} "
                       f"{(s.get('max_rss_bytes_all_ranks') or 0) / 1e9:10.2f}")
         print()

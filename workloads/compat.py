@@ -28,3 +28,12 @@ def ddp(module, **kw) -> DistributedDataParallel:
         if optional in kw and optional not in have:
             kw.pop(optional)
     return DistributedDataParallel(module, **kw)
+
+
+def rebuild_buckets_now(ddp: DistributedDataParallel) -> None:
+    """Do DDP's one-time bucket rebuild now rather than at the start of the next forward
+    (call on every rank at the same point: the rebuild agrees bucket indices across ranks).
+    Private API; where this torch lacks it, DDP rebuilds in the next forward as it always did."""
+    rebuild = getattr(ddp.reducer, "_rebuild_buckets", None)
+    if rebuild is not None and rebuild():
+        ddp._has_rebuilt_buckets = True

@@ -391,8 +391,9 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
                  zip(range(args.grasp_batches), data.batches(ds, 0, 1, 0, args.seed, args.batch_size, gen))]
         # a synthetic run's ranks hold the same seeded weights and score them alike (magnitude
         # only): no broadcast of the mask, which would put one byte per weight through the
-        # emulated links before the first iteration (ViT-B/16: 4 x 86 MB over an uplink, 27 s
-        # at 100 Mbit). PacTrain's own agreement check still compares every bucket's mask.
+        # emulated links before the first iteration (ViT-B/16: 4 x 86 MB over an uplink, an
+        # estimated 27 s at 100 Mbit). PacTrain's own agreement check still compares every
+        # bucket's mask.
         masks = pruning.compute_masks(model, args.prune_ratio, args.prune_method, grasp,
                                       broadcast=synthetic is None)
         pruning.apply_masks(model, masks)
@@ -520,11 +521,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             if synthetic is not None and it == 1:
                 # DDP rebuilds its buckets once, at the start of the second iteration; a
                 # synthetic run times single iterations, so it does that here, off the clock
-                # (every rank, in the same place: the rebuild agrees bucket indices across ranks)
-                # (private API: where it is gone, DDP rebuilds in iteration 2 as it always did)
-                rebuild = getattr(ddp.reducer, "_rebuild_buckets", None)
-                if rebuild is not None and rebuild():
-                    ddp._has_rebuilt_buckets = True
+                compat.rebuild_buckets_now(ddp)
         epoch += 1
 
     # mean payload over all ranks and iterations, and of the last iteration
