@@ -26,6 +26,7 @@ import os
 import signal
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,16 @@ class RankProc:
     host: str = "local"
     last_progress: float = field(default_factory=time.monotonic)
     _sizes: tuple[int, int] = (0, 0)
+    exited_at: float | None = None  # monotonic time its exit was reaped
+
+    def __post_init__(self) -> None:
+        # When one rank dies its peers fail within milliseconds (connection reset), often
+        # before the next poll: the reaper's timestamp says which one went first.
+        threading.Thread(target=self._reap, name=f"reap-rank{self.rank}", daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        self.exited_at = time.monotonic()
 
     def progressed(self) -> bool:
         sizes = (_size(self.log), _size(self.records))
@@ -257,20 +268,28 @@ class Launcher:
                     pass  # a host that is gone shows as its ranks failing, named below
             now = time.monotonic()
             running = 0
+            failed = []
             for r in self.ranks:
                 rc = r.proc.poll()
                 r.progressed()
                 if rc is None:
                     running += 1
                 elif rc != 0:
-                    self.stop()
-                    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-                    why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
-                    if why:
-                        how += f": {why}"
-                    on = "" if r.host == self.tb.here else f" on host {r.host}"
-                    raise RankFailed(f"rank {r.rank} (node {r.node}{on}) {how}; the other ranks were stopped. "
-                                     f"Last lines of {r.log}:\n{tail(r.log)}")
+                    failed.append(r)
+            if failed:
+                if any(f.exited_at is None for f in failed):
+                    time.sleep(0.05)  # its reaper thread is between reaping and stamping
+                # the cause is the rank that died first; the others most likely died of it
+                r = min(failed, key=lambda f: (f.exited_at is None, f.exited_at or 0.0, f.rank))
+                rc = r.proc.returncode
+                self.stop()
+                how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
+                if why:
+                    how += f": {why}"
+                on = "" if r.host == self.tb.here else f" on host {r.host}"
+                raise RankFailed(f"rank {r.rank} (node {r.node}{on}) {how}; the other ranks were stopped. "
+                                 f"Last lines of {r.log}:\n{tail(r.log)}")
             if running == 0:
                 return
             stalled = [r for r in self.ranks if r.proc.poll() is None and now - r.last_progress > self.timeout]

@@ -1,0 +1,47 @@
+"""The launcher's failure report names the rank that died first, not the first rank it polls."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.launch import Launcher, RankFailed, RankProc
+
+
+class _Backend:
+    def why_stopped(self, node):
+        return None
+
+
+class _Testbed:
+    here = "local"
+
+    def backend(self, name):
+        return _Backend()
+
+    def node(self, name):
+        return name
+
+
+def _rank(tmp_path: Path, rank: int, code: str) -> RankProc:
+    log = tmp_path / f"rank{rank}.log"
+    log.write_text(f"rank {rank} log\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    return RankProc(rank, f"w{rank}", proc, log, tmp_path / f"rank{rank}.jsonl")
+
+
+def test_the_rank_that_died_first_is_named_even_when_a_lower_rank_died_of_it(tmp_path):
+    launcher = Launcher.__new__(Launcher)
+    launcher.tb, launcher.timeout, launcher.remote_runs, launcher._collected = _Testbed(), 300.0, {}, 0.0
+    launcher.ranks = [
+        # rank 0 fails a moment after its peer, as gloo's "connection reset" makes it do
+        _rank(tmp_path, 0, "import time, sys; time.sleep(0.8); sys.exit(1)"),
+        _rank(tmp_path, 1, "import os, signal, time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)"),
+    ]
+    # one poll before either died, the next after both had: the order must come from the reaper
+    with pytest.raises(RankFailed) as e:
+        launcher.wait(interval=1.5)
+    assert str(e.value).startswith("rank 1 (node w1) was killed by signal 9"), str(e.value)
+    assert "rank 1 log" in str(e.value)
