@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from tests.workloads.dist_util import run
 from workloads import pruning, schemes
-from workloads.schemes._common import TernaryReducer
+from workloads.schemes._common import MaxExchange, TernaryReducer
 from workloads.schemes.topk import TopKState, topk_hook
 
 
@@ -138,6 +138,28 @@ def _ternary_does_not_wait_for_peers(rank, world):
 
 def test_ternary_scale_exchange_does_not_stall_the_caller():
     run(_ternary_does_not_wait_for_peers, 2)
+
+
+def _max_exchange(rank, world):
+    import queue
+    exchange = MaxExchange(dist.new_group())
+    assert exchange.group is not None
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    gen = torch.Generator().manual_seed(7)  # every rank draws every rank's tensors
+    wanted = []
+    for b in range(5):  # several in flight, of different lengths, none awaited in between
+        everyone = torch.randn(world, 3 + b, generator=gen)
+        wanted.append(everyone.amax(0))
+        exchange.submit(everyone[rank].clone(), lambda t, err, b=b: done.put((b, t, err)))
+    for b in range(5):
+        got_b, t, err = done.get(timeout=30)
+        assert (got_b, err) == (b, None), "callbacks in submission order, without error"
+        assert torch.equal(t, wanted[b]), (rank, b, t, wanted[b])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_scale_exchange_is_the_max_over_ranks_for_any_world_size(world):
+    run(_max_exchange, world)
 
 
 def _terngrad_clips_per_layer(rank, world):
