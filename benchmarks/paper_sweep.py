@@ -22,7 +22,11 @@ the link time (measured: allreduce's median iteration time at 10 Gbit) and W the
 iteration on the busiest bottleneck direction (measured from its tc counters over the
 run; eval and start-up traffic included). The bound on PacTrain's iteration-time speedup
 is (C + W_allreduce / R) / (C + W_pactrain / R); the benchmark reports the measured
-(median) speedup as a fraction of it (target >= 0.9).
+(median) speedup as a fraction of it (target >= 0.9). That fraction is the scheme's
+efficiency (C + W / R) / T over allreduce's, and DDP hides part of allreduce's traffic
+behind backward (efficiency above 1), so it also prints both efficiencies and the
+iteration time 0.9 would need, flagged unreachable when that is below the scheme's own
+time with the link free.
 
 Section ``prune`` (the PacTrain paper's Fig. 6: final accuracy against the pruning ratio):
 allreduce and pactrain at ``--prune-ratios`` (default 0.1, 0.3, 0.5, 0.7, 0.9) at
