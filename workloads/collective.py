@@ -2,6 +2,10 @@
 
     torchrun --nproc-per-node 2 -m workloads.collective --bytes 10000000 --iters 5 --out runs/ar
 
+``--op max`` times an all-reduce MAX instead, and ``--op max-dissemination`` the
+dissemination exchange ternary schemes agree their per-layer scales with on gloo
+(``workloads.schemes._common.MaxExchange``): the latency of a small control message.
+
 Each rank writes ``rank{R}.jsonl`` (one record per all-reduce: seconds, payload bytes,
 interface counters) and rank 0 ``summary.json`` (the same fields a training run's summary
 has where they apply: iterations, mean_iter_s, mean_payload_bytes, world_size), so
@@ -11,6 +15,7 @@ has where they apply: iterations, mean_iter_s, mean_payload_bytes, world_size), 
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
 import sys
 import time
@@ -31,6 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--iface", default=None)
+    p.add_argument("--op", choices=["sum", "max", "max-dissemination"], default="sum",
+                   help="all-reduce SUM (default), all-reduce MAX, or MAX by dissemination rounds")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.bytes < 4 or args.iters < 1:
@@ -43,12 +50,13 @@ def main(argv=None) -> int:
         counters = records.IfaceCounters(iface) if iface else None
         x = torch.ones(args.bytes // 4, dtype=torch.float32, device=device)
         payload = x.numel() * 4
+        collective = _collective(args.op)
         log = records.JsonlWriter(out / f"rank{rank}.jsonl")
         times = []
         for i in range(args.warmup + args.iters):
             dist.barrier()
             t0 = time.perf_counter()
-            dist.all_reduce(x)
+            collective(x)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
@@ -61,7 +69,7 @@ def main(argv=None) -> int:
         if rank == 0:
             mean = statistics.fmean(times)
             records.write_json(out / "summary.json", {
-                "scheme": "allreduce-only", "world_size": world, "backend": backend, "iterations": len(times),
+                "scheme": "allreduce-only", "op": args.op, "world_size": world, "backend": backend, "iterations": len(times),
                 "mean_iter_s": mean, "median_iter_s": statistics.median(times), "min_iter_s": min(times),
                 "mean_payload_bytes": payload, "final_payload_bytes": payload, "dense_bytes": payload,
                 "payload_bits_per_s": payload * 8 / mean})
@@ -69,6 +77,23 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _collective(op: str):
+    if op == "sum":
+        return dist.all_reduce
+    if op == "max":
+        return lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    from workloads.schemes._common import MaxExchange
+    exchange = MaxExchange(None)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(x):
+        exchange.submit(x, lambda t, err: done.put(err))
+        err = done.get()
+        if err is not None:
+            raise err
+    return run
 
 
 if __name__ == "__main__":

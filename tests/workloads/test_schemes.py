@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tests.workloads.dist_util import run
+from tests.workloads.launch import train
 from workloads import pruning, schemes
 from workloads.schemes._common import MaxExchange, TernaryReducer
 from workloads.schemes.topk import TopKState, topk_hook
@@ -343,3 +344,12 @@ def _synthetic_gradients(rank, world):
 
 def test_synthetic_compute_hands_ddp_real_shaped_gradients_in_reverse_order():
     run(_synthetic_gradients, 2)
+
+
+@pytest.mark.parametrize("op", ["max", "max-dissemination"])
+def test_the_collective_workload_times_the_scale_exchanges(tmp_path, op):
+    res = train(3, tmp_path / op, "--op", op, "--bytes", "64", "--iters", "3", module="workloads.collective")
+    assert res.ok, res.logs
+    s = res.summary()
+    assert (s["op"], s["iterations"], s["world_size"]) == (op, 3, 3)
+    assert all(r["iter_s"] > 0 for r in res.iters(2))
