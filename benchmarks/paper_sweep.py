@@ -315,7 +315,7 @@ def pactrain_section(runs: list[RunData], args) -> None:
             print(f"  {bw:>8} {label:<22} W dense {b['wd'] / 1e6:.2f} MB, compact {b['wc'] / 1e6:.2f} MB; "
                   f"bound {b['bound']:.2f}x, measured {b['measured']:.2f}x = {b['fraction']:.2f} of the bound "
                   f"(target >= 0.9)" + also)
-            print(f"  {'':>8} {'':<22} against its own no-overlap time C + W / R: allreduce at "
+            print(f"  {'':>8} {'':<22} against the no-overlap time C + W / R (its W): allreduce at "
                   f"{b['allreduce_efficiency']:.2f}, {label} at {b['efficiency']:.2f} (above 1: communication "
                   f"hidden behind backward); 0.9 of the bound needs {b['needed_s']:.3f} s per iteration"
                   + (f", below {label}'s own time with the link free ({b['own_c']:.3f} s): unreachable "

@@ -102,8 +102,9 @@ class MaxExchange:
 
     Gloo's all_reduce is a ring: 2 (n - 1) steps, each a latency-bound message of a few
     bytes. For TernGrad's scales (4 bytes per layer) that latency is the whole cost: 8 ranks
-    on three_switch, an all_reduce MAX of 8 floats took 11.8 ms against 3.2 ms in 3 rounds
-    here. NCCL's small all-reduce is latency-optimised already; this is for gloo.
+    on three_switch, 16 floats, 19.3 ms per all_reduce MAX against 3.9 ms in 3 rounds
+    (``benchmarks/scale_exchange.py``). NCCL's small all-reduce is latency-optimised
+    already; this is for gloo.
 
     Exchanges run one after another on a thread of their own, in the order they were
     submitted (every rank submits in the same order, as DDP calls hooks in bucket order), so
@@ -163,7 +164,7 @@ class TernaryReducer:
     the int8 all-reduce. Scales and int8 sums travel on two process groups of
     their own, and the int8 all-reduces are launched strictly in the order of ``reduce``
     calls (DDP calls the hook in bucket order on every rank), so every rank issues the same
-    collectives in the same order whichever scale all-reduce completes first.
+    collectives in the same order whichever scale exchange completes first.
     """
 
     def __init__(self, group=None, generator: torch.Generator | None = None, clip: float = 2.5):
@@ -277,10 +278,10 @@ class TernaryReducer:
 
             def unpack(f):
                 try:
-                    agreed = f.value()[0]
+                    agreed, error = f.value()[0], None
                 except Exception as e:  # noqa: BLE001
-                    return on_scales(None, e)
-                on_scales(agreed, None)
+                    agreed, error = None, e
+                on_scales(agreed, error)
 
             fut.then(unpack)
         return result, scales.numel() * scales.element_size() + values.numel()
