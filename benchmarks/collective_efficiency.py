@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from testbed import Testbed, load_topology
-from testbed.experiment import RunRequest, run
-from testbed.units import Rate
+from testbed.runs.experiment import RunRequest, run
+from testbed.model.units import Rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import dumbbell, iperf3  # noqa: E402

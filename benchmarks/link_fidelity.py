@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from testbed import Testbed, load_topology_dict
-from testbed.units import Rate
+from testbed.model.units import Rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import dumbbell, iperf3  # noqa: E402

@@ -45,9 +45,9 @@ from pathlib import Path
 import yaml
 
 from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter
-from testbed.files import read_jsonl
-from testbed.report import RunData, find_runs
-from testbed.units import Rate
+from testbed.common.files import read_jsonl
+from testbed.runs.report import RunData, find_runs
+from testbed.model.units import Rate
 
 MODELS = ("resnet18", "resnet152", "vgg19", "vit_b16")
 BWS = ("100mbit", "500mbit", "1gbit")

@@ -61,8 +61,8 @@ from pathlib import Path
 
 import yaml
 
-from testbed.report import RunData, find_runs, table
-from testbed.units import Rate
+from testbed.runs.report import RunData, find_runs, table
+from testbed.model.units import Rate
 
 SHAPED = ("100mbit", "500mbit", "1gbit")
 FREE = "10gbit"

@@ -22,11 +22,11 @@ import time
 from dataclasses import replace
 
 from testbed import Testbed, load_topology_dict
-from testbed.core import DIRECTIONS
+from testbed.engine.core import DIRECTIONS
 from testbed.net.tcbatch import LinkChanger
-from testbed.replay import replay
-from testbed.trace import parse_csv
-from testbed.units import Rate
+from testbed.engine.replay import replay
+from testbed.model.trace import parse_csv
+from testbed.model.units import Rate
 
 TARGET_S = 0.020
 

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from testbed import Testbed, load_topology
-from testbed.experiment import RunRequest, run
-from testbed.units import Rate
+from testbed.runs.experiment import RunRequest, run
+from testbed.model.units import Rate
 
 THREE = Path(__file__).resolve().parents[1] / "testbed" / "topologies" / "three_switch.yaml"
 OPS = ("max", "max-dissemination")

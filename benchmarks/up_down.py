@@ -31,8 +31,9 @@ import ipaddress
 from pathlib import Path
 
 from testbed import Testbed, load_topology_dict
-from testbed.core import down
-from testbed.plan import AddAddress, CreateBridge, CreateNetns, CreateVeth, ShapeEgress, make_plan
+from testbed.engine.core import down
+from testbed.engine.planner import make_plan
+from testbed.plan.actions import AddAddress, CreateBridge, CreateNetns, CreateVeth, ShapeEgress
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import star, star_of_stars  # noqa: E402
@@ -106,7 +107,7 @@ def testbed_times(n: int) -> tuple[float, float]:
 
 def docker_floor(n: int) -> tuple[float, float]:
     """The same containers as `up` makes (image, network none, init, shm, labels), SDK only."""
-    from testbed.backends.docker import DEFAULT_IMAGE, DEFAULT_SHM, client
+    from testbed.nodes.docker import DEFAULT_IMAGE, DEFAULT_SHM, client
 
     dc = client()
     t0 = time.perf_counter()
@@ -136,8 +137,8 @@ def docker_times(n: int) -> tuple[float, float]:
 
 def vm_floor(accel: str) -> float:
     """The guest kernel booting to its initramfs and powering off (no overlay, no agent)."""
-    from testbed import vmimage
-    from testbed.backends.vm import QEMU, TCG_CPU, tcg_clock_args
+    from testbed.nodes import vmimage
+    from testbed.nodes.vm import QEMU, TCG_CPU, tcg_clock_args
 
     img = vmimage.current()
     cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg", "-cpu", TCG_CPU]
@@ -151,8 +152,8 @@ def vm_floor(accel: str) -> float:
 
 
 def vm_times(n: int) -> tuple[float, float, str]:
-    from testbed import vmimage
-    from testbed.backends.vm import choose_accel
+    from testbed.nodes import vmimage
+    from testbed.nodes.vm import choose_accel
 
     img = vmimage.current()
     accel, _ = choose_accel("auto", img["kernel"], img["initrd"])

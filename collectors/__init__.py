@@ -14,4 +14,4 @@ its run's records from its own process (:class:`collectors.training.RunExporter`
 """
 
 
-from testbed.sd import bind_error, hostport, parse_listen  # noqa: E402,F401  (the address helpers live in testbed)
+from testbed.monitor.sd import bind_error, hostport, parse_listen  # noqa: E402,F401  (the address helpers live in testbed)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from testbed.sd import parse_listen, write_target
+from testbed.monitor.sd import parse_listen, write_target
 
 from .links import LinkCollector
 from .training import TrainingCollector

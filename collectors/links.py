@@ -16,9 +16,9 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.core import DIRECTIONS, NetlinkPool, Testbed
-from testbed.errors import TestbedError
-from testbed.ledger import Ledger
+from testbed.engine.core import DIRECTIONS, NetlinkPool, Testbed
+from testbed.common.errors import TestbedError
+from testbed.plan.ledger import Ledger
 
 LABELS = ["testbed", "link", "direction", "src", "dst", "bottleneck"]
 

@@ -20,7 +20,7 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.files import JsonlTail
+from testbed.common.files import JsonlTail
 
 LABELS = ["run_id", "scheme", "rank", "bw"]
 INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
@@ -220,8 +220,8 @@ class RunExporter:
     def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, start_http_server
 
-        from testbed.sd import hostport
-        from testbed.sd import write_target
+        from testbed.monitor.sd import hostport
+        from testbed.monitor.sd import write_target
 
         self.target = target
         self.collector = TrainingCollector([run_dir], keep_s=float("inf"))
@@ -245,7 +245,7 @@ class RunExporter:
         A run shorter than Prometheus' discovery delay (file-SD refresh plus the scrape
         manager's 5 s reload) may end before its first scrape; when a `testbed monitor`
         watches the targets, that first scrape is waited for too."""
-        from testbed.sd import watchers
+        from testbed.monitor.sd import watchers
 
         now = time.monotonic()
         starts = [s for s, _ in self._scrapes]

@@ -3,15 +3,14 @@
 Importing needs no root; building a testbed does.
 """
 
-__version__ = "0.1.0"
-
-from .errors import TestbedError  # noqa: E402
-from .topology import Topology, load_topology, load_topology_dict  # noqa: E402
+from testbed.common.errors import TestbedError
+from testbed.common.version import __version__
+from testbed.model.topology import Topology, load_topology, load_topology_dict  # noqa: E402
 
 
 def __getattr__(name):  # lazy: keep `import testbed` free of netlink imports
     if name == "Testbed":
-        from .core import Testbed
+        from testbed.engine.core import Testbed
 
         return Testbed
     raise AttributeError(name)

@@ -1,5 +1,5 @@
 """``python -m testbed``: the same as the ``testbed`` command."""
 
-from .cli import main
+from testbed.cli import main
 
 main()

@@ -109,7 +109,7 @@ class TcSampler:
 def pids_with(prefix: str) -> list[int]:
     """Pids of the processes one of whose arguments starts with ``prefix`` (a testbed marker:
     ``--replay-id=``, ``--logfile=``)."""
-    from testbed.procs import argv_of
+    from testbed.common.procs import argv_of
 
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
             and any(a.startswith(prefix) for a in argv_of(int(p.name)))]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from testbed import naming
-from testbed.backends.vm import forget_vms
-from testbed.errors import TestbedError
+from testbed.plan import naming
+from testbed.nodes.vm import forget_vms
+from testbed.common.errors import TestbedError
 from testbed.net import netns
 from testbed.net.rtnl import Rtnl
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .rtnl import Rtnl
+from testbed.net.rtnl import Rtnl
 
 
 class HandleCache:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pyroute2 import netns as _pr_netns
 
-from ..errors import KernelError
+from testbed.common.errors import KernelError
 
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -193,8 +193,8 @@ def pids_in(names: list[str]) -> dict[int, str]:
 
 def kill_processes(names: list[str], grace: float = 2.0, exclude: set[int] = frozenset()) -> list[int]:
     """Stop every process inside the namespaces (but ``exclude``): SIGTERM, then SIGKILL
-    what remains after ``grace`` (:func:`testbed.procs.terminate`)."""
-    from .. import procs
+    what remains after ``grace`` (:func:`testbed.common.procs.terminate`)."""
+    from testbed.common import procs
 
     return procs.terminate([p for p in pids_in(names) if p not in exclude], grace)
 

@@ -7,8 +7,8 @@ import os
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import netns
-from .rtnl import Rtnl
+from testbed.net import netns
+from testbed.net.rtnl import Rtnl
 
 
 @functools.lru_cache(maxsize=None)

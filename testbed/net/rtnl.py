@@ -8,8 +8,8 @@ import os
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..errors import KernelError
-from . import netns
+from testbed.common.errors import KernelError
+from testbed.net import netns
 
 _HINTS = {
     errno.EPERM: "run as root (or with CAP_NET_ADMIN)",

@@ -21,9 +21,9 @@ import errno
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..errors import KernelError
-from ..topology import Shape
-from .rtnl import Rtnl, translate
+from testbed.common.errors import KernelError
+from testbed.model.topology import Shape
+from testbed.net.rtnl import Rtnl, translate
 
 ROOT = 0x10000  # 1:
 CLASS = 0x10001  # 1:1

@@ -27,9 +27,9 @@ from pyroute2.netlink.nlsocket import NetlinkRequest
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from ..errors import KernelError
-from ..topology import Shape
-from . import netns, tc
+from testbed.common.errors import KernelError
+from testbed.model.topology import Shape
+from testbed.net import netns, tc
 
 _COMMANDS = {"change-class": (RTM_NEWTCLASS, "change"), "replace": (RTM_NEWQDISC, "replace")}
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
@@ -177,7 +177,7 @@ class LinkChanger:
 
     def learn(self, endpoints) -> None:
         """Read the indexes and child kinds of ``endpoints`` (objects with ns, ifname) not yet known."""
-        from .rtnl import Rtnl
+        from testbed.net.rtnl import Rtnl
 
         by_ns: dict[str, list] = {}
         for ep in endpoints:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.core import FAULT_ENV
+from testbed.engine.core import FAULT_ENV
 from tests.helpers import star
 from tests.kernel.conftest import cli, cli_json, run
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from testbed import Testbed, load_topology_dict
-from testbed.procs import argv_of
-from testbed.traffic import CrossTraffic, parse_spec
+from testbed.common.procs import argv_of
+from testbed.runs.traffic import CrossTraffic, parse_spec
 from tests.helpers import dumbbell, pids_with
 from tests.kernel.conftest import cli, cli_json
 

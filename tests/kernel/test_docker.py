@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.core import FAULT_ENV
+from testbed.engine.core import FAULT_ENV
 from tests.helpers import dumbbell, iperf3
 from tests.kernel.conftest import cli, cli_json, run
 
@@ -35,7 +35,7 @@ def engine():
         dc.ping()
     except docker.errors.DockerException as e:
         pytest.skip(f"no Docker engine reachable ({e}); `.ci/run` starts dockerd")
-    from testbed.images import DEFAULT_TAG, build
+    from testbed.nodes.images import DEFAULT_TAG, build
 
     res = build(DEFAULT_TAG)  # cached by content: seconds when nothing changed
     print(f"worker image {res['tag']} {'cached' if res['cached'] else 'built'} in {res['seconds']:.0f} s")

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from testbed import Testbed, load_topology_dict
-from testbed.units import Rate
+from testbed.model.units import Rate
 from tests.helpers import TcSampler, dumbbell, iperf3
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 not installed (apt-get install iperf3)")

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from testbed import Testbed, load_topology_dict
-from testbed.replay import replay
-from testbed.trace import parse_csv
+from testbed.engine.replay import replay
+from testbed.model.trace import parse_csv
 from tests.helpers import TcSampler, dumbbell, iperf3, pids_with
 from tests.kernel.conftest import cli, run
 
@@ -167,7 +167,7 @@ def test_a_replay_tied_to_a_process_puts_the_shapes_back_when_it_dies(clean_kern
     with Testbed.up(load_topology_dict(dumbbell("rtie", rate="300mbit"))) as tb:
         owner = subprocess.Popen(["sleep", "60"])
         try:
-            from testbed.replay import start_background
+            from testbed.engine.replay import start_background
 
             bg = start_background(tb.name, loop, link="s0-s1", loop=True, while_pid=owner.pid)
             time.sleep(0.3)

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from testbed import Testbed, load_topology_dict
-from testbed.errors import KernelError
+from testbed.common.errors import KernelError
 from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger, change_requests
-from testbed.units import Rate
+from testbed.model.units import Rate
 from tests.helpers import dumbbell
 from tests.kernel.conftest import run
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from testbed import Testbed, load_topology, load_topology_dict
-from testbed.errors import StateError, TestbedError
-from testbed.units import Rate
+from testbed.common.errors import StateError, TestbedError
+from testbed.model.units import Rate
 from tests.helpers import dumbbell, star
 from tests.kernel.conftest import cli, cli_json, kernel_snapshot, run
 

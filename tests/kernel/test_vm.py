@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.core import FAULT_ENV
+from testbed.engine.core import FAULT_ENV
 from tests.helpers import iperf3
 from tests.kernel.conftest import cli, cli_json, run
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", autouse=True)
 def guest():
-    from testbed import vmimage
+    from testbed.nodes import vmimage
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 missing (apt-get install qemu-system-x86)")
@@ -53,7 +53,7 @@ def _write(tmp_path, d: dict) -> Path:
 
 
 def _qemus(testbed: str) -> list[int]:
-    from testbed.backends.vm import qemu_pids
+    from testbed.nodes.vm import qemu_pids
 
     return [p for w in ("w0", "w1") for p in qemu_pids(f"{testbed}.{w}")]
 
@@ -61,7 +61,7 @@ def _qemus(testbed: str) -> list[int]:
 def test_two_vm_workers_ping_and_goodput_follows_the_shaped_rate(clean_kernel, tmp_path):
     from testbed import Testbed, load_topology_dict
 
-    from testbed import vmimage
+    from testbed.nodes import vmimage
 
     d = _vm_dumbbell("vmg", sysctls={"net.ipv4.tcp_congestion_control": "reno"})
     # w1 names its kernel (a directory as an unpacked kernel package leaves it): the default's here
@@ -117,7 +117,7 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
                 time.sleep(0.5)
             else:
                 raise AssertionError("the run never started training")
-            from testbed.backends.vm import qemu_pids
+            from testbed.nodes.vm import qemu_pids
 
             os.kill(qemu_pids("vmr.w1")[0], signal.SIGKILL)
             t0 = time.monotonic()

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from testbed import actions
-from testbed.backends import BACKENDS
-from testbed.backends.docker import DEFAULT_IMAGE, StartContainer
-from testbed.errors import StateError, TopologyError
-from testbed.plan import make_plan
-from testbed.topology import load_topology_dict
+from testbed.hosts import share
+from testbed.plan import actions
+from testbed.nodes import BACKENDS
+from testbed.nodes.docker import DEFAULT_IMAGE, StartContainer
+from testbed.common.errors import StateError, TopologyError
+from testbed.engine.planner import make_plan
+from testbed.model.topology import load_topology_dict
 from tests.helpers import dumbbell
 
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -55,16 +56,16 @@ def test_every_registered_action_round_trips_through_the_ledger():
     samples["TargetFile"] = actions.TargetFile("/x/run.json")
     samples["StartReplay"] = actions.StartReplay("--replay-id=" + "ab" * 16, "/x/replay.jsonl")
     samples["StartTraffic"] = actions.StartTraffic("--logfile=/runs/r1/traffic-0-server.log")
-    from testbed.backends.vm import AwaitVMs, CreateVmNic, StartVM
+    from testbed.nodes.vm import AwaitVMs, CreateVmNic, StartVM
 
     samples["CreateVmNic"] = CreateVmNic("mix.w2")
     samples["StartVM"] = StartVM("mix.w2", "w2", "/run/testbed/vm/mix.w2", "10.77.0.3/24", "/k/vmlinuz", "/k/initrd",
                                  "auto", 2, "4g", ("net.core.somaxconn=512",), "0000:65:00.0", "/usr/bin/python3")
     samples["AwaitVMs"] = AwaitVMs(("mix.w2", "/run/testbed/vm/mix.w2"))
     samples["CreateVxlan"] = actions.CreateVxlan("mix", "l3a", 4096, "192.0.2.1", "192.0.2.11", 4789, 1450, "sw0", 3)
-    samples["RemoteShare"] = actions.RemoteShare("h1", '{"address": "gpu1.example.org", "name": "h1", '
+    samples["RemoteShare"] = share.RemoteShare("h1", '{"address": "gpu1.example.org", "name": "h1", '
                                                  '"underlay": "192.0.2.11", "port": 2222}')
-    samples["AwaitShares"] = actions.AwaitShares()
+    samples["AwaitShares"] = share.AwaitShares()
     assert set(samples) == set(actions.registered()), "a registered action has no sample here"
     for a in samples.values():
         line = json.dumps(a.to_dict())  # what the ledger holds
@@ -116,8 +117,8 @@ def test_every_action_is_a_frozen_dataclass_with_plain_fields():
 def test_teardown_leaves_alone_what_a_tampered_ledger_names(tmp_path, monkeypatch):
     """Entries naming another testbed's namespace, or files outside the target directory,
     are reported and nothing is touched (no root needed: nothing here reaches the kernel)."""
-    from testbed.ledger import Ledger
-    from testbed.teardown import teardown
+    from testbed.plan.ledger import Ledger
+    from testbed.engine.teardown import teardown
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
     victim = tmp_path / "precious.json"
@@ -138,7 +139,7 @@ def test_teardown_leaves_alone_what_a_tampered_ledger_names(tmp_path, monkeypatc
 
 
 def test_a_damaged_ledger_line_does_not_hide_the_entries_after_it(tmp_path, monkeypatch):
-    from testbed.ledger import Ledger
+    from testbed.plan.ledger import Ledger
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
     led = Ledger("tb")
@@ -156,7 +157,7 @@ def test_a_damaged_ledger_line_does_not_hide_the_entries_after_it(tmp_path, monk
 
 
 def test_ownership_tags_name_the_state_directory():
-    from testbed import naming
+    from testbed.plan import naming
 
     mine, other = naming.state_id("/srv/a"), naming.state_id("/srv/b")
     t = naming.tag("tb", mine)
@@ -173,7 +174,7 @@ def test_state_directories_are_private_and_never_a_symlink(tmp_path, monkeypatch
     import os
     import stat as st
 
-    from testbed.ledger import Ledger
+    from testbed.plan.ledger import Ledger
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
     led = Ledger("tb")
@@ -198,7 +199,7 @@ def test_state_directories_are_private_and_never_a_symlink(tmp_path, monkeypatch
 def test_a_forged_process_marker_in_the_ledger_kills_nothing(action, words):
     """A ledger entry names the argument that finds its process; one that could match a
     process testbed did not start is refused before anything is signalled."""
-    from testbed.errors import TestbedError
+    from testbed.common.errors import TestbedError
 
     td = actions.Teardown("t", set(), host=object())
     with pytest.raises(TestbedError, match=words):

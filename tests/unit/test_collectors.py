@@ -156,7 +156,7 @@ def test_compose_provisioning_points_at_files_that_exist(monkeypatch):
     mounted = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("."))
     assert prov["providers"][0]["options"]["path"] in mounted
     # the compose Prometheus discovers the same target files as `testbed monitor up`
-    from testbed.sd import targets_dir
+    from testbed.monitor.sd import targets_dir
 
     prom = yaml.safe_load((ROOT / "compose/prometheus/prometheus.yml").read_text())
     (pattern,) = prom["scrape_configs"][0]["file_sd_configs"][0]["files"]
@@ -187,7 +187,7 @@ def test_compose_file_validates_and_refuses_grafanas_default_password():
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_accepts_the_shipped_and_generated_configs(tmp_path):
-    from testbed.monitor import config
+    from testbed.monitor.prometheus import config
     p = tmp_path / "prometheus.yml"
     p.write_text(yaml.safe_dump(config("2s", [tmp_path / "state" / "targets", tmp_path / "targets"])))
     for cfg in (p, ROOT / "compose" / "prometheus" / "prometheus.yml"):
@@ -269,7 +269,7 @@ def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypa
 
 def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path, monkeypatch):
     """A run shorter than Prometheus' discovery delay still gets scraped once, if someone watches."""
-    from testbed.sd import watchers_dir
+    from testbed.monitor.sd import watchers_dir
     from collectors.training import RunExporter
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
@@ -300,6 +300,6 @@ def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path
 
 
 def test_prometheus_durations_in_seconds():
-    from testbed.monitor import _seconds
+    from testbed.monitor.prometheus import _seconds
 
     assert [_seconds(x) for x in ("2s", "500ms", "1m30s", "1h", "junk")] == [2, 0.5, 90, 3600, 5.0]

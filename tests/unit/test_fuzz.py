@@ -5,8 +5,8 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.errors import TestbedError
-from testbed.topology import load_topology_dict
+from testbed.common.errors import TestbedError
+from testbed.model.topology import load_topology_dict
 from tests.helpers import dumbbell
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=True),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.launch import Launcher, RankFailed, RankProc
+from testbed.runs.launch import Launcher, RankFailed, RankProc
 
 
 class _Backend:

@@ -8,11 +8,13 @@ import shlex
 
 import pytest
 
-from testbed import actions
-from testbed.errors import StateError, TopologyError
-from testbed.plan import make_plan, vni_base
-from testbed.ssh import remote_line
-from testbed.topology import load_topology_dict
+from testbed.hosts import share
+from testbed.plan import actions
+from testbed.common.errors import StateError, TopologyError
+from testbed.engine.planner import make_plan
+from testbed.plan.plan import vni_base
+from testbed.hosts.ssh import remote_line
+from testbed.model.topology import load_topology_dict
 
 
 def _topo(**over) -> dict:
@@ -119,9 +121,9 @@ def test_remote_command_lines_quote_every_word():
 
 def test_remote_share_round_trips_through_the_ledger():
     h = load_topology_dict(_topo()).host("h2")
-    a = actions.RemoteShare.of(h)
+    a = share.RemoteShare.of(h)
     assert actions.from_dict(a.to_dict()) == a and a.host_spec() == h
-    bad = actions.RemoteShare("h2", a.spec.replace("gpu2.example.org", "x;rm -rf /"))
+    bad = share.RemoteShare("h2", a.spec.replace("gpu2.example.org", "x;rm -rf /"))
     with pytest.raises(StateError, match="bad host spec"):
         bad.host_spec()
     v = actions.CreateVxlan("mh", "l3a", 4096, "192.0.2.1", "192.0.2.11", 4789, 1450, "sw0", 3)

@@ -1,4 +1,4 @@
-"""testbed.nsexec's die-with-parent: real processes, no namespaces needed."""
+"""testbed.nodes.nsexec's die-with-parent: real processes, no namespaces needed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os, subprocess, sys
 env = dict(os.environ, TESTBED_DIE_WITH_PARENT=str(os.getpid()))
 child = subprocess.Popen([sys.executable, "-c",
     "import sys, time\n"
-    "from testbed.nsexec import _die_with_parent\n"
+    "from testbed.nodes.nsexec import _die_with_parent\n"
     "code = _die_with_parent()\n"
     "if code is not None: sys.exit(code)\n"
     "import os; print(os.environ.get('TESTBED_DIE_WITH_PARENT'), flush=True)\n"
@@ -54,6 +54,6 @@ def test_a_bound_child_dies_when_its_starter_is_killed_and_its_own_children_are_
 
 def test_a_child_whose_starter_is_already_gone_exits_at_once():
     # the variable names a pid that is not the parent: as if the parent died before prctl
-    r = subprocess.run([sys.executable, "-m", "testbed.nsexec", "nons", "--", "true"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "testbed.nodes.nsexec", "nons", "--", "true"], cwd=ROOT,
                        env=dict(os.environ, TESTBED_DIE_WITH_PARENT="1"), capture_output=True, text=True, timeout=30)
     assert r.returncode == 137 and "is gone" in r.stderr

@@ -2,10 +2,12 @@ import ipaddress
 
 import pytest
 
-from testbed import naming
-from testbed.errors import TopologyError
-from testbed.plan import AddAddress, CreateNetns, CreateVeth, Endpoint, ShapeEgress, choose_subnet, make_plan
-from testbed.topology import load_topology_dict
+from testbed.plan import naming
+from testbed.common.errors import TopologyError
+from testbed.engine.planner import make_plan
+from testbed.plan.actions import AddAddress, CreateNetns, CreateVeth, ShapeEgress
+from testbed.plan.plan import Endpoint, choose_subnet
+from testbed.model.topology import load_topology_dict
 from tests.helpers import dumbbell, star, star_of_stars
 
 
@@ -82,7 +84,7 @@ def test_subnet_choice_avoids_host_routes():
 
 
 def test_pinned_interface_indexes_are_unique_and_clear_of_automatic_ones():
-    from testbed.plan import PINNED_INDEX_BASE
+    from testbed.plan.plan import PINNED_INDEX_BASE
 
     t = load_topology_dict(dumbbell())
     plan = make_plan(t, ipaddress.ip_network("10.9.0.0/24"))

@@ -3,7 +3,7 @@ run `testbed report` on real runs)."""
 
 from pathlib import Path
 
-from testbed.report import RunData, table
+from testbed.runs.report import RunData, table
 
 
 def _run(scheme, world, iter_s, **kw):

@@ -4,8 +4,8 @@ the kernel tests run sweeps for real."""
 import pytest
 
 from testbed.cli import _with_prune_ratios
-from testbed.errors import TestbedError
-from testbed.sweep import Pretraining, with_seed
+from testbed.common.errors import TestbedError
+from testbed.runs.sweep import Pretraining, with_seed
 from workloads.schemes import parse_variant
 from workloads.train import hyper_params, parse_args
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.errors import TopologyError
-from testbed.topology import load_topology, load_topology_dict
+from testbed.common.errors import TopologyError
+from testbed.model.topology import load_topology, load_topology_dict
 from tests.helpers import dumbbell, star
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def test_testbed_names_match_in_full_and_never_name_state_folders(name):
 
 
 def test_placement_groups_workers_by_the_switch_they_hang_off():
-    from testbed.launch import placement, placement_dict, rank_env
+    from testbed.runs.launch import placement, placement_dict, rank_env
     from workloads import placement as wp
 
     three = load_topology(Path("testbed/topologies/three_switch.yaml"))
@@ -240,7 +240,7 @@ def test_link_schedules_and_traffic_load_check_and_roundtrip():
 ])
 def test_schedule_and_traffic_errors_name_the_path(edit, words):
     from tests.helpers import dumbbell
-    from testbed.errors import TestbedError
+    from testbed.common.errors import TestbedError
 
     d = dumbbell("bad", rate="100mbit")
     edit(d)
@@ -252,10 +252,10 @@ def test_schedule_and_traffic_errors_name_the_path(edit, words):
 
 
 def test_gpu_runs_spread_unpinned_workers_over_the_host_gpus_and_containers_count_from_zero():
-    from testbed.backends.base import Backend
-    from testbed.backends.docker import DockerBackend
-    from testbed.experiment import RunRequest
-    from testbed.launch import gpu_for, rank_env
+    from testbed.nodes.base import Backend
+    from testbed.nodes.docker import DockerBackend
+    from testbed.runs.experiment import RunRequest
+    from testbed.runs.launch import gpu_for, rank_env
 
     # gpu: pins; otherwise round-robin by rank over the host's GPUs; no GPUs: a CPU rank
     assert [gpu_for(r, None, [0, 1, 2]) for r in range(5)] == [0, 1, 2, 0, 1]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from testbed.trace import (MAX_STEPS, TraceError, load_trace, parse_csv, parse_mahimahi, parse_schedule)
-from testbed.units import MIN_RATE_BPS
+from testbed.model.trace import MAX_STEPS, TraceError, load_trace, parse_csv, parse_mahimahi, parse_schedule
+from testbed.model.units import MIN_RATE_BPS
 
 
 def rates(trace):
@@ -119,9 +119,9 @@ def test_files_are_bounded_and_formats_detected(tmp_path):
 
 
 def test_replay_refuses_a_trace_the_links_cannot_take_before_changing_anything():
-    from testbed.errors import TestbedError
-    from testbed.replay import ReplayResult, check
-    from testbed.topology import load_topology_dict
+    from testbed.common.errors import TestbedError
+    from testbed.engine.replay import ReplayResult, check
+    from testbed.model.topology import load_topology_dict
     from tests.helpers import dumbbell
 
     links = load_topology_dict(dumbbell("x", rate="1gbit", delay="10ms")).links
@@ -139,7 +139,7 @@ def test_rate_timeline_matches_a_direct_integration():
     """`run --bw-trace` annotates each record with the rate in force while it ran."""
     import random
 
-    from testbed.experiment import RateTimeline
+    from testbed.runs.experiment import RateTimeline
 
     rng = random.Random(3)
     steps = sorted((rng.uniform(0, 100), rng.choice([1e6, 1e7, 1e8])) for _ in range(200))

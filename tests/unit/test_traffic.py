@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.errors import TestbedError
-from testbed.actions import TRAFFIC_MARKER as MARKER
-from testbed.traffic import check_flows, parse_server_log, parse_spec
+from testbed.common.errors import TestbedError
+from testbed.plan.actions import TRAFFIC_MARKER as MARKER
+from testbed.runs.traffic import check_flows, parse_server_log, parse_spec
 
 LOG = """1795381758 -----------------------------------------------------------
 1795381758 Server listening on 5301 (test #1)

@@ -1,6 +1,6 @@
 import pytest
 
-from testbed.units import Duration, Loss, Rate, UnitError
+from testbed.model.units import Duration, Loss, Rate, UnitError
 
 
 @pytest.mark.parametrize("text,bps", [("100mbit", 10**8), ("1gbit", 10**9), ("1.5gbit", 15 * 10**8),

@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from testbed import vmagent as wire
-from testbed.errors import TopologyError
+from testbed.nodes import vmagent as wire
+from testbed.common.errors import TopologyError
 
 
 def test_vm_options_are_validated_with_the_field_named():
-    from testbed.backends.vm import VmBackend
+    from testbed.model.backend_options import VmOptions
 
-    b = VmBackend()
+    b = VmOptions()
     assert dict(b.validate({}, "nodes.w0")) == {"vcpus": 1, "memory": "2g", "accel": "auto"}
     assert dict(b.validate({"vcpus": 2, "memory": "512M", "accel": "tcg", "gpu_pci": "0000:65:00.0"}, "n"))[
         "memory"] == "512m"
@@ -34,7 +34,7 @@ def _ko(name: str, depends: str) -> bytes:
 
 
 def test_module_order_puts_dependencies_first_and_skips_built_ins(tmp_path):
-    from testbed.vmimage import module_order
+    from testbed.nodes.vmimage import module_order
 
     (tmp_path / "kernel").mkdir()
     for name, deps in (("virtio_net", "net_failover,virtio"), ("net_failover", "failover"), ("failover", ""),
@@ -47,7 +47,7 @@ def test_module_order_puts_dependencies_first_and_skips_built_ins(tmp_path):
 
 
 def test_cpio_is_a_newc_archive_the_kernel_can_read(tmp_path):
-    from testbed.vmimage import _cpio
+    from testbed.nodes.vmimage import _cpio
 
     data = _cpio([("bin", stat.S_IFDIR | 0o755, b""), ("bin/x", stat.S_IFREG | 0o755, b"hello")])
     assert data.startswith(b"070701") and b"TRAILER!!!" in data and len(data) % 4 == 0
@@ -123,10 +123,11 @@ def test_the_agent_refuses_a_wrong_token_and_runs_a_command_with_a_right_one(tmp
 
 
 def test_a_vm_worker_is_planned_behind_its_bridge_with_the_address_in_the_guest(monkeypatch):
-    from testbed import plan, vmimage
-    from testbed.actions import AddAddress, CreateVeth, SetSysctl
-    from testbed.backends.vm import AwaitVMs, CreateVmNic, StartVM
-    from testbed.topology import load_topology_dict
+    from testbed.engine import planner as plan
+    from testbed.nodes import vmimage
+    from testbed.plan.actions import AddAddress, CreateVeth, SetSysctl
+    from testbed.nodes.vm import AwaitVMs, CreateVmNic, StartVM
+    from testbed.model.topology import load_topology_dict
     import ipaddress
 
     monkeypatch.setattr(vmimage, "current", lambda: {"kernel": "/k/vmlinuz", "initrd": "/k/initrd", "abi": "x"})
@@ -149,14 +150,15 @@ def test_a_vm_worker_is_planned_behind_its_bridge_with_the_address_in_the_guest(
 
 
 def test_a_vm_state_directory_outside_the_testbeds_is_left_alone(tmp_path, monkeypatch):
-    from testbed.actions import Teardown
-    from testbed.backends.vm import StartVM
+    from testbed.hosts.local import LocalHost
+    from testbed.plan.actions import Teardown
+    from testbed.nodes.vm import StartVM
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
     victim = tmp_path / "precious"
     victim.mkdir()
     a = StartVM("pv.w0", "w0", str(victim), "10.0.0.1/8", "/k", "/i", "tcg")
-    td = Teardown("pv", set())
+    td = Teardown("pv", set(), LocalHost())
     a.release(td)
     a.undo(td)
     assert victim.exists() and td.problems

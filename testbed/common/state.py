@@ -1,0 +1,57 @@
+"""Where testbed keeps its state: the state directory, private directories, the global lock.
+
+The state dir is ``$TESTBED_STATE_DIR`` or ``/run/testbed``: on tmpfs, like ``/run/netns``,
+so it vanishes at reboot together with the namespaces it describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Iterator
+
+from testbed.common.errors import StateError, TestbedError
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) readable by root only; refuse a symlink or a
+    directory someone else owns, where the state of a root tool must not live."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"{path} is not a directory (a symlink?)", "remove it; testbed makes its own")
+    if st.st_uid != os.geteuid():
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to us", "remove it, or set TESTBED_STATE_DIR")
+    return path
+
+
+@contextlib.contextmanager
+def global_lock(timeout: float = 120.0) -> Iterator[None]:
+    """Serialise mutations (up, down, link set) across processes."""
+    root = state_root()
+    try:
+        private_dir(root)
+        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except PermissionError:
+        raise TestbedError(f"cannot write the state directory {root}", "run as root (sudo testbed ...)") from None
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StateError("another testbed command holds the lock", "wait for it to finish") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock

@@ -1,0 +1,1 @@
+"""The lifecycle: plan a topology, apply it (ledger first), tear it down, replay traces on its links, and the Testbed facade over all of it. Also the host agent (a host's side of a multi-host testbed) and `doctor`."""

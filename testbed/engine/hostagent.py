@@ -1,0 +1,296 @@
+"""A host's side of a multi-host testbed: ``testbed _host OP ...`` run over SSH.
+
+The controller (the machine where ``testbed up`` runs) plans the whole testbed, then
+hands each remote host its share; that host applies the share with its *own* ledger and
+state directory, so ``testbed down NAME`` on it (from the controller over SSH, or typed
+there) removes exactly what it made, also after the controller died halfway. Every
+operation answers one JSON object on stdout (errors: ``{"error", "hint", "type"}``, exit 1).
+
+Operations (payloads are JSON on stdin, read as untrusted input):
+
+``probe``      checks before anything is made: root, same version, the underlay address
+               is this host's and its MTU carries the tunnel, names free, backends ready.
+``apply NAME`` {state, actions}: record and apply this host's actions; undo all on failure.
+               If the SSH connection dies meanwhile (the controller was killed), the share
+               removes itself (PR_SET_PDEATHSIG makes that a SIGTERM).
+``down NAME``  / ``down-all``: as ``testbed down`` here.
+``counters NAME``: egress counters of this host's link ends.
+``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
+``exec NAME NODE -- ARGV``: run ARGV in the node, killed if the connection dies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from testbed.common.version import __version__
+from testbed.net.underlay import check_underlay
+from testbed.monitor import sd
+from testbed.plan import naming
+from testbed.common.errors import StateError, TestbedError
+
+
+def _die_with_connection(sig: int) -> None:
+    """Get ``sig`` when sshd's session (our parent: the command line starts with exec) ends."""
+    from testbed.nodes.nsexec import PR_SET_PDEATHSIG, _libc
+
+    _libc.prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() == 1:
+        raise StateError("the SSH connection that started this is gone")
+
+
+def _payload() -> object:
+    try:
+        return json.loads(sys.stdin.read() or "null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TestbedError(f"the request is not JSON: {e}") from None
+
+
+def _dict(v: object, what: str) -> dict:
+    if not isinstance(v, dict):
+        raise TestbedError(f"the request's {what} is not a JSON object")
+    return v
+
+
+def probe(req: dict) -> dict:
+    from testbed.engine.core import check_free, check_share
+    from testbed.model.topology import load_topology_dict
+
+    if os.geteuid() != 0:
+        raise StateError(f"this host runs testbed as uid {os.geteuid()}, not root",
+                         "log in as root (hosts[].user: root); testbed makes namespaces and qdiscs there")
+    if req.get("version") != __version__:
+        raise StateError(f"this host has testbed {__version__}, the controller {req.get('version')}",
+                         "install the same version on every host")
+    topo = load_topology_dict(req.get("topology"))
+    me = req.get("host")
+    if not isinstance(me, str):
+        raise TestbedError("the request names no host")
+    check_share(topo, me)
+    if isinstance(req.get("underlay"), str) and isinstance(req.get("mtu"), int):
+        check_underlay(req["underlay"], req["mtu"], "underlay")
+    check_free(ns for ns in req.get("namespaces") or [] if isinstance(ns, str))
+    return {"version": __version__, "hostname": os.uname().nodename, "state_id": naming.state_id()}
+
+
+def apply(name: str, req: dict) -> dict:
+    """Record and apply this host's share (see the module's docstring)."""
+    import dataclasses
+
+    from testbed.plan import actions
+    from testbed.engine.apply import apply_plan
+    from testbed.engine.core import Testbed, check_free
+    from testbed.plan.ledger import Ledger, global_lock
+    from testbed.plan.plan import Plan
+    from testbed.engine.teardown import require_root
+
+    require_root()
+    state = _dict(req.get("state"), "state")
+    if state.get("name") != name:
+        raise TestbedError("the request's state names another testbed")
+    entries = req.get("actions")
+    if not isinstance(entries, list):
+        raise TestbedError("the request's actions are not a list")
+    todo = []
+    for e in entries:
+        a = actions.from_dict(e)
+        for ns in (getattr(a, k, None) for k in ("ns", "peer_ns")):
+            if isinstance(ns, str) and not naming.owned_namespace(name, ns):
+                raise StateError(f"action {type(a).__name__} names namespace {ns!r}, which '{name}' cannot own")
+        if "tag" in {f.name for f in dataclasses.fields(a)}:
+            a = dataclasses.replace(a, tag=naming.tag(name))  # this host's state directory owns it
+        todo.append(a)
+    tb = Testbed(state)  # validates the state as the controller's own commands would
+    _die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
+    with global_lock():
+        if Ledger(name).exists():
+            raise StateError(f"testbed '{name}' is already up here")
+        check_free(a.ns for a in todo if a.creates_namespace)
+        ledger = Ledger(name)
+        ledger.create()
+        state = {**state, "ready": False, "pid": os.getpid()}
+        ledger.write_state(state)
+        exporter = req.get("exporter")
+        if exporter is not None:
+            if not isinstance(exporter, str):
+                raise TestbedError("the request's exporter is not HOST:PORT")
+            sd.check_listen(exporter, "exporter", "HOST:PORT")
+        apply_plan(Plan(tb.topology, ipaddress.ip_network(state["subnet"]), todo), ledger, state, schedules=False,
+                   exporter=exporter)
+    return {"applied": len(todo), "exporter": state.get("exporter")}
+
+
+def down(name: str) -> dict:
+    from testbed.engine.teardown import down as down_
+
+    return {"removed": down_(name)}
+
+
+def down_all() -> dict:
+    from testbed.engine.teardown import down_all as down_all_
+
+    return {"removed": down_all_()}
+
+
+def counters(name: str) -> dict:
+    from testbed.engine.core import Testbed
+
+    tb = Testbed.attach(name)
+    got = tb.link_counters(local_only=True)
+    return {"counters": {f"{i}/{d}": c for (i, d), c in got.items()}}
+
+
+def shape(name: str, req: dict) -> dict:
+    from testbed.engine.core import Testbed
+    from testbed.net.tcbatch import LinkChanger
+    from testbed.model.topology import shape_from_dict
+
+    tb = Testbed.attach(name)
+    changes = req.get("changes")
+    if not isinstance(changes, list):
+        raise TestbedError("the request's changes are not a list")
+    todo = []
+    for c in changes:
+        c = _dict(c, "change")
+        key = (c.get("link"), c.get("direction"))
+        ep = tb.egress.get(key)  # type: ignore[arg-type]
+        if ep is None or ep.host != tb.here:
+            raise TestbedError(f"link end {key} is not on this host")
+        todo.append((ep, shape_from_dict(c.get("shape")), f"links[{key[0]}] {key[1]}: changing the shape"))
+    changer = LinkChanger()
+    try:
+        changer.apply(todo)
+    finally:
+        changer.close()
+    return {"changed": len(todo)}
+
+
+RUN_ID_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def run_dir(name: str, run: str, create: bool = False):
+    """This host's directory for run ``run`` of testbed ``name`` (inside its state
+    directory: ``down`` removes it; the controller collects what ranks write there)."""
+    from testbed.common.state import private_dir
+    from testbed.plan.ledger import Ledger
+
+    if not RUN_ID_RE.fullmatch(run) or run in (".", ".."):
+        raise TestbedError(f"invalid run id {run!r}")
+    ledger = Ledger(name)
+    if not ledger.exists():
+        raise StateError(f"testbed '{name}' is not up on this host")
+    d = ledger.dir / "runs" / run
+    if create:
+        private_dir(d)
+    elif not d.is_dir():
+        raise StateError(f"run {run} has no directory on this host")
+    return d
+
+
+def rundir(name: str, run: str) -> dict:
+    return {"path": str(run_dir(name, run, create=True))}
+
+
+def exec_(name: str, node: str, args: list[str]) -> int:
+    """Run a command in ``node`` with this process's stdin/stdout/stderr; killed when the SSH
+    connection dies (PR_SET_PDEATHSIG here, DIE_WITH_PARENT for what runs in the node).
+
+    ``args``: ``[--python] [--run RUN] [--env K=V]... [--mount DIR]... -- ARGV``. ``--python``:
+    ARGV is ``MODULE ARGS`` for the node's Python; ``--run``: the command starts in this
+    host's directory of that run, which the node sees (with each ``--mount``) at that path."""
+    import argparse
+    from pathlib import Path
+
+    from testbed.common import procs
+    from testbed.engine.core import Testbed
+    from testbed.nodes.nsexec import DIE_WITH_PARENT
+
+    p = argparse.ArgumentParser(prog="testbed _host exec", add_help=False)
+    p.add_argument("--python", action="store_true")
+    p.add_argument("--run")
+    p.add_argument("--env", action="append", default=[])
+    p.add_argument("--mount", action="append", default=[])
+    try:
+        cut = args.index("--")
+    except ValueError:
+        raise TestbedError("usage: testbed _host exec NAME NODE [OPTIONS] -- ARGV...") from None
+    opts, unknown = p.parse_known_args(args[:cut])
+    argv = args[cut + 1:]
+    if unknown or not argv:
+        raise TestbedError(f"bad exec options {unknown!r}" if unknown else "no command")
+    _die_with_connection(signal.SIGTERM)
+    tb = Testbed.attach(name)
+    info = tb.node(node)
+    if info.host != tb.here:
+        raise TestbedError(f"node {node} is on host {info.host}, not on this one")
+    backend = tb.backend(node)
+    env = backend.environment(info)
+    for kv in opts.env:
+        k, sep, v = kv.partition("=")
+        if not sep or not k or "\0" in kv:
+            raise TestbedError(f"bad --env {kv!r}")
+        env[k] = v
+    mounts = [Path(m) for m in opts.mount]
+    for m in mounts:
+        if not m.is_absolute() or not m.is_dir():
+            raise TestbedError(f"--mount {m}: not a directory on host {tb.here}",
+                               "a path the command needs must exist on every host that runs it")
+    cwd = None
+    if opts.run is not None:
+        cwd = run_dir(name, opts.run)
+        mounts.insert(0, cwd)
+    if opts.python:
+        argv = procs.python_argv(*argv, python=backend.python(info))
+    cmd = tb.command(node, argv, mounts=mounts, cwd=cwd)
+    env[DIE_WITH_PARENT] = str(os.getpid())
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd)
+
+    def forward(signum, frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    rc = proc.wait()
+    return rc if rc >= 0 else 128 - rc
+
+
+def main(op: str, args: list[str]) -> int:
+    """Dispatch ``testbed _host OP ARGS``; prints the JSON answer; the exit status."""
+    try:
+        if op == "exec":
+            if len(args) < 4:
+                raise TestbedError("usage: testbed _host exec NAME NODE [OPTIONS] -- ARGV...")
+            try:
+                return exec_(args[0], args[1], args[2:])
+            except TestbedError as e:
+                sys.stderr.write(f"error: {e}\n")
+                return 1
+        if op == "probe" and not args:
+            answer = probe(_dict(_payload(), "request"))
+        elif op == "apply" and len(args) == 1:
+            answer = apply(args[0], _dict(_payload(), "request"))
+        elif op == "down" and len(args) == 1:
+            answer = down(args[0])
+        elif op == "down-all" and not args:
+            answer = down_all()
+        elif op == "counters" and len(args) == 1:
+            answer = counters(args[0])
+        elif op == "rundir" and len(args) == 2:
+            answer = rundir(args[0], args[1])
+        elif op == "shape" and len(args) == 1:
+            answer = shape(args[0], _dict(_payload(), "request"))
+        else:
+            raise TestbedError(f"unknown operation {op!r} or wrong arguments {args!r}")
+    except TestbedError as e:
+        sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+        return 1
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    return 0

@@ -1,0 +1,276 @@
+"""Drive running links through a trace (``testbed link replay``), in the foreground.
+
+Each step is applied in place at its time, as ``link set`` does (HTB's class is changed,
+queued packets stay), under the same rules: every distinct step is checked against each
+link's shape before the first is applied, so a trace that would be refused half-way is
+refused at the start. The state file follows every step, so ``link show`` and the
+exporter's capacity gauge show the shape in force.
+
+Each applied step is one JSON line (``log``): wall time, the step's scheduled offset,
+how late the change was in force (``late_s``: from its scheduled time to the return of
+the last tc call), how long applying it took (``apply_s``) and the values. On an
+interrupt, or with ``restore``, the shapes from before the replay are put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+from testbed.common import procs
+from testbed.common.signals import ignore_interrupts, interrupt_on
+from testbed.common.errors import TestbedError
+from testbed.net.tcbatch import LinkChanger
+from testbed.model.topology import DIRECTIONS, Link, check_shape
+from testbed.plan.actions import StartReplay, recorded
+from testbed.plan.ledger import Ledger, global_lock
+from testbed.model.trace import Step, Trace
+
+
+@dataclass
+class ReplayResult:
+    steps: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    restored: bool = False
+
+    def lateness(self) -> dict:
+        """Distribution of ``late_s`` over the applied steps (seconds)."""
+        late = sorted(s["late_s"] for s in self.steps)
+        if not late:
+            return {"steps": 0}
+        return {"steps": len(late), "median_s": statistics.median(late),
+                "p95_s": late[min(len(late) - 1, round(0.95 * (len(late) - 1)))], "max_s": late[-1]}
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "lateness": self.lateness(), "interrupted": self.interrupted,
+                "restored": self.restored}
+
+
+def _changes(step: Step) -> dict:
+    d = {"rate": step.rate}
+    if step.delay is not None:
+        d["delay"] = step.delay
+    if step.loss is not None:
+        d["loss"] = step.loss
+    return d
+
+
+def check(links: Sequence[Link], trace: Trace, direction: str = "both") -> None:
+    """Refuse, before anything changes, a trace whose steps the links' shapes cannot take."""
+    dirs = DIRECTIONS if direction == "both" else (direction,)
+    seen = set()
+    for s in trace.steps:
+        if s.values() in seen:
+            continue
+        seen.add(s.values())
+        for l in links:
+            for d in dirs:
+                try:
+                    check_shape(replace(l.shape(d), **_changes(s)), f"link {l.name} ({d})")
+                except TestbedError as e:
+                    raise TestbedError(f"{trace.source or 'trace'} step at {s.at_s:g} s: {e.message}", e.hint) from None
+
+
+def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", duration_s: float | None = None,
+           restore: bool = False, log: IO[str] | None = None, on_step: Callable[[dict], None] | None = None,
+           stop: Callable[[], bool] | None = None, start_when: Callable[[], bool] | None = None,
+           clock: Callable[[], float] = time.monotonic) -> ReplayResult:
+    """Apply ``trace`` to ``links`` of the running testbed ``tb``; returns what was applied.
+
+    Ends after the last step (a looping trace: after ``duration_s``, or on an interrupt);
+    ``duration_s`` also cuts a trace short. A KeyboardInterrupt ends it early, the shapes
+    from before are put back, and the interrupt is re-raised. ``stop`` (asked about five
+    times a second while waiting) returning True ends it the same way, without raising.
+
+    ``start_when``: the trace's 0 s is the moment it first returns True (asked every 10
+    ms, after the steps are encoded); a run starts its trace when training starts.
+
+    ``log`` gets a ``ready`` line once the steps are encoded, a ``start`` line (wall time of
+    the trace's 0 s, links, steps), then one ``step`` line per applied step.
+    """
+    if duration_s is None and trace.loop:
+        duration_s = float("inf")
+    check(links, trace, direction)
+    names = [l.name for l in links]
+    dirs = DIRECTIONS if direction == "both" else (direction,)
+    before = [(l, d, l.shape(d)) for l in links for d in dirs]
+    result = ReplayResult()
+    until = trace.steps[-1].at_s if duration_s is None else duration_s
+    changer = LinkChanger()  # indexes, child qdiscs, encoded requests and sockets kept between steps
+    changer.learn(tb.egress[(l.index, d)] for l in links for d in dirs)
+    for step in {s.values(): s for s in trace.steps}.values():  # each distinct step encoded before the clock starts
+        for l in links:
+            for d in dirs:
+                changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
+    poll = 0.5 if stop is None else 0.2
+
+    def wait_until(due: float) -> None:
+        while (left := due - clock()) > 0:
+            if stop is not None and stop():
+                raise _Stopped
+            time.sleep(min(left, poll))
+
+    if log is not None:
+        log.write(json.dumps({"event": "ready", "time": time.time()}) + "\n")
+        log.flush()
+    old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
+    began = False  # before the trace's 0 s nothing has changed, so nothing is put back
+    try:
+        while start_when is not None and not start_when():
+            if stop is not None and stop():
+                raise _Stopped
+            time.sleep(0.01)
+        t0 = clock()
+        wall0 = time.time()
+        if log is not None:
+            log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
+                                  "trace": trace.source, "steps": len(trace.steps),
+                                  "period_s": trace.period_s}) + "\n")
+            log.flush()
+        began = True
+        for at, step in trace.events(until):
+            due = t0 + at
+            wait_until(due)
+            start = clock()
+            tb.set_links(links, direction=direction, changer=changer, **_changes(step))  # by index, under the lock
+            done = clock()
+            rec = {"event": "step", "time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at,
+                   "late_s": done - due, "apply_s": done - start}
+            result.steps.append(rec)
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+            if on_step:
+                on_step(rec)
+        if duration_s is not None:
+            wait_until(t0 + duration_s)
+    except _Stopped:
+        result.interrupted = True
+        restore = True
+    except KeyboardInterrupt:
+        result.interrupted = True
+        restore = True
+        raise
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        changer.close()
+        if restore and began:  # nothing interrupts putting the shapes back
+            old = ignore_interrupts()
+            try:
+                for l, d, shape in before:
+                    tb.set_links([l], direction=d, rate=shape.rate, delay=shape.delay, loss=shape.loss)
+                result.restored = True
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+    return result
+
+
+class _Stopped(Exception):
+    pass
+
+
+def open_log(path: Path | None) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as e:
+        raise TestbedError(f"--log {path}: cannot write ({e.strerror or e})") from None
+
+
+@dataclass
+class Background:
+    """A replay process started by :func:`start_background`."""
+
+    proc: subprocess.Popen
+    log: Path
+    output: Path
+    marker: str
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM: the replay puts the shapes from before back and exits."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self) -> str:
+        try:
+            return self.output.read_text(errors="replace").strip()[-600:]
+        except OSError:
+            return ""
+
+
+def start_background(name: str, trace_path: Path | None, *, link: str | None = None, fmt: str = "auto", window_s: float = 1.0,
+                     loop: bool = False, duration_s: float | None = None, direction: str = "both",
+                     restore: bool = False, log: Path | None = None, while_pid: int | None = None,
+                     start_on: Path | None = None, ready_timeout: float = 30.0, locked: bool = False) -> Background:
+    """Start ``testbed link replay`` as a background process, recorded in the testbed's
+    ledger first (``down`` stops it, also after a crash); returns once it is ready (the
+    ``ready`` line in its log). ``while_pid``: it ends, putting the shapes back, when that
+    process is gone (a run that was killed). ``start_on``: the trace's 0 s is when this
+    file appears (else at once). ``trace_path`` None: ``link``'s schedule in the topology.
+    ``locked``: the caller holds the global lock (``up``)."""
+
+    rid = secrets.token_hex(16)
+    marker = f"--replay-id={rid}"
+    ledger = Ledger(name)
+    log = (log or ledger.dir / f"replay-{rid[:8]}.jsonl").resolve()
+    output = ledger.dir / f"replay-{rid[:8]}.out"
+    argv = procs.python_argv(
+        "testbed", "link", "replay", *([link] if link else ["--bottleneck"]),
+        *([str(trace_path.resolve())] if trace_path is not None else ["--from-topology"]),
+        "--format", fmt, "--window", repr(window_s), "--direction", direction, "--log", str(log),
+        "--testbed", name, marker, *(["--loop"] if loop else []), *(["--restore"] if restore else []),
+        *(["--duration", repr(duration_s)] if duration_s is not None else []),
+        *(["--while-pid", str(while_pid)] if while_pid else []),
+        *(["--start-on", str(start_on.resolve())] if start_on is not None else []))
+    with contextlib.nullcontext() if locked else global_lock():
+        ledger.record(StartReplay(marker, str(log)).to_dict())
+    start = log.stat().st_size if log.exists() else 0
+    with open(output, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd="/")  # Ctrl-C in the terminal is not its to take
+    bg = Background(proc, log, output, marker)
+    deadline = time.monotonic() + ready_timeout
+    while not _started(log, start):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            bg.stop(grace=5.0)
+            raise TestbedError(f"the trace replay did not start: {bg.tail() or 'no output'}", f"see {output}")
+        time.sleep(0.05)
+    return bg
+
+
+def _started(log: Path, offset: int) -> bool:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return b'"event": "ready"' in f.read(4096)
+    except OSError:
+        return False
+
+
+def stop_background(name: str, grace: float = 30.0) -> list[int]:
+    """Stop the background replays of testbed ``name`` (each puts its shapes back); their pids."""
+
+    return [pid for a in recorded(name, StartReplay) for pid in procs.terminate(a.pids(), grace=grace)]
+
+
+def running_background(name: str) -> list[dict]:
+    """The background replays of testbed ``name`` still running: pid and log."""
+
+    return [{"pid": pid, "log": a.log} for a in recorded(name, StartReplay) for pid in a.pids()]

@@ -1,0 +1,191 @@
+"""Teardown and recovery: ``down`` from the ledger, ``down --all``, and listing testbeds.
+
+``down NAME`` reads NAME's ledger, turns each entry back into its action and undoes them
+newest first (:mod:`testbed.plan.actions` explains the two passes). It never guesses from name
+patterns. An entry is untrusted input: it must parse as a registered action, and any
+namespace it names must be one this testbed's plan could have made (``NAME`` or
+``NAME.NODE``); anything else is reported and left alone.
+
+``down --all`` does that for every ledger in the state directory, then recovers what a
+lost ledger would hide: namespaces whose loopback carries a ``testbed:NAME@ID`` tag with
+this state directory's ID, the exporters of those testbeds (by their target files in
+this state directory), and containers labelled with this state directory. Namespaces
+without a tag, or tagged by another state directory, are never touched.
+"""
+
+from __future__ import annotations
+
+from testbed.plan import actions, naming
+from testbed.common import procs
+from testbed.common.errors import KernelError, StateError, TestbedError
+from testbed.hosts import share  # noqa: F401  (registers other hosts' actions, named in ledgers)
+from testbed.hosts.local import LocalHost
+from testbed import nodes  # noqa: F401  (registers the backends' actions, named in ledgers)
+from testbed.plan.ledger import Ledger, global_lock, state_root
+from testbed.net import netns
+from testbed.net.rtnl import Rtnl
+
+
+def require_root() -> None:
+    import os
+
+    if os.geteuid() != 0:
+        raise TestbedError("building a testbed needs root (network namespaces, veth, tc)", "run with sudo")
+
+
+def _namespaces_of(action) -> list[str]:
+    return [v for k in ("ns", "peer_ns") if isinstance(v := getattr(action, k, None), str)]
+
+
+def teardown(name: str) -> list[str]:
+    """Undo everything in ``name``'s ledger, newest first; return the failures."""
+    ledger = Ledger(name)
+    todo: list[actions.Action] = []
+    problems: list[str] = []
+    damaged: list[str] = []
+    for e in ledger.entries(damaged):
+        try:
+            a = actions.from_dict(e)
+        except StateError as err:
+            problems.append(err.message)
+            continue
+        bad = [ns for ns in _namespaces_of(a) if not naming.owned_namespace(name, ns)]
+        if bad:
+            problems.append(f"ledger entry {type(a).__name__} names namespace {bad[0]!r}, which testbed "
+                            f"'{name}' cannot have made; left alone")
+            continue
+        todo.append(a)
+    host = LocalHost()
+    td = actions.Teardown(name, {a.ns for a in todo if a.creates_namespace}, host)
+    try:
+        for a in reversed(todo):
+            _guarded(td, a, a.release)
+        host.kill_processes(td.kill_in)
+        for a in reversed(todo):
+            _guarded(td, a, a.undo)
+    finally:
+        host.close()
+    problems += td.problems
+    if damaged and not problems:
+        # what a damaged line named is unknown: remove whatever still carries this
+        # testbed's tag or labels (namespaces, containers), then the ledger can go
+        _recover({name}, problems)
+    if not problems:
+        ledger.remove()
+    return problems
+
+
+def _guarded(td: actions.Teardown, action, step) -> None:
+    try:
+        step(td)
+    except (TestbedError, OSError) as err:
+        td.problems.append(f"{type(action).__name__} {getattr(action, 'ns', '')}: {err}".replace("  ", " "))
+
+
+def down(name: str) -> bool:
+    """Tear down testbed ``name``; False if it was not up. Idempotent."""
+    require_root()
+    with global_lock():
+        if not Ledger(name).exists():
+            return False
+        problems = teardown(name)
+    if problems:
+        raise KernelError(f"could not remove everything of '{name}': " + "; ".join(problems),
+                          f"fix the cause and run `testbed down {name}` again")
+    return True
+
+
+def down_all() -> list[str]:
+    """Tear down every testbed in the state dir, then whatever a lost ledger left behind."""
+    require_root()
+    removed: list[str] = []
+    problems: list[str] = []
+    with global_lock():
+        for name in Ledger.all_names():
+            p = teardown(name)
+            problems += p
+            if not p:
+                removed.append(name)
+        for owner in _recover(None, problems):
+            if owner not in removed:
+                removed.append(owner)
+    if problems:
+        raise KernelError("could not remove everything: " + "; ".join(problems))
+    return removed
+
+
+def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
+    """Remove what testbeds ``names`` (None: any) left without a readable ledger entry:
+    containers labelled with this state directory, namespaces tagged ``testbed:NAME``
+    and those testbeds' exporters. Returns the testbeds found."""
+    from testbed.monitor.sd import testbed_target
+
+    found = _remove_labelled_containers(problems, names)
+    orphans: dict[str, list[str]] = {}
+    mine = naming.state_id()
+    for ns in netns.list_all():
+        try:
+            with Rtnl.open(ns) as rt:
+                owner = naming.testbed_of_tag(rt.lo_alias(), mine)
+        except TestbedError:
+            continue
+        if owner and (names is None or owner in names):
+            orphans.setdefault(owner, []).append(ns)
+    for owner, nss in orphans.items():
+        target = testbed_target(owner)  # its exporter, if the lost ledger had started one
+        procs.terminate(procs.with_arg(f"--sd-file={target}"))
+        target.unlink(missing_ok=True)
+        netns.kill_processes(nss)
+        from testbed.nodes.vm import forget_vms
+
+        forget_vms(nss)  # QEMU lives in its node's namespace (stopped above); its state directory
+        for ns in nss:
+            try:
+                netns.remove(ns)
+            except TestbedError as e:
+                problems.append(str(e))
+        found.append(owner)
+    return list(dict.fromkeys(found))
+
+
+def _remove_labelled_containers(problems: list[str], names: set[str] | None = None) -> list[str]:
+    """Containers labelled as made from this state directory (a lost ledger's)."""
+    try:
+        import docker
+    except ImportError:
+        return []
+    try:
+        dc = docker.from_env(timeout=30)
+        found = dc.containers.list(all=True, filters={"label": f"testbed.state={state_root()}"})
+    except docker.errors.DockerException:
+        return []  # no engine: no containers can exist
+    owners = []
+    try:
+        for c in found:
+            if names is not None and c.labels.get("testbed") not in names:
+                continue
+            try:
+                c.remove(force=True, v=True)
+                owners.append(c.labels.get("testbed", "?"))
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as e:
+                problems.append(f"removing container {c.name}: {e}")
+    finally:
+        dc.close()
+    return owners
+
+
+def list_testbeds() -> list[dict]:
+    out = []
+    for name in Ledger.all_names():
+        st = Ledger(name).read_state() or {}
+        out.append({
+            "name": name,
+            "ready": st.get("ready", False),
+            "created": st.get("created"),
+            "workers": sum(1 for n in st.get("nodes", {}).values() if n.get("kind") == "worker"),
+            "links": len(st.get("topology", {}).get("links", [])),
+            "source": st.get("source"),
+        })
+    return out

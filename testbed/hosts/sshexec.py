@@ -1,0 +1,111 @@
+"""Run a command in a node on another host, as if it were local (the remote counterpart of
+:mod:`testbed.nodes.nsexec`).
+
+``python -m testbed.hosts.sshexec --host JSON --testbed NAME --node NODE -- CMD [ARGS...]``
+
+Connects to the host over SSH (host key verified, :mod:`testbed.hosts.ssh`), runs
+``testbed _host exec NAME NODE -- CMD...`` there, and relays stdin, stdout, stderr and
+the exit status. SIGTERM, SIGINT or SIGHUP here closes the connection: the remote side
+(PR_SET_PDEATHSIG) then stops the command. With ``TESTBED_DIE_WITH_PARENT`` this process
+dies with its parent, and the connection with it, so a killed ``testbed run`` stops its
+remote ranks too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from testbed.common.errors import TestbedError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from testbed.nodes.nsexec import _die_with_parent
+    from testbed.hosts.ssh import connect, remote_line
+    from testbed.model.topology import TopologyError, host_from_json
+
+    p = argparse.ArgumentParser(prog="python -m testbed.hosts.sshexec")
+    p.add_argument("--host", required=True)
+    p.add_argument("--testbed", required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--remote-opt", action="append", default=[],
+                   help="an option for `testbed _host exec` there (--python, --run=ID, --env=K=V, --mount=DIR)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        p.error("no command")
+    if any(not o.startswith(("--python", "--run=", "--env=", "--mount=")) or o == "--" for o in a.remote_opt):
+        p.error(f"bad --remote-opt in {a.remote_opt!r}")
+    if (code := _die_with_parent()) is not None:
+        return code
+    try:
+        host = host_from_json(a.host)
+    except TopologyError as e:
+        print(f"error: bad --host: {e}", file=sys.stderr)
+        return 2
+    try:
+        client = connect(host)
+    except TestbedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 255
+    transport = client.get_transport()
+    chan = transport.open_session()
+    done = threading.Event()
+
+    def stop(signum, frame):
+        done.set()
+        client.close()  # the remote side's parent (sshd's session) ends: it stops the command
+        os._exit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, stop)
+    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, *a.remote_opt, "--", *cmd]))
+
+    def pump_stdin():
+        try:
+            while True:
+                data = os.read(0, 65536)
+                if not data:
+                    break
+                chan.sendall(data)
+        except OSError:
+            pass
+        try:
+            chan.shutdown_write()
+        except Exception:
+            pass
+
+    threading.Thread(target=pump_stdin, daemon=True).start()
+
+    def pump_stderr():
+        while True:
+            data = chan.recv_stderr(65536)
+            if not data:
+                break
+            os.write(2, data)
+
+    t_err = threading.Thread(target=pump_stderr, daemon=True)
+    t_err.start()
+    while True:
+        data = chan.recv(65536)
+        if not data:
+            break
+        try:
+            os.write(1, data)
+        except BrokenPipeError:
+            break
+    t_err.join(5)
+    status = chan.recv_exit_status()
+    client.close()
+    if status == -1:
+        print(f"error: lost the connection to host {host.name}", file=sys.stderr)
+        return 255
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,844 @@
+"""Topology files: YAML -> :class:`Topology` (frozen data, no I/O beyond reading the file).
+
+The format is close to containerlab's (``nodes:`` mapping, ``links: - endpoints: [a, b]``).
+Every error names the YAML path of the offending value (``links[3].rate``) and says how
+to fix it. Checks that need the running kernel (netem present, subnet free of the host's
+routes) happen in :mod:`testbed.plan.plan`'s preflight, still before anything is created.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from testbed.common.errors import TestbedError, TopologyError
+from testbed.model.trace import Trace, parse_schedule
+from testbed.model.backend_options import OPTIONS
+from testbed.model.flows import Flow, flow_from_dict
+from testbed.model.units import Duration, Loss, Rate, UnitError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+MAX_NODE_NAME = 63
+MAX_TESTBED_NAME = 32
+DEFAULT_RATE = Rate(10 * 10**9)
+MAX_LIMIT = 10**7  # packets; also bounds the queue netem derives from rate x delay
+MTU_BYTES = 1514  # an Ethernet frame at MTU 1500: what netem queues
+NODE_KINDS = ("worker", "switch")
+MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
+
+_SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
+_LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *_SHAPE_KEYS)
+_TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan")
+_DEFAULT_KEYS = ("backend", "link", "sysctls")
+_NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls", "host"), "switch": ("kind", "stp", "host")}
+_HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed")
+_VXLAN_KEYS = ("port", "mtu")
+LOCAL_HOST = "local"
+"""The machine ``testbed up`` runs on (the controller); nodes without ``host:`` are placed here."""
+VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
+DEFAULT_VXLAN_PORT = 4789  # IANA's
+MIN_INNER_MTU = 1280
+DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
+"""Keys every worker takes; each backend adds its own (:mod:`testbed.model.backend_options`)."""
+SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
+SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
+
+
+DIRECTIONS = ("forward", "reverse")
+"""The two directions of a link, each shaped on its own (``link set --direction``)."""
+
+@dataclass(frozen=True)
+class Shape:
+    """How one direction of a link treats traffic."""
+
+    rate: Rate = DEFAULT_RATE
+    """Layer-2 rate cap (HTB rate = ceil). TCP goodput is about 0.956 of it at MTU 1500."""
+    delay: Duration = Duration(0)
+    """One-way added delay (netem)."""
+    jitter: Duration = Duration(0)
+    """Delay variation (netem; needs a delay)."""
+    loss: Loss = Loss(0.0)
+    """Random packet loss (netem)."""
+    limit: int | None = None
+    """Queue limit in packets; default: 1000, or 2x the bandwidth-delay product with netem."""
+
+    @property
+    def needs_netem(self) -> bool:
+        return bool(self.delay or self.jitter or self.loss)
+
+    @property
+    def queue_packets(self) -> int:
+        """Packets the leaf queue holds: ``limit``, else >= 2x the bandwidth-delay product."""
+        if self.limit is not None:
+            return self.limit
+        bdp = self.rate.bytes_per_second * (self.delay.seconds + self.jitter.seconds) / MTU_BYTES
+        return max(1000, math.ceil(2 * bdp))
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"rate": str(self.rate)}
+        if self.delay:
+            d["delay"] = str(self.delay)
+        if self.jitter:
+            d["jitter"] = str(self.jitter)
+        if self.loss:
+            d["loss"] = str(self.loss)
+        if self.limit is not None:
+            d["limit"] = self.limit
+        return d
+
+    def describe(self) -> str:
+        parts = [str(self.rate)]
+        if self.delay:
+            parts.append(f"delay {self.delay}" + (f"±{self.jitter}" if self.jitter else ""))
+        if self.loss:
+            parts.append(f"loss {self.loss}")
+        if self.limit is not None:
+            parts.append(f"limit {self.limit}p")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A worker (runs one rank) or a switch (an L2 bridge)."""
+
+    name: str
+    kind: str
+    backend: str | None = None
+    gpu: int | None = None
+    stp: bool = False
+    sysctls: tuple[tuple[str, str], ...] = ()
+    """Network sysctls set inside the worker's namespace after it is created (key, value)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """The backend's own keys (e.g. docker's image, cpus), validated by that backend."""
+    host: str = LOCAL_HOST
+    """The machine the node is placed on (a ``hosts:`` entry, or the local host)."""
+
+    @property
+    def is_worker(self) -> bool:
+        return self.kind == "worker"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine reached over SSH that runs its share of the testbed (``hosts:``)."""
+
+    name: str
+    address: str
+    """Where SSH connects (an IP address or a DNS name)."""
+    underlay: str
+    """This host's IPv4 address for VXLAN tunnels (default: ``address`` when that is one)."""
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    """Private key file; None: the SSH agent and the default keys (~/.ssh/id_*)."""
+    known_hosts: str | None = None
+    """Where its host key is checked; None: ~/.ssh/known_hosts (then /etc/ssh/ssh_known_hosts)."""
+    accept_new_host_key: bool = False
+    """Trust a host key seen for the first time and add it to ``known_hosts`` (OpenSSH's
+    accept-new). A key that *changed* is refused whatever this says."""
+    testbed: str = "testbed"
+    """The testbed program on that host (same version as here)."""
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"name": self.name, "address": self.address, "underlay": self.underlay,
+                             "user": self.user, "port": self.port}
+        for k in ("key", "known_hosts"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.accept_new_host_key:
+            d["accept_new_host_key"] = True
+        d["testbed"] = self.testbed
+        return d
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point connection; ``forward`` shapes a->b, ``reverse`` b->a."""
+
+    index: int
+    a: str
+    b: str
+    forward: Shape
+    reverse: Shape
+    bottleneck: bool = False
+    name: str = ""
+    schedule: Trace | None = None
+    """Steps both directions follow from ``up`` on (a background replay), ``loop``-ed or not."""
+
+    @property
+    def path(self) -> str:
+        return f"links[{self.index}]"
+
+    @property
+    def endpoints(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    def shape(self, direction: str) -> Shape:
+        return self.forward if direction == "forward" else self.reverse
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated topology. Pure data; :mod:`testbed.plan.plan` turns it into actions."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+    subnet: ipaddress.IPv4Network | None = None
+    """Data-plane subnet; None means 'choose one clear of the host's routes at up time'."""
+    source: str | None = field(default=None, compare=False)
+    traffic: tuple[Flow, ...] = ()
+    """Cross-traffic flows that run alongside every ``testbed run`` (:mod:`testbed.runs.traffic`)."""
+    hosts: tuple[Host, ...] = ()
+    """Remote machines (SSH); the local host is implicit."""
+    vxlan_port: int = DEFAULT_VXLAN_PORT
+    """UDP port of the tunnels that carry links between hosts."""
+    mtu: int | None = None
+    """Data-plane MTU of every link; None: 1500, or 1450 when a link crosses hosts."""
+
+    @property
+    def multi_host(self) -> bool:
+        return any(n.host != LOCAL_HOST for n in self.nodes)
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def data_mtu(self) -> int:
+        """The MTU every data-plane interface gets: one L2 domain, so one MTU (a bridge
+        drops a frame too big for the port it leaves by)."""
+        if self.mtu is not None:
+            return self.mtu
+        crosses = any(self.node(l.a).host != self.node(l.b).host for l in self.links)
+        return 1500 - VXLAN_OVERHEAD if crosses else 1500
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        """Workers in topology order: rank r runs on workers[r]."""
+        return tuple(n for n in self.nodes if n.is_worker)
+
+    @property
+    def switches(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if not n.is_worker)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def needs_netem(self) -> bool:
+        return any(l.forward.needs_netem or l.reverse.needs_netem or (l.schedule is not None and l.schedule.needs_netem)
+                   for l in self.links)
+
+    def worker_link(self, worker: str) -> Link:
+        for l in self.links:
+            if worker in l.endpoints:
+                return l
+        raise KeyError(worker)
+
+    def with_links(self, links: Iterable[Link]) -> "Topology":
+        return replace(self, links=tuple(links))
+
+    def to_dict(self) -> dict:
+        """The canonical YAML/JSON form; ``load_topology_dict(t.to_dict()) == t``."""
+        nodes: dict[str, dict] = {}
+        for n in self.nodes:
+            d: dict[str, Any] = {"kind": n.kind}
+            if n.is_worker:
+                d["backend"] = n.backend
+                if n.gpu is not None:
+                    d["gpu"] = n.gpu
+                if n.sysctls:
+                    d["sysctls"] = dict(n.sysctls)
+                if n.options:
+                    d.update(OPTIONS[n.backend].export(n.options))
+            elif n.stp:
+                d["stp"] = True
+            if n.host != LOCAL_HOST:
+                d["host"] = n.host
+            nodes[n.name] = d
+        links = []
+        for l in self.links:
+            d = {"endpoints": [l.a, l.b], "name": l.name}
+            if l.bottleneck:
+                d["bottleneck"] = True
+            d["forward"] = l.forward.to_dict()
+            d["reverse"] = l.reverse.to_dict()
+            if l.schedule is not None:
+                d["schedule"] = [{"at": f"{st.at_s:g}s", **{k: v for k, v in st.to_dict().items() if k != "at_s"}}
+                                 for st in l.schedule.steps]
+                if l.schedule.loop:  # the period's end is written as a last step with the first's values
+                    first = {k: v for k, v in l.schedule.steps[0].to_dict().items() if k != "at_s"}
+                    d["schedule"].append({"at": f"{l.schedule.period_s:g}s", **first})
+                    d["loop"] = True
+            links.append(d)
+        out: dict[str, Any] = {"name": self.name, "nodes": nodes, "links": links}
+        if self.subnet is not None:
+            out["subnet"] = str(self.subnet)
+        if self.traffic:
+            out["traffic"] = [f.to_dict() for f in self.traffic]
+        if self.hosts:
+            out["hosts"] = [h.to_dict() for h in self.hosts]
+        if self.vxlan_port != DEFAULT_VXLAN_PORT or self.mtu is not None:
+            out["vxlan"] = {"port": self.vxlan_port, **({"mtu": self.mtu} if self.mtu is not None else {})}
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file; a bare name (``three_switch``) that is no file
+    here is one of the shipped topologies."""
+    p = Path(path)
+    if not p.exists() and p.name == str(path) and (SHIPPED_DIR / f"{p.name}.yaml").is_file():
+        p = SHIPPED_DIR / f"{p.name}.yaml"
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise TopologyError("", f"topology file '{path}' does not exist",
+                            f"give the path of a YAML file, or a shipped topology: {', '.join(shipped())}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise TopologyError("", f"cannot read topology file '{path}': {e}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as e:
+        raise TopologyError("", f"'{path}': duplicate key '{e.key}' at line {e.line} (first at line {e.first})",
+                            "YAML keeps only the last of duplicate keys; remove or rename one") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise TopologyError("", f"'{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}",
+                            "check indentation and quoting") from None
+    return load_topology_dict(data, source=str(p))
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: construct_mapping names it
+                continue
+            if first is not None:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1, first)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _unknown_keys(d: dict, allowed: Iterable[str], path: str) -> None:
+    allowed = tuple(allowed)
+    for k in d:
+        if k not in allowed:
+            raise TopologyError(f"{path}.{k}" if path else str(k), f"unknown key '{k}'",
+                                f"allowed keys here: {', '.join(allowed)}")
+
+
+def _mapping(value: Any, path: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise TopologyError(path, f"expected a mapping ({what}), got {type(value).__name__}")
+    for k in value:
+        if not isinstance(k, str):
+            raise TopologyError(path, f"key {k!r} is not a string", "quote it in the YAML file")
+    return value
+
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "topologies"
+"""The topologies shipped inside the package (``topologies/`` in a checkout links here)."""
+
+RESERVED_NAMES = ("targets", "monitors")
+"""Folders of the state directory itself: no testbed may be called so."""
+
+
+def _name(value: Any, path: str, maxlen: int, what: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or len(value) > maxlen:
+        raise TopologyError(path, f"invalid {what} {value!r}",
+                            f"use 1-{maxlen} letters, digits, '-' or '_', starting with a letter or digit")
+    return value
+
+
+def check_testbed_name(value: Any, path: str = "name") -> str:
+    """A testbed name, from YAML or the command line: one rule for both."""
+    _name(value, path, MAX_TESTBED_NAME, "testbed name")
+    if value in RESERVED_NAMES:
+        raise TopologyError(path, f"testbed name {value!r} is reserved (a folder of the state directory)",
+                            "choose another name")
+    return value
+
+
+def _shape_fields(d: dict, path: str) -> dict:
+    """Parse the shape keys present in ``d`` into Shape constructor kwargs."""
+    out: dict[str, Any] = {}
+    parsers = {"rate": Rate.parse, "delay": Duration.parse, "jitter": Duration.parse, "loss": Loss.parse}
+    for key in _SHAPE_KEYS:
+        if key not in d:
+            continue
+        v = d[key]
+        if key == "limit":
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LIMIT:
+                raise TopologyError(f"{path}.limit", f"limit must be a number of packets (1..{MAX_LIMIT}), got {v!r}")
+            out["limit"] = v
+            continue
+        try:
+            out[key] = parsers[key](v)
+        except UnitError as e:
+            raise TopologyError(f"{path}.{key}", str(e)) from None
+    return out
+
+
+def shape_from_dict(d: Any, path: str = "shape") -> Shape:
+    """A Shape from its ``to_dict`` form (state and ledger files), validated like YAML."""
+    d = _mapping(d, path, "a link shape")
+    _unknown_keys(d, _SHAPE_KEYS, path)
+    return _check_shape(Shape(**_shape_fields(d, path)), path)
+
+
+def parse_shape_values(values: dict[str, Any], flags: dict[str, str]) -> dict[str, Any]:
+    """Shape fields given on the command line (``{"rate": "100mbit", ...}``), checked by
+    exactly the rules of the topology loader; errors name the flag (``flags[key]``)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        try:
+            out.update(_shape_fields({key: value}, "x"))
+        except TopologyError as e:
+            raise TopologyError(flags[key], e.message.split(": ", 1)[-1], e.hint) from None
+    return out
+
+
+def check_shape(shape: Shape, path: str) -> Shape:
+    """Rules on a whole shape (each value is already valid on its own)."""
+    return _check_shape(shape, path)
+
+
+def _check_shape(shape: Shape, path: str) -> Shape:
+    if shape.jitter and not shape.delay:
+        raise TopologyError(f"{path}.jitter", f"jitter {shape.jitter} needs a delay",
+                            "set delay too, e.g. delay: 10ms, jitter: 1ms")
+    if shape.queue_packets > MAX_LIMIT:
+        raise TopologyError(path, f"{shape.describe()} needs a queue of {shape.queue_packets} packets "
+                            f"(2x rate x delay), more than {MAX_LIMIT}",
+                            "lower the rate or the delay, or set limit: explicitly")
+    return shape
+
+
+def load_topology_dict(data: Any, source: str | None = None) -> Topology:
+    """Validate an already-parsed topology mapping (the YAML document)."""
+    top = _mapping(data, "", "the topology document")
+    _unknown_keys(top, _TOP_KEYS, "")
+    for required in ("name", "nodes", "links"):
+        if required not in top:
+            raise TopologyError(required, "missing", f"every topology needs '{required}:'")
+    name = check_testbed_name(top["name"])
+
+    option_keys = tuple(dict.fromkeys(k for b in OPTIONS.values() for k in b.keys))
+    defaults = _mapping(top.get("defaults") or {}, "defaults", "backend and link defaults")
+    _unknown_keys(defaults, _DEFAULT_KEYS + option_keys, "defaults")
+    default_backend = defaults.get("backend", "netns")
+    if not isinstance(default_backend, str) or default_backend not in OPTIONS:
+        raise TopologyError("defaults.backend", f"unknown backend {default_backend!r}",
+                            f"choose one of: {', '.join(OPTIONS)}")
+    default_options = {k: defaults[k] for k in option_keys if k in defaults}
+    dlink = _mapping(defaults.get("link") or {}, "defaults.link", "a link shape")
+    _unknown_keys(dlink, _SHAPE_KEYS, "defaults.link")
+    default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
+    default_sysctls = _sysctls(defaults.get("sysctls"), "defaults.sysctls")
+
+    hosts = _hosts(top.get("hosts"))
+    host_names = {h.name for h in hosts} | {LOCAL_HOST}
+    vxlan_port, mtu = _vxlan(top.get("vxlan"))
+    nodes_in = _mapping(top["nodes"], "nodes", "node name -> node")
+    if not nodes_in:
+        raise TopologyError("nodes", "no nodes", "define at least two workers and the switches between them")
+    nodes: list[Node] = []
+    for nname, spec in nodes_in.items():
+        path = f"nodes.{nname}"
+        _name(nname, path, MAX_NODE_NAME, "node name")
+        spec = _mapping(spec if spec is not None else {}, path, "kind: worker|switch")
+        kind = spec.get("kind")
+        if kind not in NODE_KINDS:
+            raise TopologyError(f"{path}.kind", f"unknown or missing kind {kind!r}",
+                                f"choose one of: {', '.join(NODE_KINDS)}")
+        _unknown_keys(spec, _NODE_KEYS[kind] + (option_keys if kind == "worker" else ()), path)
+        if kind == "worker":
+            backend = spec.get("backend", default_backend)
+            if not isinstance(backend, str) or backend not in OPTIONS:
+                raise TopologyError(f"{path}.backend", f"unknown backend {backend!r}",
+                                    f"choose one of: {', '.join(OPTIONS)}")
+            impl = OPTIONS[backend]
+            # defaults: apply to the workers whose backend takes them; a node's own keys must fit
+            opts = {k: v for k, v in default_options.items() if k in impl.keys}
+            opts.update({k: spec[k] for k in option_keys if k in spec})
+            options = impl.validate(opts, path)
+            gpu = spec.get("gpu")
+            if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
+                raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
+            sysctls = {**default_sysctls, **_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
+            nodes.append(Node(nname, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items()),
+                              options=options, host=_node_host(spec, path, host_names)))
+        else:
+            stp = spec.get("stp", False)
+            if not isinstance(stp, bool):
+                raise TopologyError(f"{path}.stp", f"stp must be true or false, got {stp!r}")
+            nodes.append(Node(nname, "switch", stp=stp, host=_node_host(spec, path, host_names) or LOCAL_HOST))
+    by_name = {n.name: n for n in nodes}
+    workers = [n for n in nodes if n.is_worker]
+    if not workers:
+        raise TopologyError("nodes", "no workers", "add nodes with kind: worker")
+
+    links_in = top["links"]
+    if not isinstance(links_in, list):
+        raise TopologyError("links", f"expected a list of links, got {type(links_in).__name__}",
+                            "write links as '- endpoints: [a, b]' items")
+    links: list[Link] = []
+    seen_pairs: dict[frozenset, int] = {}
+    names: dict[str, int] = {}
+    for i, spec in enumerate(links_in):
+        path = f"links[{i}]"
+        spec = _mapping(spec, path, "endpoints and shape")
+        _unknown_keys(spec, _LINK_KEYS, path)
+        eps = spec.get("endpoints")
+        if not isinstance(eps, list) or len(eps) != 2 or not all(isinstance(e, str) for e in eps):
+            raise TopologyError(f"{path}.endpoints", f"expected two node names, got {eps!r}",
+                                "write endpoints: [w0, s1]")
+        a, b = eps
+        for j, e in enumerate(eps):
+            if e not in by_name:
+                raise TopologyError(f"{path}.endpoints[{j}]", f"node '{e}' is not defined",
+                                    f"define it under nodes:, or use one of: {', '.join(list(by_name)[:12])}")
+        if a == b:
+            raise TopologyError(f"{path}.endpoints", f"link from '{a}' to itself")
+        pair = frozenset((a, b))
+        if pair in seen_pairs:
+            raise TopologyError(f"{path}.endpoints", f"duplicate link {a}-{b} (same as links[{seen_pairs[pair]}])",
+                                "remove one; to change its shape, edit the first")
+        seen_pairs[pair] = i
+        bottleneck = spec.get("bottleneck", False)
+        if not isinstance(bottleneck, bool):
+            raise TopologyError(f"{path}.bottleneck", f"must be true or false, got {bottleneck!r}")
+        lname = spec.get("name", f"{a}-{b}")
+        if not isinstance(lname, str) or not lname or len(lname) > 2 * MAX_NODE_NAME + 1:
+            raise TopologyError(f"{path}.name", f"invalid link name {lname!r}")
+        if lname in names:
+            raise TopologyError(f"{path}.name", f"link name '{lname}' is used by links[{names[lname]}] too",
+                                "give one of them a distinct name:")
+        names[lname] = i
+        both = _shape_fields(spec, path)
+        dirs = {}
+        for d in ("forward", "reverse"):
+            dspec = _mapping(spec.get(d) or {}, f"{path}.{d}", "a link shape")
+            _unknown_keys(dspec, _SHAPE_KEYS, f"{path}.{d}")
+            fields = {**default_shape.__dict__, **both, **_shape_fields(dspec, f"{path}.{d}")}
+            dirs[d] = _check_shape(Shape(**fields), f"{path}.{d}" if dspec else path)
+        schedule = _schedule(spec, path, dirs)
+        links.append(Link(i, a, b, dirs["forward"], dirs["reverse"], bottleneck, lname, schedule))
+
+    _check_graph(by_name, links)
+    nodes = _place(nodes, links)
+    by_name = {n.name: n for n in nodes}
+    if any(n.host != LOCAL_HOST for n in nodes):
+        vm = next((n for n in nodes if n.is_worker and n.backend == "vm"), None)
+        if vm is not None:
+            raise TopologyError(f"nodes.{vm.name}.backend", "VM workers cannot be part of a multi-host topology yet "
+                                "(their guest's MTU and files are the controller's)",
+                                "use backend netns or docker on topologies with hosts:")
+    used = {n.host for n in nodes} - {LOCAL_HOST}
+    unused = [h.name for h in hosts if h.name not in used]
+    if unused:
+        raise TopologyError("hosts", f"host(s) {', '.join(unused)} carry no node",
+                            "place nodes there with host: NAME, or remove the entry")
+
+    subnet = None
+    if "subnet" in top:
+        s = top["subnet"]
+        try:
+            subnet = ipaddress.ip_network(s, strict=True) if isinstance(s, str) else None
+        except ValueError as e:
+            raise TopologyError("subnet", f"{s!r} is not a network: {e}", "write e.g. subnet: 10.77.0.0/24") from None
+        if not isinstance(subnet, ipaddress.IPv4Network):
+            raise TopologyError("subnet", f"{s!r} is not an IPv4 network", "write e.g. subnet: 10.77.0.0/24")
+        if subnet.num_addresses - 2 < len(workers):
+            raise TopologyError("subnet", f"{subnet} has room for {max(subnet.num_addresses - 2, 0)} "
+                                f"addresses but there are {len(workers)} workers", "use a shorter prefix")
+        if subnet.is_loopback or subnet.is_multicast or subnet.is_link_local:
+            raise TopologyError("subnet", f"{subnet} is a loopback/multicast/link-local range",
+                                "use a private range such as 10.77.0.0/16")
+    traffic = _traffic(top.get("traffic"), {n.name for n in workers})
+    return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source, traffic=traffic,
+                    hosts=hosts, vxlan_port=vxlan_port, mtu=mtu)
+
+
+def _node_host(spec: dict, path: str, host_names: set[str]) -> str | None:
+    if "host" not in spec:
+        return None  # placed later: a worker follows its switch
+    h = spec["host"]
+    if not isinstance(h, str) or h not in host_names:
+        raise TopologyError(f"{path}.host", f"unknown host {h!r}",
+                            f"define it under hosts:, or use one of: {', '.join(sorted(host_names))}")
+    return h
+
+
+def _place(nodes: list[Node], links: list[Link]) -> list[Node]:
+    """Workers without ``host:`` go where the switch they hang off is (the common case:
+    put ``host:`` on the switches); a worker linked to another worker stays local."""
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for n in nodes:
+        if n.host is None:
+            peer = next(by_name[l.b if l.a == n.name else l.a] for l in links if n.name in l.endpoints)
+            host = peer.host if not peer.is_worker else LOCAL_HOST
+            n = replace(n, host=host or LOCAL_HOST)
+        out.append(n)
+    return out
+
+
+def _hosts(value: Any) -> tuple[Host, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TopologyError("hosts", "must be a list of hosts",
+                            "write e.g. hosts: [{name: gpu1, address: 192.0.2.11}]")
+    out: list[Host] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        path = f"hosts[{i}]"
+        d = _mapping(item, path, "name, address, user, port, key, ...")
+        _unknown_keys(d, _HOST_KEYS, path)
+        for req in ("name", "address"):
+            if req not in d:
+                raise TopologyError(f"{path}.{req}", "missing", "every host needs name: and address:")
+        name = _name(d["name"], f"{path}.name", MAX_NODE_NAME, "host name")
+        if name == LOCAL_HOST:
+            raise TopologyError(f"{path}.name", f"'{LOCAL_HOST}' is the machine testbed runs on; it needs no entry",
+                                "choose another name")
+        if name in seen:
+            raise TopologyError(f"{path}.name", f"host '{name}' is defined twice")
+        seen.add(name)
+        address = d["address"]
+        ip = _ipv4(address)
+        if ip is None and not (isinstance(address, str) and DNS_RE.fullmatch(address)):
+            raise TopologyError(f"{path}.address", f"{address!r} is neither an IPv4 address nor a host name",
+                                "write e.g. address: 192.0.2.11 or address: gpu1.example.org")
+        underlay = d.get("underlay", ip)
+        if _ipv4(underlay) is None:
+            raise TopologyError(f"{path}.underlay", f"{underlay!r} is not an IPv4 address" if underlay is not None
+                                else "missing: the address is a name, and tunnels need this host's IPv4 address",
+                                "write underlay: the address other hosts reach this one at, e.g. 192.0.2.11")
+        user = d.get("user", "root")
+        if not isinstance(user, str) or not USER_RE.fullmatch(user):
+            raise TopologyError(f"{path}.user", f"invalid user name {user!r}", "e.g. user: root")
+        port = d.get("port", 22)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise TopologyError(f"{path}.port", f"port must be 1..65535, got {port!r}")
+        files = {}
+        for k in ("key", "known_hosts"):
+            v = d.get(k)
+            if v is not None and (not isinstance(v, str) or not v or "\0" in v):
+                raise TopologyError(f"{path}.{k}", f"{k} must be a file path, got {v!r}")
+            files[k] = v
+        accept = d.get("accept_new_host_key", False)
+        if not isinstance(accept, bool):
+            raise TopologyError(f"{path}.accept_new_host_key", f"must be true or false, got {accept!r}")
+        program = d.get("testbed", "testbed")
+        if not isinstance(program, str) or not PROGRAM_RE.fullmatch(program):
+            raise TopologyError(f"{path}.testbed", f"invalid program path {program!r}",
+                                "give the testbed program's path on that host, e.g. /opt/testbed/.venv/bin/testbed")
+        out.append(Host(name, address, str(underlay), user, port, files["key"], files["known_hosts"], accept, program))
+    underlays: dict[str, str] = {}
+    for h in out:
+        if h.underlay in underlays:
+            raise TopologyError("hosts", f"hosts {underlays[h.underlay]} and {h.name} have the same underlay {h.underlay}",
+                                "each host needs its own tunnel address")
+        underlays[h.underlay] = h.name
+    return tuple(out)
+
+
+def host_from_json(text: str) -> Host:
+    """A ``hosts:`` entry passed as JSON (a ledger entry, a relay's argument), checked by
+    the topology's own rules; TopologyError otherwise."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise TopologyError("hosts[0]", f"not JSON: {e}") from None
+    return _hosts([data])[0]
+
+
+def _ipv4(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        return None
+
+
+def _vxlan(value: Any) -> tuple[int, int | None]:
+    if value is None:
+        return DEFAULT_VXLAN_PORT, None
+    d = _mapping(value, "vxlan", "port, mtu")
+    _unknown_keys(d, _VXLAN_KEYS, "vxlan")
+    port = d.get("port", DEFAULT_VXLAN_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise TopologyError("vxlan.port", f"port must be 1..65535, got {port!r}", f"the default is {DEFAULT_VXLAN_PORT}")
+    mtu = d.get("mtu")
+    if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_INNER_MTU <= mtu <= 9000):
+        raise TopologyError("vxlan.mtu", f"mtu must be {MIN_INNER_MTU}..9000, got {mtu!r}",
+                            f"the underlay's MTU minus {VXLAN_OVERHEAD} (VXLAN's overhead), e.g. 1450 for 1500")
+    return port, mtu
+
+
+def _schedule(spec: dict, path: str, shapes: dict[str, Shape]) -> Trace | None:
+    """A link's ``schedule:`` (and ``loop:``), every distinct step checked against both
+    directions' shapes as ``link set`` would."""
+    if "schedule" not in spec:
+        if "loop" in spec:
+            raise TopologyError(f"{path}.loop", "loop without a schedule", "add schedule: [{at: 0s, rate: ...}, ...]")
+        return None
+    trace = parse_schedule(spec["schedule"], spec.get("loop", False), f"{path}.schedule")
+    seen = set()
+    for st in trace.steps:
+        if st.values() in seen:
+            continue
+        seen.add(st.values())
+        changes: dict[str, Any] = {"rate": st.rate}
+        if st.delay is not None:
+            changes["delay"] = st.delay
+        if st.loss is not None:
+            changes["loss"] = st.loss
+        for d, shape in shapes.items():
+            _check_shape(replace(shape, **changes), f"{path}.schedule (at {st.at_s:g}s, {d})")
+    return trace
+
+
+def _traffic(value: Any, workers: set[str]) -> tuple[Flow, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TopologyError("traffic", "must be a list of flows", "write e.g. traffic: [{from: w0, to: w7}]")
+    flows = []
+    for i, item in enumerate(value):
+        try:
+            f = flow_from_dict(item, f"traffic[{i}]")
+        except TestbedError as e:
+            raise TopologyError("", e.message, e.hint) from None
+        for k, n in (("from", f.src), ("to", f.dst)):
+            if n not in workers:
+                raise TopologyError(f"traffic[{i}].{k}", f"{n!r} is not a worker",
+                                    f"workers: {', '.join(sorted(workers)[:12])}")
+        flows.append(f)
+    return tuple(flows)
+
+
+def _sysctls(value: Any, path: str) -> dict[str, str]:
+    """``{net.ipv4.tcp_congestion_control: reno}`` -> validated str -> str.
+
+    Only ``net.*`` keys: those are per network namespace. Anything else (``kernel.*``,
+    ``vm.*``) would change the host, not the node.
+    """
+    if value is None:
+        return {}
+    d = _mapping(value, path, "sysctl key -> value, e.g. net.ipv4.tcp_congestion_control: reno")
+    out = {}
+    for k, v in d.items():
+        if not isinstance(k, str) or not SYSCTL_KEY_RE.fullmatch(k):
+            raise TopologyError(f"{path}", f"{k!r} is not a network sysctl key",
+                                "only net.* keys are per node (they live in the node's network namespace), "
+                                "e.g. net.ipv4.tcp_congestion_control")
+        if isinstance(v, bool) or not isinstance(v, (str, int)) or not SYSCTL_VALUE_RE.fullmatch(str(v)):
+            raise TopologyError(f"{path}.{k}", f"invalid value {v!r}",
+                                "give a number or a word (letters, digits, '._-: /'), as `sysctl -w` would take it")
+        out[k] = str(v)
+    return out
+
+
+def _check_graph(by_name: dict[str, Node], links: list[Link]) -> None:
+    """Workers have exactly one link; the graph is connected; loops only through STP switches."""
+    degree = {n: 0 for n in by_name}
+    adj: dict[str, list[str]] = {n: [] for n in by_name}
+    for l in links:
+        degree[l.a] += 1
+        degree[l.b] += 1
+    for name, node in by_name.items():
+        if not node.is_worker and degree[name] > MAX_BRIDGE_PORTS:
+            raise TopologyError(f"nodes.{name}", f"switch '{name}' has {degree[name]} links; a Linux bridge holds at "
+                                f"most {MAX_BRIDGE_PORTS} ports", "split its workers over several switches joined by a core switch")
+        if node.is_worker and degree[name] != 1:
+            raise TopologyError(f"nodes.{name}",
+                                f"worker '{name}' has {degree[name]} links; a worker has exactly one data-plane interface",
+                                "connect each worker to one switch (or, for two workers, to each other)")
+    parent = {n: n for n in by_name}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for l in links:
+        ra, rb = find(l.a), find(l.b)
+        if ra == rb:
+            cycle = _path(adj, l.b, l.a) + [l.b]
+            if not all(by_name[n].stp for n in cycle if not by_name[n].is_worker):
+                raise TopologyError(f"{l.path}.endpoints",
+                                    f"link {l.a}-{l.b} closes the loop {' - '.join(cycle)}; "
+                                    "Linux bridges forward broadcasts around a loop forever",
+                                    "remove a link, or set 'stp: true' on every switch of the loop")
+        else:
+            parent[ra] = rb
+        adj[l.a].append(l.b)
+        adj[l.b].append(l.a)
+    roots = {find(n) for n in by_name}
+    if len(roots) > 1:
+        comps: dict[str, list[str]] = {}
+        for n in by_name:
+            comps.setdefault(find(n), []).append(n)
+        parts = sorted(comps.values(), key=len)
+        raise TopologyError("links", f"the topology is not connected: {', '.join(parts[0][:6])} "
+                            f"cannot reach {', '.join(parts[-1][:6])}", "add a link between the parts")
+
+
+def _path(adj: dict[str, list[str]], src: str, dst: str) -> list[str]:
+    """BFS path src->dst in the graph built so far (exists when a link closes a loop)."""
+    prev = {src: src}
+    queue = [src]
+    for x in queue:
+        if x == dst:
+            break
+        for y in adj[x]:
+            if y not in prev:
+                prev[y] = x
+                queue.append(y)
+    out = [dst]
+    while out[-1] != src:
+        out.append(prev[out[-1]])
+    return out

@@ -1,0 +1,247 @@
+"""The docker backend: a worker is a container on this host's Docker engine.
+
+The container starts with ``network_mode=none`` (only loopback), labelled ``testbed=NAME``,
+``testbed.node=NODE`` and ``testbed.state=<state dir>``. Its network namespace is then
+named under /run/netns (a bind mount, as ``ip netns attach`` makes), and from there on the
+plan treats it exactly like a netns worker: the worker's veth end is created straight
+into it as ``eth0``, addressed, shaped with the same HTB tree, and sysctls are written
+inside it. So links, ``link set``, counters and the exporter need no Docker code.
+
+Processes run inside the container through :mod:`testbed.nodes.nsexec`, which enters the
+container's namespaces (network, UTS, IPC, PID, mount) and its cgroups the way ``docker
+exec`` does, with one addition: host directories a run needs (its run directory, a
+checkpoint) are mounted into a private copy of the container's mount namespace at the
+same path, so ranks write their records straight onto the host: a crash loses nothing,
+and nothing has to be copied back.
+
+The Docker engine is reached through the docker SDK (``pip install docker``), never the
+CLI. Images: ``testbed image build`` makes ``testbed/worker:cpu`` offline; see images/.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+from testbed.plan import naming
+from testbed.common import procs
+from testbed.plan.actions import ApplyContext, Action, Teardown, register
+from testbed.common.errors import TestbedError
+from testbed.model.backend_options import DEFAULT_IMAGE, DEFAULT_SHM
+from testbed.nodes.base import Backend
+
+ENGINE_HINT = ("install and start the engine (apt-get install docker.io; dockerd), "
+               "and the SDK (pip install docker); `testbed doctor` checks both")
+
+
+def client():
+    """A docker SDK client for the local engine, or a TestbedError saying what is missing."""
+    try:
+        import docker
+    except ImportError:
+        raise TestbedError("backend docker needs the docker SDK for Python", "pip install docker") from None
+    try:
+        c = docker.from_env(timeout=120)
+        c.ping()
+    except docker.errors.DockerException as e:
+        raise TestbedError(f"cannot reach the Docker engine: {e}", ENGINE_HINT) from None
+    return c
+
+
+def _not_found(e: Exception) -> bool:
+    import docker
+
+    return isinstance(e, docker.errors.NotFound)
+
+
+@register
+@dataclass(frozen=True)
+class StartContainer(Action):
+    """Create and start a worker's container; name its network namespace ``ns``."""
+
+    ns: str
+    tag: str
+    container: str
+    testbed: str
+    node: str
+    state: str
+    image: str = DEFAULT_IMAGE
+    cpus: float | None = None
+    memory: str | None = None
+    shm_size: str = DEFAULT_SHM
+    env: tuple = ()
+    volumes: tuple = ()
+    gpu: int | None = None
+    creates_namespace: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"container {self.container} from {self.image} (netns {self.ns}, lo alias {self.tag})"
+
+    def labels(self) -> dict[str, str]:
+        return {"testbed": self.testbed, "testbed.node": self.node, "testbed.state": self.state}
+
+    def apply(self, ctx: ApplyContext) -> None:
+        import docker
+
+        kw: dict[str, Any] = dict(
+            name=self.container, hostname=self.node, labels=self.labels(), network_mode="none",
+            entrypoint=["sleep", "infinity"], init=True, detach=True, shm_size=self.shm_size,
+            environment=list(self.env), volumes=list(self.volumes))
+        if self.cpus:
+            kw["nano_cpus"] = int(self.cpus * 1e9)
+        if self.memory:
+            kw["mem_limit"] = self.memory
+        if self.gpu is not None:
+            kw["device_requests"] = [docker.types.DeviceRequest(device_ids=[str(self.gpu)], capabilities=[["gpu"]])]
+        try:
+            c = ctx.host.docker().containers.run(self.image, **kw)
+            c.reload()
+        except docker.errors.ImageNotFound:
+            raise TestbedError(f"node {self.node}: image {self.image} is not on this host",
+                               "build it offline with `testbed image build`, or docker pull/build it") from None
+        except docker.errors.DockerException as e:
+            raise TestbedError(f"node {self.node}: starting container {self.container} failed: {e}") from None
+        pid = c.attrs["State"].get("Pid") or 0
+        if not c.attrs["State"].get("Running") or pid <= 0:
+            raise TestbedError(f"node {self.node}: container {self.container} exited at start "
+                               f"({c.attrs['State'].get('Status')})", f"docker logs {self.container}")
+        ctx.host.attach_netns(self.ns, pid).init_namespace(self.tag)
+
+    def release(self, td: Teardown) -> None:
+        remove_container(td.host.docker(), self.container, self.labels())
+        td.kill_in.append(self.ns)  # host-side helpers that joined its namespace (nsexec)
+
+    def undo(self, td: Teardown) -> None:
+        td.host.remove_netns(self.ns)
+
+
+def remove_container(dc, name: str, labels: dict[str, str]) -> bool:
+    """Remove container ``name`` if it carries ``labels`` (never another's of that name)."""
+    try:
+        c = dc.containers.get(name)
+    except Exception as e:
+        if _not_found(e):
+            return False
+        raise TestbedError(f"cannot inspect container {name}: {e}") from None
+    if any(c.labels.get(k) != v for k, v in labels.items()):
+        raise TestbedError(f"container {name} exists but is not this testbed's (labels {c.labels})",
+                           "left alone; remove it by hand if it is stale")
+    try:
+        c.remove(force=True, v=True)
+    except Exception as e:
+        if _not_found(e):
+            return False
+        raise TestbedError(f"removing container {name} failed: {e}") from None
+    return True
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
+        from testbed.common.state import state_root
+
+        o = dict(node.options)
+        return [StartContainer(ns, tag, naming.container_name(ns), testbed, node.name, str(state_root()),
+                               image=o.get("image", DEFAULT_IMAGE), cpus=o.get("cpus"), memory=o.get("memory"),
+                               shm_size=o.get("shm_size", DEFAULT_SHM), env=o.get("env", ()),
+                               volumes=o.get("volumes", ()), gpu=node.gpu)]
+
+    def preflight(self, nodes: Sequence) -> None:
+        """Engine reachable and every image present, before anything is created."""
+        import docker
+
+        dc = client()
+        for image in dict.fromkeys(dict(n.options).get("image", DEFAULT_IMAGE) for n in nodes):
+            try:
+                dc.images.get(image)
+            except docker.errors.ImageNotFound:
+                user = [n.name for n in nodes if dict(n.options).get("image", DEFAULT_IMAGE) == image]
+                raise TestbedError(f"image {image} (nodes {', '.join(user[:4])}) is not on this host",
+                                   "build the default offline with `testbed image build`, or docker build/pull yours"
+                                   ) from None
+
+    # ------------------------------------------------------------------ processes
+    def _container(self, info):
+        try:
+            return client().containers.get(naming.container_name(info.netns))
+        except Exception as e:
+            if _not_found(e):
+                raise TestbedError(f"node {info.name}: its container {naming.container_name(info.netns)} is gone",
+                                   "`testbed down` removes the rest of the testbed") from None
+            raise
+
+    def _pid(self, info) -> int:
+        c = self._container(info)
+        pid = c.attrs["State"].get("Pid") or 0
+        if not c.attrs["State"].get("Running") or pid <= 0:
+            raise TestbedError(f"node {info.name}: container {c.name} is not running ({c.attrs['State'].get('Status')})",
+                               "`testbed down` then `testbed up` rebuilds it")
+        return pid
+
+    def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
+        args = ["--container", str(self._pid(info)), "--netns", info.netns]
+        for m in mounts:
+            args += ["--mount", str(Path(m).resolve())]
+        if cwd is not None:
+            args += ["--cwd", str(Path(cwd).resolve())]
+        return procs.python_argv("testbed.nodes.nsexec", *args, "--", *argv)
+
+    def python(self, info) -> str:
+        return "python3"
+
+    shares_host_gpus = False  # a container has only the GPU it was created with (gpu:)
+
+    def cuda_visible(self, info, gpu: int | None) -> str:
+        # the container was given host GPU ``gpu:`` as a device request: inside it, that
+        # GPU is the only one, numbered 0 (host index N would hide it)
+        return "" if gpu is None else "0"
+
+    def environment(self, info) -> dict[str, str]:
+        env = {}
+        for kv in self._container(info).attrs["Config"].get("Env") or []:
+            k, _, v = kv.partition("=")
+            env[k] = v
+        return env
+
+    def why_stopped(self, info) -> str | None:
+        """Why a rank in this node may have died: its container is no longer running."""
+        try:
+            c = self._container(info)
+        except TestbedError as e:
+            return e.message
+        st = c.attrs["State"]
+        if st.get("Running"):
+            return None
+        return f"its container {c.name} is {st.get('Status')} (exit code {st.get('ExitCode')})"
+
+    def stop(self, info) -> None:
+        from testbed.net import netns
+
+        keep = {self._pid(info)}
+        keep |= {p for p in netns.pids_in([info.netns]) if procs.parent_of(p) in keep}  # init's own child
+        netns.kill_processes([info.netns], exclude=keep)
+
+    # ------------------------------------------------------------------ files
+    def put(self, info, src: Path, dst: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(src), arcname=Path(dst).name)
+        if not self._container(info).put_archive(str(Path(dst).parent), buf.getvalue()):
+            raise TestbedError(f"node {info.name}: copying {src} to {dst} failed")
+
+    def get(self, info, src: str, dst: Path) -> None:
+        try:
+            stream, _ = self._container(info).get_archive(src)
+        except Exception as e:
+            raise TestbedError(f"node {info.name}: cannot read {src}: {e}") from None
+        buf = io.BytesIO(b"".join(stream))
+        with tarfile.open(fileobj=buf) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None else None
+            if f is None:
+                raise TestbedError(f"node {info.name}: {src} is not a regular file")
+            Path(dst).write_bytes(f.read())

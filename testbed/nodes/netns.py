@@ -1,0 +1,36 @@
+"""The embedded default backend: a worker is a named network namespace on this host."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from testbed.common import procs
+from testbed.plan.actions import CreateNetns
+from testbed.net import netns
+from testbed.nodes.base import Backend
+
+
+class NetnsBackend(Backend):
+    name = "netns"
+
+    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
+        return [CreateNetns(ns, tag)]
+
+    def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
+        # The host's file system is the node's: mounts and cwd need nothing.
+        return procs.python_argv("testbed.nodes.nsexec", info.netns, "--", *argv)
+
+    def python(self, info) -> str:
+        return sys.executable
+
+    def stop(self, info) -> None:
+        netns.kill_processes([info.netns])
+
+    def put(self, info, src: Path, dst: str) -> None:
+        shutil.copyfile(src, dst)
+
+    def get(self, info, src: str, dst: Path) -> None:
+        shutil.copyfile(src, dst)

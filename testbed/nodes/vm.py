@@ -1,0 +1,508 @@
+"""The vm backend: a worker is a QEMU virtual machine with its own kernel.
+
+On the host each VM worker has a network namespace like a netns worker's, named the same
+way and holding the same ``eth0`` (the worker end of its link, shaped with the same HTB
+tree, counted by the same exporter, changed by the same ``link set``). Next to it sit a
+bridge ``vmbr0`` and a tap ``vmtap0``: the VM's NIC. So the tap plays the veth end's role
+and nothing outside this module knows a VM is there; the guest's ``eth0`` carries the
+worker's address. QEMU itself runs inside that namespace, so the port it forwards for
+the guest agent (QEMU user networking, :mod:`testbed.nodes.vmagent`) exists only on that
+namespace's loopback.
+
+The guest (:mod:`testbed.nodes.vmimage`) boots Debian's kernel with a busybox initramfs into a
+copy-on-write overlay of the host's root filesystem (virtio-9p, read-only), so ranks run
+the host's own Python, torch and testbed at the same paths. Run directories reach the
+host through a second, writable share, bind-mounted per command.
+
+Acceleration: ``accel: kvm`` (a host with working KVM), ``tcg`` (software emulation:
+works everywhere, slow: about 40 s to import torch), ``auto`` (default: KVM if a test
+guest boots with it on this host, else TCG with a warning). ``gpu_pci:`` passes a host
+PCI device (bound to vfio-pci) through to the guest; checked at ``up``, never tested
+here (no GPU host with VFIO was available).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from testbed.common import procs
+from testbed.plan.actions import ApplyContext, Action, CreateNetns, Teardown, register
+from testbed.common.errors import TestbedError
+from testbed.nodes.vmimage import AGENT_PORT
+from testbed.model.backend_options import DEFAULT_MEMORY, DEFAULT_VCPUS, mem_mb as _mem_mb
+from testbed.nodes.base import Backend
+
+QEMU = "qemu-system-x86_64"
+BRIDGE, TAP = "vmbr0", "vmtap0"
+TCG_CPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16,+arat"
+"""TCG's CPU model: x86-64-v2 (numpy's baseline) and ARAT. Without ARAT the guest's local
+APIC timer may stop in deep idle, and microvm has no HPET to stand in, so the kernel
+never switches to high-resolution timers: every netem delay and HTB wake-up then rounds
+to a 4 ms tick (measured: 10 ms of delay gave 12 ms). ``-cpu max`` hangs the guest
+kernel's TSC calibration on microvm (measured), so it is not used."""
+READY_TIMEOUT = float(os.environ.get("TESTBED_VM_READY_TIMEOUT", "180"))
+TUNSETIFF, TUNSETPERSIST, IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x400454CA, 0x400454CB, 0x0002, 0x1000, 0x4000
+
+
+def vm_dir(ns: str) -> Path:
+    from testbed.common.state import state_root
+
+    return state_root() / "vm" / ns
+
+
+def marker(ns: str) -> str:
+    """QEMU's ``-name`` argument: how a VM's process is found again (and only that one)."""
+    return f"testbed-vm:{ns}"
+
+
+def qemu_pids(ns: str) -> list[int]:
+    return [p for p in procs.with_arg(marker(ns)) if Path(next(iter(procs.argv_of(p)), "")).name == QEMU]
+
+
+def _remove_vm_dir(d: Path) -> None:
+    """A VM's state directory, and ``vm/`` with it when it was the last."""
+    if d.is_dir() and not d.is_symlink():
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        d.parent.rmdir()
+    except OSError:
+        pass
+
+
+def forget_vms(namespaces) -> None:
+    """What VM workers in ``namespaces`` leave when their ledger is lost (``down --all``):
+    QEMU processes and their state directories."""
+    for ns in namespaces:
+        procs.terminate(qemu_pids(ns), grace=3.0)
+        _remove_vm_dir(vm_dir(ns))
+
+
+def create_tap(ns: str, ifname: str) -> None:
+    """A persistent tap ``ifname`` in namespace ``ns`` (made on the namespace thread:
+    /dev/net/tun creates in the caller's namespace, which netlink cannot choose)."""
+    import fcntl
+    import struct
+
+    from testbed.net import netns
+
+    def make():
+        fd = os.open("/dev/net/tun", os.O_RDWR)
+        try:
+            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", ifname.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+            fcntl.ioctl(fd, TUNSETPERSIST, 1)
+        finally:
+            os.close(fd)
+
+    try:
+        netns.call_in(ns, make)
+    except OSError as e:
+        raise TestbedError(f"[{ns}] creating tap {ifname}: {e}", "VM workers need /dev/net/tun (modprobe tun)") from None
+
+
+# ---------------------------------------------------------------------- acceleration
+
+
+def _accel_cache() -> Path:
+    from testbed.nodes.vmimage import cache_dir
+
+    return cache_dir() / "accel.json"
+
+
+def probe_kvm(kernel: str, initrd: str, timeout: float = 20.0) -> tuple[bool, str]:
+    """Whether a guest boots with KVM here: boot the initramfs with ``tb.probe`` and wait
+    for its line on the serial port. A host whose KVM cannot run the guest (e.g. a nested
+    paravirtual one) stops the guest instead; that is a no."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False, "/dev/kvm missing or not accessible"
+    argv = [QEMU, "-M", "microvm,pit=on,pic=on,rtc=on", "-accel", "kvm", "-cpu", "host", "-m", "256",
+            "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-kernel", kernel, "-initrd", initrd,
+            "-append", "console=ttyS0 panic=-1 quiet tb.probe=1"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        out = r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    except OSError as e:
+        return False, str(e)
+    if "testbed-init: probe ok" in out:
+        return True, "a test guest booted with KVM"
+    tail = out.strip().splitlines()[-1:] or ["no output"]
+    return False, f"a test guest did not boot with KVM ({tail[0][:160]})"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def known_kvm(kernel: str | None = None) -> tuple[bool, str] | None:
+    """What the KVM probe found during this host boot (with ``kernel``; None: any), or None."""
+    try:
+        data = json.loads(_accel_cache().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("boot") != _boot_id() or \
+            (kernel is not None and data.get("kernel") != kernel):
+        return None
+    return bool(data.get("ok")), str(data.get("detail", ""))
+
+
+def choose_accel(want: str, kernel: str, initrd: str) -> tuple[str, str | None]:
+    """(accel, warning): KVM when asked or when ``auto`` finds it working (result cached
+    per host boot), else TCG."""
+    if want == "tcg":
+        return "tcg", None
+    found = known_kvm(kernel)
+    if found is None:
+        found = probe_kvm(kernel, initrd)
+        try:
+            _accel_cache().parent.mkdir(parents=True, exist_ok=True)
+            _accel_cache().write_text(json.dumps({"boot": _boot_id(), "kernel": kernel, "ok": found[0],
+                                                  "detail": found[1]}))
+        except OSError:
+            pass
+    ok, detail = found
+    if want == "kvm":
+        if not ok:
+            raise TestbedError(f"accel: kvm, but {detail}", "use accel: tcg (slow) or auto, or fix KVM on this host")
+        return "kvm", None
+    if ok:
+        return "kvm", None
+    return "tcg", f"VM workers run under TCG (software emulation, much slower than KVM): {detail}"
+
+
+# ---------------------------------------------------------------------- actions
+
+
+@register
+@dataclass(frozen=True)
+class CreateVmNic(Action):
+    """The VM's NIC on the host: bridge ``vmbr0`` with tap ``vmtap0`` in node namespace ``ns``
+    (the worker's link end joins the bridge when it is created)."""
+
+    ns: str
+
+    def describe(self) -> str:
+        return f"[{self.ns}] bridge {BRIDGE} + tap {TAP} (the VM's NIC)"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        rt = ctx.host.rtnl(self.ns)
+        rt.add_bridge(BRIDGE, False)
+        create_tap(self.ns, TAP)
+        rt.set_master_up(TAP, BRIDGE)
+
+    # goes with the namespace (CreateNetns before it)
+
+
+@register
+@dataclass(frozen=True)
+class StartVM(Action):
+    """Boot the worker's VM: QEMU inside node namespace ``ns``, state under ``dir``."""
+
+    ns: str
+    node: str
+    dir: str
+    address: str
+    kernel: str
+    initrd: str
+    accel: str
+    vcpus: int = DEFAULT_VCPUS
+    memory: str = DEFAULT_MEMORY
+    sysctls: tuple = ()
+    gpu_pci: str | None = None
+    python: str = ""
+
+    def describe(self) -> str:
+        return (f"[{self.ns}] VM {self.node}: qemu ({self.accel}, {self.vcpus} vCPU, {self.memory}) "
+                f"on {TAP}, {self.address}")
+
+    def _check(self) -> Path:
+        from testbed.common.state import state_root
+        from testbed.plan import naming
+
+        d = Path(self.dir)
+        if d.parent != state_root() / "vm" or d.name != self.ns or "." not in self.ns or \
+                not naming.owned_namespace(self.ns.split(".", 1)[0], self.ns):
+            raise TestbedError(f"VM state directory {self.dir!r} is not one testbed makes; left alone")
+        return d
+
+    def argv(self, accel: str) -> list[str]:
+        d = Path(self.dir)
+        mb = _mem_mb(self.memory)
+        append = (f"console=ttyS0 panic=-1 quiet tb.addr={self.address} tb.dmac={_mac(self.ns, 0)} "
+                  f"tb.mmac={_mac(self.ns, 1)} tb.host={self.node} tb.tmpfs={max(mb // 2, 256)}m "
+                  f"tb.python={self.python} tb.cfg={d / 'agent.json'}")
+        cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg", "-cpu", TCG_CPU]
+        if accel == "tcg":
+            append += tcg_clock_args()
+        argv = [QEMU, "-name", marker(self.ns), "-M", "microvm,pit=on,pic=on,rtc=on", *cpu,
+                "-smp", str(self.vcpus), "-m", f"{mb}M", "-nodefaults", "-no-user-config", "-nographic",
+                "-serial", f"file:{d / 'console.log'}", "-kernel", self.kernel, "-initrd", self.initrd,
+                "-append", append,
+                "-fsdev", "local,id=tbroot,path=/,security_model=none,multidevs=remap,readonly=on",
+                "-device", "virtio-9p-device,fsdev=tbroot,mount_tag=tbroot",
+                "-fsdev", "local,id=tbhost,path=/,security_model=none,multidevs=remap",
+                "-device", "virtio-9p-device,fsdev=tbhost,mount_tag=tbhost",
+                "-netdev", f"tap,id=data,ifname={TAP},script=no,downscript=no",
+                "-device", f"virtio-net-device,netdev=data,mac={_mac(self.ns, 0)}",
+                "-netdev", f"user,id=mgmt,restrict=on,hostfwd=tcp:127.0.0.1:{AGENT_PORT}-10.0.2.15:{AGENT_PORT}",
+                "-device", f"virtio-net-device,netdev=mgmt,mac={_mac(self.ns, 1)}"]
+        if self.gpu_pci:
+            argv += ["-device", f"vfio-pci,host={self.gpu_pci}"]
+        return argv
+
+    def apply(self, ctx: ApplyContext) -> None:
+        d = self._check()
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(mode=0o700, parents=True)
+        token = d / "token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        (d / "agent.json").write_text(json.dumps({"token_file": str(token), "port": AGENT_PORT,
+                                                  "sysctls": [kv.split("=", 1) for kv in self.sysctls]}))
+        accel, warning = choose_accel(self.accel, self.kernel, self.initrd)
+        if warning:
+            _warn_once(warning)
+        argv = procs.python_argv("testbed.nodes.nsexec", self.ns, "--", *self.argv(accel))
+        with open(d / "qemu.log", "ab") as log:
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, close_fds=True)
+
+    def release(self, td: Teardown) -> None:
+        try:
+            self._check()
+        except TestbedError as e:
+            td.problems.append(e.message)
+            return
+        procs.terminate(qemu_pids(self.ns), grace=3.0)
+
+    def undo(self, td: Teardown) -> None:
+        try:
+            d = self._check()
+        except TestbedError:
+            return
+        _remove_vm_dir(d)
+
+
+def host_tsc_khz() -> int | None:
+    """The host CPU's TSC rate, which a TCG guest's TSC runs at (QEMU reads the host's)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return int(float(line.split(":")[1]) * 1000)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def tcg_clock_args() -> str:
+    """Kernel arguments that spare a TCG guest its timer calibration. Under load (several
+    guests booting on a few cores) the PIT calibration fails and the boot then hangs
+    (measured: 4 of 4 guests booting at once on 2 cores; 0 of 4 with these). A TCG guest's
+    TSC is the host's on every vCPU, so it is declared reliable: with 2 vCPUs the guest's
+    TSC sync check failed, the clocksource fell back to jiffies, and high-resolution timers
+    (netem's delays, HTB's wake-ups) went with it (measured: 10 ms of delay gave 12 ms)."""
+    khz = host_tsc_khz()
+    if not khz:
+        return " no_timer_check tsc=reliable"
+    return f" tsc_early_khz={khz} lpj={khz * 1000 // 250} no_timer_check tsc=reliable"
+
+
+def _mac(ns: str, nic: int) -> str:
+    import hashlib
+
+    h = hashlib.sha256(f"{ns}/{nic}".encode()).digest()
+    return "52:54:%02x:%02x:%02x:%02x" % (nic, h[0], h[1], h[2])
+
+
+@register
+@dataclass(frozen=True)
+class AwaitVMs(Action):
+    """Wait until the agent of every VM answers (they boot in parallel meanwhile)."""
+
+    nodes: tuple = ()
+    """Alternating (namespace, VM directory) pairs."""
+
+    def describe(self) -> str:
+        return f"wait for {len(self.nodes) // 2} VM(s) to boot"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        from testbed.nodes.vmexec import request
+
+        pending = dict(zip(self.nodes[::2], self.nodes[1::2]))
+        started = time.monotonic()
+        deadline = started + READY_TIMEOUT
+        while pending:
+            for ns, d in list(pending.items()):
+                try:
+                    request(ns, Path(d), "ping", timeout=2.0)
+                    del pending[ns]
+                    continue
+                except (OSError, RuntimeError, ValueError, KeyError):
+                    pass
+                if not qemu_pids(ns) and time.monotonic() > started + 5:  # (a helper execs QEMU)
+                    raise TestbedError(f"the VM in {ns} stopped while booting: {console_tail(Path(d))}",
+                                       f"see {d}/console.log and {d}/qemu.log")
+            if pending and time.monotonic() > deadline:
+                ns, d = next(iter(pending.items()))
+                raise TestbedError(f"the VM in {ns} did not answer within {READY_TIMEOUT:.0f} s: "
+                                   f"{console_tail(Path(d))}",
+                                   f"see {d}/console.log; TESTBED_VM_READY_TIMEOUT=SECONDS allows longer")
+            if pending:
+                time.sleep(0.5)
+
+
+def console_tail(d: Path, n: int = 3) -> str:
+    lines = []
+    for name in ("qemu.log", "console.log"):
+        try:
+            lines += [x for x in (d / name).read_text(errors="replace").strip().splitlines() if x.strip()][-n:]
+        except OSError:
+            pass
+    return " | ".join(lines[-n:]) or "no output"
+
+
+# ---------------------------------------------------------------------- backend
+
+
+class VmBackend(Backend):
+    name = "vm"
+    host_address = False  # the guest's eth0 carries the address
+    node_master = BRIDGE  # the link's end joins the bridge with the VM's tap
+    shares_host_gpus = False  # a VM sees only a GPU passed through to it
+
+    def preflight(self, nodes: Sequence) -> None:
+        from testbed.nodes import vmimage
+
+        if shutil.which(QEMU) is None:
+            raise TestbedError(f"backend vm needs {QEMU}", "apt-get install qemu-system-x86")
+        if not os.path.exists("/dev/net/tun"):
+            raise TestbedError("backend vm needs /dev/net/tun", "modprobe tun")
+        if any("kernel" not in dict(n.options) for n in nodes):
+            ok, detail = vmimage.status()
+            if not ok:
+                raise TestbedError(f"the VM guest is not built: {detail}", "run `testbed image build --vm` once")
+        for k in dict.fromkeys(dict(n.options).get("kernel") for n in nodes):
+            if k:  # its own initramfs (its modules), built now and cached
+                user = next(n.name for n in nodes if dict(n.options).get("kernel") == k)
+                try:
+                    _guest(k)
+                except TestbedError as e:
+                    raise TestbedError(f"node {user}: {e.message}", e.hint) from None
+        for n in nodes:
+            g = dict(n.options).get("gpu_pci")
+            if g:
+                drv = Path(f"/sys/bus/pci/devices/{g}/driver")
+                if not drv.exists() or drv.resolve().name != "vfio-pci":
+                    raise TestbedError(f"node {n.name}: gpu_pci {g} is not bound to vfio-pci",
+                                       "bind it first (driverctl set-override ADDRESS vfio-pci), with the IOMMU on")
+
+    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str | None = None,
+                  sysctls: tuple = ()) -> list:
+        o = dict(node.options)
+        img = _guest(o.get("kernel"))
+        return [CreateNetns(ns, tag), CreateVmNic(ns),
+                StartVM(ns, node.name, str(vm_dir(ns)), address or "", img["kernel"], img["initrd"],
+                        o.get("accel", "auto"),
+                        o.get("vcpus", DEFAULT_VCPUS), o.get("memory", DEFAULT_MEMORY),
+                        tuple(f"{k}={v}" for k, v in sysctls), o.get("gpu_pci"), sys.executable)]
+
+    def plan_ready(self, infos: Sequence) -> list:
+        pairs: list[str] = []
+        for info in infos:
+            pairs += [info.netns, str(vm_dir(info.netns))]
+        return [AwaitVMs(tuple(pairs))] if pairs else []
+
+    # ------------------------------------------------------------------ processes
+    def _relay(self, info, *args: str) -> list[str]:
+        return procs.python_argv("testbed.nodes.vmexec", info.netns, "--dir", str(vm_dir(info.netns)), *args)
+
+    def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
+        args: list[str] = []
+        for m in mounts:
+            args += ["--mount", str(Path(m).resolve())]
+        if cwd is not None:
+            args += ["--cwd", str(Path(cwd).resolve())]
+        return self._relay(info, *args, "--", *argv)
+
+    def python(self, info) -> str:
+        return sys.executable  # the guest runs the host's interpreter (its root is the host's, copy-on-write)
+
+    def environment(self, info) -> dict[str, str]:
+        keep = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "VIRTUAL_ENV")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env["HOME"] = "/root"
+        return env
+
+    def why_stopped(self, info) -> str | None:
+        if qemu_pids(info.netns):
+            return None
+        return f"its VM is no longer running (QEMU exited): {console_tail(vm_dir(info.netns))}"
+
+    def stop(self, info) -> None:
+        from testbed.nodes.vmexec import request
+
+        try:
+            request(info.netns, vm_dir(info.netns), "stop", timeout=30.0)
+        except (OSError, RuntimeError, ValueError, KeyError, TestbedError) as e:
+            raise TestbedError(f"node {info.name}: stopping its processes failed: {e}") from None
+
+    # ------------------------------------------------------------------ files
+    def put(self, info, src: Path, dst: str) -> None:
+        code = "import shutil, sys; shutil.copyfileobj(sys.stdin.buffer, open(sys.argv[1], 'wb'))"
+        with open(src, "rb") as f:
+            r = subprocess.run(self.command(info, [sys.executable, "-c", code, dst]), stdin=f,
+                               capture_output=True)
+        if r.returncode != 0:
+            raise TestbedError(f"node {info.name}: copying {src} to {dst} failed: "
+                               f"{r.stderr.decode(errors='replace').strip()[-300:]}")
+
+    def get(self, info, src: str, dst: Path) -> None:
+        code = "import shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), sys.stdout.buffer)"
+        with open(dst, "wb") as f:
+            r = subprocess.run(self.command(info, [sys.executable, "-c", code, src]), stdout=f,
+                               stderr=subprocess.PIPE)
+        if r.returncode != 0:
+            raise TestbedError(f"node {info.name}: cannot read {src}: "
+                               f"{r.stderr.decode(errors='replace').strip()[-300:]}")
+
+
+def _guest(kernel: str | None) -> dict:
+    """Kernel and initramfs of VM workers with ``kernel:`` (None: the default)."""
+    from testbed.nodes import vmimage
+
+    return _guest_of(kernel) if kernel else vmimage.current()
+
+
+@functools.lru_cache(maxsize=None)
+def _guest_of(kernel: str) -> dict:
+    """A topology's kernel: its initramfs is checked (built if need be) once per process,
+    not once per worker (each check reads and hashes every module)."""
+    from testbed.nodes import vmimage
+
+    return vmimage.build(kernel=Path(kernel))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"warning: {msg}", file=sys.stderr)

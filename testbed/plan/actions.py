@@ -1,0 +1,460 @@
+"""Actions: the steps of a plan, each owning how it is performed and how it is undone.
+
+A plan (:mod:`testbed.plan.plan`) is an ordered list of actions. ``up`` records each one in the
+ledger *before* :meth:`Action.apply` runs it; ``down`` turns the ledger's entries back into
+actions (:func:`from_dict`) and reverses them, newest first, in two passes:
+
+1. :meth:`Action.release` stops what keeps the action's objects busy: host processes (an
+   exporter holds netlink handles into the namespaces), processes inside the nodes, a
+   node's container. Processes inside namespaces are collected and stopped together, so
+   one grace period covers them all.
+2. :meth:`Action.undo` removes the object. "Already gone" is success: the entry may have
+   been recorded ahead of a crash that came before the object existed.
+
+An object that lives inside a namespace the testbed created (a bridge, a veth end, an
+address, a qdisc) goes with that namespace; its undo only acts when the namespace is not
+the testbed's own. A new kind of node or link (a container, a VM, a tunnel) adds action
+classes here or in its backend module, registered with :func:`register`; nothing else
+branches on what a node is made of.
+
+Ledger entries are read as untrusted input: :func:`from_dict` accepts only registered
+actions, known fields and plain JSON types, and names what is wrong otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from testbed.common import procs
+from testbed.common.errors import StateError, TestbedError
+from testbed.model.topology import Shape, shape_from_dict
+
+_REGISTRY: dict[str, type["Action"]] = {}
+
+
+def register(cls: type["Action"]) -> type["Action"]:
+    """Class decorator: make ``cls`` known to :func:`from_dict` under its class name."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+def registered() -> dict[str, type["Action"]]:
+    """Every action class registered so far. Action classes live with what they make
+    (backends in :mod:`testbed.nodes`, other hosts' shares in :mod:`testbed.hosts.share`)
+    and register on import; the engine imports them all before it reads a ledger."""
+    return dict(_REGISTRY)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a plan. Subclasses are frozen dataclasses of JSON-able fields."""
+
+    creates_namespace: ClassVar[bool] = False
+    """True when the action creates the namespace named by its ``ns`` field (teardown
+    then treats everything inside that namespace as going with it)."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def apply(self, ctx: "ApplyContext") -> None:
+        """Create the object. Raise a TestbedError (never log and continue) on failure."""
+
+    def release(self, td: "Teardown") -> None:
+        """Teardown's first pass: stop what holds the object (processes, containers)."""
+
+    def undo(self, td: "Teardown") -> None:
+        """Teardown's second pass: remove the object; already gone is success."""
+
+    # -------------------------------------------------------------- ledger form
+    def to_dict(self) -> dict:
+        d = {"action": type(self).__name__}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = v.to_dict() if isinstance(v, Shape) else (list(v) if isinstance(v, tuple) else v)
+        return d
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def from_dict(d: object) -> Action:
+    """The action a ledger entry describes; StateError naming the problem otherwise."""
+    if not isinstance(d, dict) or not isinstance(d.get("action"), str):
+        raise StateError(f"ledger entry {str(d)[:80]!r} names no action")
+    cls = _REGISTRY.get(d["action"])
+    if cls is None:
+        raise StateError(f"ledger entry names an unknown action {d['action']!r}")
+    kwargs = {}
+    names = _field_names(cls)
+    for k, v in d.items():
+        if k == "action":
+            continue
+        if k not in names:
+            raise StateError(f"ledger entry {d['action']}: unknown field {k!r}")
+        if k == "shape":
+            try:
+                v = shape_from_dict(v)
+            except TestbedError as e:
+                raise StateError(f"ledger entry {d['action']}: bad shape: {e.message}") from None
+        elif isinstance(v, list):
+            if not all(isinstance(x, (str, int, float, bool)) or x is None for x in v):
+                raise StateError(f"ledger entry {d['action']}: field {k!r} holds a nested value")
+            v = tuple(v)
+        elif not (isinstance(v, (str, int, float, bool)) or v is None):
+            raise StateError(f"ledger entry {d['action']}: field {k!r} is not a plain value")
+        kwargs[k] = v
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise StateError(f"ledger entry {d['action']}: {e}") from None
+
+
+# ---------------------------------------------------------------------- contexts
+
+
+class ApplyContext:
+    """What actions need while a plan is applied: the host and a few open handles."""
+
+    def __init__(self, testbed: str, host):
+        self.testbed = testbed
+        self.host = host
+        """Where kernel calls happen (:class:`testbed.hosts.local.LocalHost`)."""
+        self.results: dict[str, object] = {}
+        """Values an action hands back to ``up`` (e.g. the exporter's URL)."""
+        self.fault_after_exporter = False
+        self.shares: dict[str, dict] = {}
+        """Host name -> its share of the plan (what ``testbed _host apply`` is given)."""
+        self.pending: list = []
+        """(host, thread, result box) of shares being built."""
+        self.remotes: dict[str, object] = {}
+        """Host name -> an open connection to it (closed with the context)."""
+        self.check = lambda: None
+        """Raises if a signal arrived (set by the executor)."""
+
+    def close(self) -> None:
+        self.host.close()
+        for r in self.remotes.values():
+            r.close()
+        self.remotes.clear()
+
+
+@dataclass
+class Teardown:
+    """State shared by the two passes of a teardown."""
+
+    testbed: str
+    owned: set[str]
+    """Namespaces this testbed created: objects inside them go with them."""
+    host: object
+    """Where kernel calls happen (:class:`testbed.hosts.local.LocalHost`)."""
+    kill_in: list[str] = field(default_factory=list)
+    """Namespaces whose processes are stopped (all together) between the passes."""
+    problems: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- namespaces and links
+
+
+@register
+@dataclass(frozen=True)
+class CreateNetns(Action):
+    ns: str
+    tag: str
+    creates_namespace: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"netns add {self.ns}  (lo up, alias {self.tag})"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.host.create_netns(self.ns).init_namespace(self.tag)
+
+    def release(self, td: Teardown) -> None:
+        td.kill_in.append(self.ns)
+
+    def undo(self, td: Teardown) -> None:
+        td.host.remove_netns(self.ns)
+
+
+@register
+@dataclass(frozen=True)
+class SetSysctl(Action):
+    ns: str
+    key: str
+    value: str
+
+    def describe(self) -> str:
+        return f"[{self.ns}] sysctl {self.key}={self.value}"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.host.set_sysctl(self.ns, self.key, self.value)
+
+
+class _InterfaceAction(Action):
+    """Undo deletes the interface only when its namespace is not one the testbed owns."""
+
+    def undo(self, td: Teardown) -> None:
+        if self.ns not in td.owned:
+            td.host.delete_link(self.ns, self.ifname)
+
+
+@register
+@dataclass(frozen=True)
+class CreateBridge(_InterfaceAction):
+    ns: str
+    ifname: str
+    switch: str
+    stp: bool = False
+    index: int | None = None
+
+    def describe(self) -> str:
+        return f"[{self.ns}] bridge {self.ifname} for switch {self.switch}" + (" stp on" if self.stp else "")
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.host.rtnl(self.ns).add_bridge(self.ifname, self.stp, self.index)
+
+
+@register
+@dataclass(frozen=True)
+class CreateVeth(_InterfaceAction):
+    ns: str
+    ifname: str
+    peer_ns: str
+    peer_ifname: str
+    master: str | None = None
+    peer_master: str | None = None
+    link: int = -1
+    index: int | None = None
+    mtu: int | None = None
+
+    def describe(self) -> str:
+        m = f" master {self.master}" if self.master else ""
+        pm = f" master {self.peer_master}" if self.peer_master else ""
+        mtu = f" mtu {self.mtu}" if self.mtu else ""
+        return f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}{mtu}  (links[{self.link}])"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.host.rtnl(self.ns).add_veth(self.ifname, self.peer_ns, self.peer_ifname, self.master, self.index,
+                                        self.mtu)
+        if self.peer_master:
+            ctx.host.rtnl(self.peer_ns).set_master_up(self.peer_ifname, self.peer_master)
+
+
+@register
+@dataclass(frozen=True)
+class CreateVxlan(_InterfaceAction):
+    """One end of a link whose other end is on another host: a VXLAN device (its UDP
+    socket on this host's underlay) in the node's or the switches' namespace. It plays the
+    veth end's role: shaped, counted and bridged the same way."""
+
+    ns: str
+    ifname: str
+    vni: int
+    local: str
+    remote: str
+    port: int
+    mtu: int
+    master: str | None = None
+    link: int = -1
+
+    def describe(self) -> str:
+        m = f" master {self.master}" if self.master else ""
+        return (f"[{self.ns}] vxlan {self.ifname}{m} vni {self.vni} {self.local} -> {self.remote}:{self.port} "
+                f"mtu {self.mtu}  (links[{self.link}])")
+
+    def apply(self, ctx: ApplyContext) -> None:
+        from testbed.net.rtnl import add_vxlan
+
+        add_vxlan(self.ns, self.ifname, self.vni, self.local, self.remote, self.port, self.mtu)
+        rt = ctx.host.rtnl(self.ns)
+        if self.master:
+            rt.set_master_up(self.ifname, self.master)
+        else:
+            rt.call(f"setting {self.ifname} up", "link", "set", index=rt.index(self.ifname), state="up")
+
+
+@register
+@dataclass(frozen=True)
+class AddAddress(Action):
+    ns: str
+    ifname: str
+    address: str
+    prefixlen: int
+
+    def describe(self) -> str:
+        return f"[{self.ns}] addr {self.address}/{self.prefixlen} dev {self.ifname} up"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        ctx.host.rtnl(self.ns).add_address_up(self.ifname, self.address, self.prefixlen)
+
+
+@register
+@dataclass(frozen=True)
+class ShapeEgress(Action):
+    ns: str
+    ifname: str
+    shape: Shape
+    link: int
+    direction: str
+
+    def describe(self) -> str:
+        return f"[{self.ns}] tc htb on {self.ifname}: {self.shape.describe()}  (links[{self.link}] {self.direction})"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        from testbed.net import tc
+
+        tc.apply(ctx.host.rtnl(self.ns), self.ifname, self.shape)
+
+
+# ---------------------------------------------------------------------- host processes and files
+
+
+@register
+@dataclass(frozen=True)
+class StartExporter(Action):
+    """The testbed's link exporter: a host process found again by its ``--sd-file`` argument."""
+
+    marker: str
+    target: str
+    listen: str = "127.0.0.1:0"
+    log: str = "/dev/null"
+
+    def describe(self) -> str:
+        return f"link exporter on {self.listen} (file-SD target {self.target})"
+
+    def apply(self, ctx: ApplyContext) -> None:
+        from testbed.monitor.sd import read_target
+
+        target = Path(self.target)
+        target.unlink(missing_ok=True)
+        argv = procs.python_argv("collectors", "--testbed", ctx.testbed, "--listen", self.listen, self.marker,
+                                 "--sd-label", "exporter=links")
+        log = Path(self.log)
+        with open(log, "ab") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)  # Ctrl-C in the terminal is ours to handle
+        if ctx.fault_after_exporter:  # test hook: die with the exporter running, recorded only in the ledger
+            os.kill(os.getpid(), signal.SIGKILL)
+        deadline = time.monotonic() + 30.0
+        while (addr := read_target(target)) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip()[-600:]
+                raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
+            time.sleep(0.05)
+        ctx.results["exporter"] = f"http://{addr}/metrics"
+
+    def release(self, td: Teardown) -> None:
+        _check_target(self.target, f"testbed-{td.testbed}.json")
+        if self.marker != f"--sd-file={self.target}":
+            raise TestbedError(f"exporter marker {self.marker!r} does not name its target file; left alone")
+        procs.terminate(procs.with_arg(self.marker))
+        Path(self.target).unlink(missing_ok=True)
+
+
+REPLAY_MARKER = re.compile(r"--replay-id=[0-9a-f]{32}")
+TRAFFIC_MARKER = re.compile(r"--logfile=(/.+)/traffic-(\d+)-(server|client)\.log")
+
+
+@dataclass(frozen=True)
+class _MarkedProcess(Action):
+    """A process testbed started after ``up``, found again by an argument only it carries
+    (``marker``). The marker comes from a ledger, so it must have the form testbed writes:
+    one that could name a process testbed did not start is refused before any signal."""
+
+    marker: str
+    FORM: ClassVar[re.Pattern]
+    NOUN: ClassVar[str]
+    WRITTEN: ClassVar[str]
+
+    def valid(self) -> bool:
+        return bool(self.FORM.fullmatch(self.marker))
+
+    def pids(self) -> list[int]:
+        return procs.with_arg(self.marker) if self.valid() else []
+
+    def release(self, td: Teardown) -> None:
+        if not self.valid():
+            raise TestbedError(f"{self.NOUN} marker {self.marker!r} is not {self.WRITTEN}; left alone")
+        # killed outright: what they touch goes with the testbed (and a replay putting the
+        # shapes back would wait for the lock this teardown holds)
+        procs.terminate(self.pids(), grace=0.0)
+
+
+@register
+@dataclass(frozen=True)
+class StartReplay(_MarkedProcess):
+    """A trace replay running in the background (``link replay --background``, ``run
+    --bw-trace``, a topology ``schedule:``): a host process found by its ``--replay-id``."""
+
+    log: str
+    FORM: ClassVar[re.Pattern] = REPLAY_MARKER
+    NOUN: ClassVar[str] = "replay"
+    WRITTEN: ClassVar[str] = "--replay-id=<32 hex digits>"
+
+    def describe(self) -> str:
+        return f"trace replay (steps logged to {self.log})"
+
+
+@register
+@dataclass(frozen=True)
+class StartTraffic(_MarkedProcess):
+    """A cross-traffic iperf3 process inside a node (:mod:`testbed.runs.traffic`), found by its
+    ``--logfile=`` argument (a ``traffic-N-server|client.log`` in a run directory)."""
+
+    FORM: ClassVar[re.Pattern] = TRAFFIC_MARKER
+    NOUN: ClassVar[str] = "cross-traffic"
+    WRITTEN: ClassVar[str] = "--logfile=<run dir>/traffic-N-ROLE.log"
+
+    def describe(self) -> str:
+        return f"cross-traffic iperf3 ({self.marker})"
+
+
+def recorded(name: str, cls: type) -> list:
+    """The actions of class ``cls`` in testbed ``name``'s ledger (unreadable entries skipped)."""
+    from testbed.plan.ledger import Ledger
+
+    out = []
+    for e in Ledger(name).entries():
+        if isinstance(e, dict) and e.get("action") == cls.__name__:
+            try:
+                out.append(from_dict(e))
+            except StateError:
+                continue
+    return out
+
+
+@register
+@dataclass(frozen=True)
+class TargetFile(Action):
+    """A file-SD target file written by a run's exporter (removed if the run dies), or the
+    one announcing another host's link exporter (``testbed-NAME@HOST.json``)."""
+
+    target: str
+
+    def describe(self) -> str:
+        return f"file-SD target {self.target}"
+
+    def release(self, td: Teardown) -> None:
+        name = Path(self.target).name
+        _check_target(self.target, f"testbed-{td.testbed}@*.json" if name.startswith("testbed-")
+                      else f"run-{td.testbed}-*.json")
+        Path(self.target).unlink(missing_ok=True)
+
+
+def _check_target(path: str, pattern: str) -> None:
+    """A target file named by a ledger is removed only if it is one this testbed writes."""
+    from testbed.monitor.sd import targets_dir
+
+    p = Path(path)
+    if p.parent != targets_dir() or not p.match(pattern):
+        raise TestbedError(f"target file {path!r} is not {targets_dir()}/{pattern}; left alone")

@@ -1,0 +1,117 @@
+"""Per-testbed state on disk: the write-ahead ledger, a description, and a global lock.
+
+``<state dir>/<name>/ledger.jsonl``
+    One JSON object per line, appended and fsync'd *before* the kernel object it names is
+    created. ``down`` undoes exactly what is listed, in reverse, tolerating "already gone".
+    A torn last line (crash mid-write) is ignored: its object was never created.
+``<state dir>/<name>/state.json``
+    What ``status``, ``link`` and ``exec`` need from another process: topology, node
+    table (namespace, interface, address), egress map, current shapes, ``ready`` flag.
+    Replaced atomically.
+
+The state dir is ``$TESTBED_STATE_DIR`` or ``/run/testbed``: on tmpfs, like ``/run/netns``,
+so it vanishes at reboot together with the namespaces it describes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from testbed.common.errors import StateError
+from testbed.common.state import global_lock, private_dir, state_root  # noqa: F401  (callers' import path)
+
+
+class Ledger:
+    def __init__(self, name: str):
+        from testbed.model.topology import check_testbed_name
+
+        # the name becomes a path under the state directory: validated like a YAML name
+        # (no separators, no '..', no trailing newline, not a folder of the state dir)
+        self.name = check_testbed_name(name, "testbed name")
+        self.dir = state_root() / name
+        self.path = self.dir / "ledger.jsonl"
+        self.state_path = self.dir / "state.json"
+        self._fd: int | None = None
+
+    # ----------------------------------------------------------- discovery
+    @staticmethod
+    def all_names() -> list[str]:
+        root = state_root()
+        if not root.is_dir():
+            return []
+        from testbed.model.topology import NAME_RE, RESERVED_NAMES
+
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and NAME_RE.fullmatch(p.name)
+                      and p.name not in RESERVED_NAMES and (p / "ledger.jsonl").exists())
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    # ----------------------------------------------------------- writing
+    def create(self) -> None:
+        """Start a new ledger; refuses if one exists (the name is up or half up)."""
+        private_dir(state_root())
+        private_dir(self.dir)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except FileExistsError:
+            raise StateError(f"testbed '{self.name}' is already up (or a previous up did not finish)",
+                             f"run `testbed down {self.name}` first, or use another name") from None
+
+    def record(self, *entries: dict) -> None:
+        """Append entries durably (one write, one fsync) before the objects exist."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        data = memoryview("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode())
+        while data:  # a short write (full disk, signal) must not leave an entry unrecorded
+            n = os.write(self._fd, data)
+            if n <= 0:
+                raise StateError(f"cannot append to the ledger {self.path}", "is the disk full?")
+            data = data[n:]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # ----------------------------------------------------------- reading
+    def entries(self, problems: list[str] | None = None) -> list[dict]:
+        """The recorded entries. A torn last line (a crash mid-write: its action never ran)
+        is dropped; a bad line before others is reported in ``problems`` and skipped, so
+        it cannot hide the entries after it."""
+        out = []
+        try:
+            text = self.path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                last = i == len(lines) - 1 or all(not x.strip() for x in lines[i + 1:])
+                if not last and problems is not None:
+                    problems.append(f"ledger line {i + 1} is damaged and was skipped: {line[:60]!r}")
+        return out
+
+    def read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def write_state(self, state: dict) -> None:
+        from testbed.common.files import write_json
+
+        private_dir(state_root())
+        private_dir(self.dir)
+        write_json(self.state_path, state, indent=1)
+
+    def remove(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,376 @@
+"""Start one training rank per worker node, watch them, stop them all on the first failure.
+
+Each rank runs inside its node (through the node's backend) with its environment pinned
+to the data plane: MASTER_ADDR is rank 0's data-plane address, GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME name the node's data-plane interface, NCCL is told to use TCP sockets
+only (no InfiniBand, peer-to-peer or shared memory, a distinct host id per node), and
+CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``; for a GPU run (backend auto or nccl)
+namespace workers without one share the host's GPUs round-robin by rank. Output goes to ``rank{R}.log``.
+
+Every rank is also told where it sits (``placement``), in torchrun's variables with a
+"node" being the switch the worker hangs off: GROUP_RANK (the switch's index, switches
+numbered in the order of their lowest rank), LOCAL_RANK and LOCAL_WORLD_SIZE (the rank's
+place in and the size of that switch's group), plus TESTBED_SWITCH, TESTBED_HOST and
+TESTBED_PLACEMENT (the run's placement.json). ``workloads.placement`` reads them.
+
+A rank that exits non-zero or is killed ends the run at once; so does a run in which no
+rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
+others are stopped (SIGTERM, then SIGKILL), and the error names the rank and shows the
+tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.common import procs
+from testbed.nodes.gpus import gpu_names, host_gpus  # noqa: F401  (callers' import path)
+from testbed.nodes.nsexec import DIE_WITH_PARENT
+from testbed.common.errors import TestbedError
+
+COLLECT_EVERY_S = 2.0
+MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
+STOP_GRACE_S = 3.0
+
+
+class RankFailed(TestbedError):
+    """A rank failed, was killed, or the run hung; the message names the rank."""
+
+
+@dataclass
+class RankProc:
+    rank: int
+    node: str
+    proc: subprocess.Popen
+    log: Path
+    records: Path
+    host: str = "local"
+    last_progress: float = field(default_factory=time.monotonic)
+    _sizes: tuple[int, int] = (0, 0)
+    exited_at: float | None = None  # monotonic time its exit was reaped
+
+    def __post_init__(self) -> None:
+        # When one rank dies its peers fail within milliseconds (connection reset), often
+        # before the next poll: the reaper's timestamp says which one went first.
+        threading.Thread(target=self._reap, name=f"reap-rank{self.rank}", daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        self.exited_at = time.monotonic()
+
+    def progressed(self) -> bool:
+        sizes = (_size(self.log), _size(self.records))
+        if sizes != self._sizes:
+            self._sizes = sizes
+            self.last_progress = time.monotonic()
+            return True
+        return False
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where one rank sits: its switch domain and its place in it."""
+
+    rank: int
+    node: str
+    switch: str
+    """The switch the worker's link reaches (the worker's own name if it reaches no switch)."""
+    group_rank: int
+    local_rank: int
+    local_world_size: int
+    host: str = "local"
+
+    def env(self) -> dict[str, str]:
+        return {"GROUP_RANK": str(self.group_rank), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "TESTBED_SWITCH": self.switch,
+                "TESTBED_HOST": self.host}
+
+
+def placement(topology) -> list[Seat]:
+    """A seat per worker, in rank order (rank r = topology.workers[r])."""
+    workers = topology.workers
+    switches = {n.name for n in topology.switches}
+    domain_of = []
+    for w in workers:
+        link = topology.worker_link(w.name)
+        other = link.b if link.a == w.name else link.a
+        domain_of.append(other if other in switches else w.name)
+    order = list(dict.fromkeys(domain_of))  # first appearance = lowest rank
+    seats = []
+    for rank, (w, d) in enumerate(zip(workers, domain_of)):
+        members = [r for r, x in enumerate(domain_of) if x == d]
+        seats.append(Seat(rank, w.name, d, order.index(d), members.index(rank), len(members), w.host))
+    return seats
+
+
+def placement_dict(seats: Sequence[Seat]) -> dict:
+    """placement.json: the domains as workloads.placement builds them, and every rank's seat."""
+    order = list(dict.fromkeys(s.switch for s in seats))
+    return {"groups": [[s.rank for s in seats if s.switch == d] for d in order], "names": order,
+            "hosts": [next(s.host for s in seats if s.switch == d) for d in order],
+            "ranks": [{"rank": s.rank, "node": s.node, "switch": s.switch, "group_rank": s.group_rank,
+                       "local_rank": s.local_rank, "local_world_size": s.local_world_size, "host": s.host}
+                      for s in seats]}
+
+
+def gpu_for(rank: int, pinned: int | None, gpus: Sequence[int]) -> int | None:
+    """A worker's GPU: its topology's ``gpu:``, else round-robin by rank over ``gpus`` (the
+    host's, for a GPU run), else none (a CPU rank)."""
+    if pinned is not None:
+        return pinned
+    return gpus[rank % len(gpus)] if gpus else None
+
+
+def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, gpu: int | None,
+             threads: int, base: dict | None = None, seat: Seat | None = None,
+             cuda_visible: str | None = None) -> dict[str, str]:
+    """The environment of one rank: torchrun's variables plus data-plane pinning.
+    ``cuda_visible``: CUDA_VISIBLE_DEVICES as the node's backend numbers its GPUs (default:
+    the host index ``gpu``, none when it is None)."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT),
+        "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": f"={iface}",
+        # NCCL over the emulated network only (PLATFORM.md): TCP sockets, no IB/P2P/SHM
+        "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+        "NCCL_HOSTID": f"testbed-{node}", "NCCL_SOCKET_NTHREADS": "1", "NCCL_NSOCKS_PERTHREAD": "1",
+        "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+        "CUDA_VISIBLE_DEVICES": cuda_visible if cuda_visible is not None else "" if gpu is None else str(gpu),
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+    })
+    if seat is not None:
+        env.update(seat.env())
+    return env
+
+
+class Launcher:
+    """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
+
+    def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
+                 extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
+                 seats: Sequence[Seat] | None = None, gpus: Sequence[int] = ()):
+        """``argv``: ``MODULE ARGS...`` run as ``python -m`` by the node's Python; ``mounts``:
+        host directories the ranks read or write (a container sees them at the same path);
+        ``gpus``: the host GPUs that workers without ``gpu:`` share, round-robin by rank
+        (empty: such workers see no GPU)."""
+        self.gpus = list(gpus)
+        self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
+        self.extra_env = extra_env or {}
+        self.mounts = [run_dir.resolve(), *mounts]
+        self.ranks: list[RankProc] = []
+        self.seats = list(seats) if seats is not None else placement(tb.topology)
+        self.remote_runs: dict[str, RemoteRun] = {}
+        self._collected = 0.0
+
+    def start(self) -> None:
+        workers = self.tb.workers
+        world = len(workers)
+        threads = max(1, (os.cpu_count() or 1) // world)
+        master = workers[0].address
+        where = self.run_dir / "placement.json"
+        where.write_text(json.dumps(placement_dict(self.seats), indent=1) + "\n")
+        for w in workers:
+            backend = self.tb.backend(w.name)
+            seat = self.seats[w.rank]
+            assert seat.node == w.name, (seat, w.name)
+            remote = w.host != self.tb.here
+            gpu = gpu_for(w.rank, w.gpu, self.gpus if backend.shares_host_gpus and not remote else ())
+            env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
+                           gpu=gpu, threads=threads, base={} if remote else backend.environment(w), seat=seat,
+                           cuda_visible=None if remote else backend.cuda_visible(w, gpu))
+            env["TESTBED_PLACEMENT"] = str(where.resolve())
+            env.update(self.extra_env)
+            log = self.run_dir / f"rank{w.rank}.log"
+            if remote:  # its host's own run directory; what the rank writes is collected here
+                rr = self._remote_run(w.host)
+                env = {k: rr.rewrite(v) for k, v in env.items()}
+                argv = [rr.rewrite(a) for a in self.argv]
+                cmd = self.tb.remote_command(w.name, argv, python=True, run=self.run_dir.name, env=env,
+                                             mounts=[m for m in rr.mounts if str(m) in argv])
+                env = dict(os.environ)
+            else:
+                cmd = self.tb.command(w.name, procs.python_argv(*self.argv, python=backend.python(w)),
+                                      mounts=self.mounts, cwd=self.run_dir)
+            # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
+            # testbed.hosts.sshexec dies and the connection with it)
+            env[DIE_WITH_PARENT] = str(os.getpid())
+            with open(log, "wb") as f:
+                proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)  # Ctrl-C reaches us, not the ranks
+            self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl", w.host))
+
+    def _remote_run(self, host: str) -> "RemoteRun":
+        if host not in self.remote_runs:
+            self.remote_runs[host] = RemoteRun(self.tb, host, self.run_dir, self.mounts)
+        return self.remote_runs[host]
+
+    def collect(self) -> None:
+        """Bring what the ranks on other hosts wrote so far into the run directory."""
+        for rr in self.remote_runs.values():
+            rr.collect()
+
+    def wait(self, tick: Callable[[], None] | None = None, interval: float = 0.5) -> None:
+        """Return when every rank exited 0; raise RankFailed as soon as one fails or all hang.
+        What ranks on other hosts write is collected every ``COLLECT_EVERY_S`` and at the end."""
+        try:
+            self._wait(tick, interval)
+        finally:
+            self.collect()
+
+    def _wait(self, tick, interval) -> None:
+        while True:
+            if self.remote_runs and time.monotonic() - self._collected > COLLECT_EVERY_S:
+                self._collected = time.monotonic()
+                try:
+                    self.collect()
+                except TestbedError:
+                    pass  # a host that is gone shows as its ranks failing, named below
+            now = time.monotonic()
+            running = 0
+            failed = []
+            for r in self.ranks:
+                rc = r.proc.poll()
+                r.progressed()
+                if rc is None:
+                    running += 1
+                elif rc != 0:
+                    failed.append(r)
+            if failed:
+                if any(f.exited_at is None for f in failed):
+                    time.sleep(0.05)  # its reaper thread is between reaping and stamping
+                # the cause is the rank that died first; the others most likely died of it
+                r = min(failed, key=lambda f: (f.exited_at is None, f.exited_at or 0.0, f.rank))
+                rc = r.proc.returncode
+                self.stop()
+                how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
+                if why:
+                    how += f": {why}"
+                on = "" if r.host == self.tb.here else f" on host {r.host}"
+                raise RankFailed(f"rank {r.rank} (node {r.node}{on}) {how}; the other ranks were stopped. "
+                                 f"Last lines of {r.log}:\n{tail(r.log)}")
+            if running == 0:
+                return
+            stalled = [r for r in self.ranks if r.proc.poll() is None and now - r.last_progress > self.timeout]
+            if stalled and len(stalled) == running:
+                first = min(stalled, key=lambda r: r.last_progress)
+                self.stop()
+                raise RankFailed(f"no progress from any rank for {self.timeout:.0f} s (--timeout); rank "
+                                 f"{first.rank} (node {first.node}) went quiet first; all ranks were stopped. "
+                                 f"Last lines of {first.log}:\n{tail(first.log)}")
+            if tick:
+                tick()
+            time.sleep(interval)
+
+    def stop(self) -> None:
+        """SIGTERM every rank still running, SIGKILL what is left after a grace period."""
+        alive = [r for r in self.ranks if r.proc.poll() is None]
+        for r in alive:
+            _signal(r.proc, signal.SIGTERM)
+            _signal(r.proc, signal.SIGCONT)  # a stopped rank must run to act on SIGTERM
+        deadline = time.monotonic() + STOP_GRACE_S
+        for r in alive:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(r.proc, signal.SIGKILL)
+                r.proc.wait()
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the rank's whole process group (it leads its own session): helper processes
+    it started (data loader workers, a shell) go with it."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+class RemoteRun:
+    """A run's directory on another host (``testbed _host rundir``), its inputs uploaded and
+    what the ranks write there copied back, incrementally, over SFTP: appended bytes of
+    growing files (records, logs), whole files when replaced (summary.json)."""
+
+    def __init__(self, tb, host: str, run_dir: Path, mounts: Sequence[Path]):
+        self.host, self.run_dir = host, run_dir.resolve()
+        self.remote = tb.remote(host)
+        self.path = self.remote.call("rundir", tb.name, run_dir.name)["path"]
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise TestbedError(f"host {host} answered rundir with {self.path!r}")
+        self.sftp = self.remote.client().open_sftp()
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._local: dict[str, str] = {str(self.run_dir): self.path}
+        self.mounts: list[Path] = []
+        self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
+        self._uploaded = {"placement.json"}
+        for m in mounts:
+            m = Path(m).resolve()
+            if m != self.run_dir:
+                self.mounts.append(m)
+
+    def rewrite(self, arg: str) -> str:
+        """A rank's argument or variable as that host sees it: the run directory is its own,
+        and a file of a mounted directory (a checkpoint) is uploaded into it first."""
+        if arg.startswith(str(self.run_dir)):
+            return self.path + arg[len(str(self.run_dir)):]
+        p = Path(arg)
+        if p.is_absolute() and p.is_file() and any(m in p.parents for m in self.mounts):
+            name = f"input-{len(self._uploaded)}-{p.name}"
+            self.sftp.put(str(p), f"{self.path}/{name}")
+            self._uploaded.add(name)
+            return f"{self.path}/{name}"
+        return arg
+
+    def collect(self) -> None:
+        import stat as st
+
+        for a in self.sftp.listdir_attr(self.path):
+            if a.filename in self._uploaded or not st.S_ISREG(a.st_mode or 0) or a.filename.endswith(".tmp"):
+                continue
+            local = self.run_dir / a.filename
+            key = (a.st_size or 0, a.st_mtime or 0)
+            if self._seen.get(a.filename) == key:
+                continue
+            have = local.stat().st_size if local.exists() else 0
+            growing = a.filename.endswith((".jsonl", ".log")) and (a.st_size or 0) >= have
+            with self.sftp.open(f"{self.path}/{a.filename}", "rb") as src:
+                if growing:
+                    src.seek(have)
+                    data = src.read()
+                    with open(local, "ab") as f:
+                        f.write(data)
+                else:
+                    data = src.read()
+                    tmp = local.with_name(local.name + ".part")
+                    tmp.write_bytes(data)
+                    os.replace(tmp, local)
+            self._seen[a.filename] = key

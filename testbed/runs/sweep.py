@@ -1,0 +1,140 @@
+"""`testbed sweep`: every scheme x bandwidth (x repeats) from one pre-trained checkpoint.
+
+Repeat k of a run uses the workload's seed + k (data order, augmentation, stochastic
+rounding), so the spread over repeats is training's, not only the clock's.
+The checkpoint is made once per (model, width, depth, pre-training dataset, seed, epochs) by
+``python -m workloads.pretrain`` and cached under ``OUT/checkpoints/``; every run starts
+from it (``--init``), so schemes are compared from the same weights. All runs share one
+testbed (brought up here unless ``--testbed`` names a running one) and land in
+``OUT/sweep-<time>/``, with ``sweep.json`` listing them. A failed run is recorded and the
+sweep goes on; the sweep then exits non-zero.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.common import procs
+from testbed.common.files import write_json
+from testbed.common.errors import TestbedError
+from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
+from testbed.model.units import Rate
+
+
+@dataclass
+class SweepRequest:
+    schemes: list[str]
+    bws: list[Rate]
+    workload_args: list[str]
+    repeats: int = 1
+    topology: Path | None = None
+    testbed: str | None = None
+    out: Path = Path("runs")
+    timeout: float = 300.0
+    init: Path | None = None
+    pretrain: Pretraining | None = None
+    """The shared checkpoint to make (or reuse) when ``init`` is None (None: none, as for
+    ``--compute-time`` runs, which measure traffic only)."""
+    exporter: bool = True
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """What the shared checkpoint is: a model pre-trained on ``dataset`` (which may differ
+    from the runs' dataset: the paper pre-trains, then fine-tunes on another task)."""
+
+    model: str
+    dataset: str
+    epochs: float = 2.0
+    width: float | None = None
+    depth: int | None = None
+    data_dir: Path | None = None
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return (f"{self.model}-w{self.width or 1:g}-d{self.depth or 'full'}-{self.dataset}-s{self.seed}"
+                f"-e{self.epochs:g}")
+
+    def args(self) -> list[str]:
+        a = ["--model", self.model, "--dataset", self.dataset, "--seed", str(self.seed), "--epochs", str(self.epochs)]
+        for flag, value in (("--width", self.width), ("--depth", self.depth), ("--data-dir", self.data_dir)):
+            if value is not None:
+                a += [flag, str(value)]
+        return a
+
+
+def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
+    """The checkpoint for ``pre`` under ``out/checkpoints/``, made once by
+    ``python -m workloads.pretrain`` and reused by every later run and sweep."""
+    path = out / "checkpoints" / f"{pre.key}.pt"
+    if path.is_file():
+        say(f"using cached checkpoint {path}")
+        return path
+    say(f"pre-training {pre.model} on {pre.dataset} for {pre.epochs:g} epochs -> {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(procs.python_argv("workloads.pretrain", *pre.args(), "--out", str(path)),
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise TestbedError(f"pre-training failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
+    say(p.stdout.strip())
+    return path
+
+
+def with_seed(args: list[str], offset: int) -> list[str]:
+    """``args`` with every ``--seed S`` made ``--seed S+offset`` (a sweep's repeat k uses seed + k)."""
+    out = list(args)
+    for i, a in enumerate(out[:-1]):
+        if a == "--seed":
+            out[i + 1] = str(int(out[i + 1]) + offset)
+    return out
+
+
+def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
+          on_message: Callable[[str], None] | None = None) -> dict:
+    say = on_message or (lambda m: None)
+    check_out(req.out)
+    init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
+    sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while sweep_dir.exists():
+        n += 1
+        sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    sweep_dir.mkdir(parents=True)
+    tb, created = None, False
+    index = {"checkpoint": str(init) if init else None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
+             "repeats": req.repeats, "runs": []}
+    try:
+        tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
+        total = len(req.bws) * len(req.schemes) * req.repeats
+        k = 0
+        for bw in req.bws:
+            for scheme in req.schemes:
+                for rep in range(req.repeats):
+                    k += 1
+                    run_id = f"{variant_slug(scheme)}-{bw}-r{rep}"
+                    say(f"[{k}/{total}] {scheme} at {bw}, repeat {rep + 1}/{req.repeats}")
+                    entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "repeat": rep}
+                    try:
+                        run(RunRequest(scheme=scheme,
+                                       workload_args=[*with_seed(req.workload_args, rep),
+                                                      *(["--init", str(init)] if init else [])],
+                                       testbed=tb.name, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
+                                       extra={"repeat": rep, "sweep": sweep_dir.name},
+                                       exporter=req.exporter),
+                            on_status=on_status, on_message=say)
+                        entry["status"] = "ok"
+                    except TestbedError as e:
+                        entry.update(status="failed", error=e.message)
+                        say(f"run {run_id} failed: {e.message.splitlines()[0]}")
+                    index["runs"].append(entry)
+                    write_json(sweep_dir / "sweep.json", index)
+    finally:
+        if created and tb is not None:
+            tb.down()
+    index["dir"] = str(sweep_dir)
+    return index
