@@ -35,7 +35,8 @@ from testbed.net import netns, tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
 from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger
-from testbed.hosts.local import LOCAL
+from testbed.hosts.local import LOCAL, LocalHost
+from testbed.plan.actions import ApplyContext
 from testbed.engine.planner import make_plan
 from testbed.plan.plan import Endpoint, NodeInfo, Plan, choose_subnet
 from testbed.engine.teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
@@ -162,9 +163,7 @@ class Testbed:
             ledger.create()
             state = _initial_state(plan)
             ledger.write_state(state)
-            from testbed.plan.actions import ApplyContext
-
-            ctx = ApplyContext(topology.name)
+            ctx = ApplyContext(topology.name, LocalHost())
             apply_plan(_local_plan(plan, state, ctx, exporter is not None), ledger, state, progress, exporter,
                        ctx=ctx)
             if ctx.results.get("host_exporters"):
