@@ -524,7 +524,8 @@ def _local_plan(plan: Plan, state: dict, ctx, exporters: bool = True) -> Plan:
     ``exporters``: each host also starts its link exporter, on the address the controller
     reaches it at (its management network; any free port), announced here to Prometheus
     through a file-SD target ``testbed-NAME@HOST.json``."""
-    from testbed.plan.actions import AwaitShares, RemoteShare, TargetFile
+    from testbed.hosts.share import AwaitShares, RemoteShare
+    from testbed.plan.actions import TargetFile
     from testbed.monitor.sd import testbed_target
 
     remote = [h for h in plan.topology.hosts if h.name in plan.hosts]
