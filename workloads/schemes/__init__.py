@@ -6,52 +6,23 @@ communication hook (if any) and returns a documented state object whose
 call. The train loop calls it once per iteration, and, where the state has them,
 ``before_step()`` between backward and the optimizer step and ``after_step(optimizer)``
 after it (PruneX's ADMM penalty and updates).
+
+Each scheme's hyper-parameters are declared once, in ``workloads.schemes.params``
+(``parameters()`` lists them); the train flags, their checks, ``SchemeOptions``, the
+summary's ``hyper`` and the variant specs (``parse_variant``) are all derived from them.
+This package imports no torch until a scheme is attached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, make_dataclass
 from importlib import import_module
 
+from workloads.schemes.params import PARAMETERS, Choice, Param, Range
 
-@dataclass(frozen=True)
-class SchemeOptions:
-    """Hyper-parameters of all schemes (each reads its own)."""
-
-    process_group: object = None
-    """torch.distributed group (None: the default group)."""
-    device: str = "cpu"
-    """Where random generators live (the gradients' device)."""
-    seed: int = 0
-    topk_ratio: float = 0.01
-    """topk: fraction of each bucket's elements sent."""
-    powersgd_rank: int = 4
-    """powersgd: matrix approximation rank."""
-    powersgd_start_iter: int = 10
-    """powersgd: iterations of vanilla all-reduce before compressing (>= 2)."""
-    terngrad_clip: float = 2.5
-    """terngrad: clip gradients to this many standard deviations first (0: off)."""
-    ternary: bool = False
-    """pactrain: ternary-quantise the compact tensor."""
-    stable_iters: int = 3
-    """pactrain: iterations a bucket's mask must be unchanged before compaction."""
-    placement: object = None
-    """workloads.placement.Placement of all ranks (domains = switches under testbed)."""
-    total_iters: int = 1
-    """Iterations the run will make (schedules that are fractions of the run)."""
-    spardl_density: float = 0.01
-    """spardl: fraction of each block's entries sent per message."""
-    spardl_teams: str = "auto"
-    """spardl: 1, switch (a team per domain) or auto (switch when domains are equal)."""
-    prunex_sparsity: float = 0.5
-    """prunex: fraction of output channels removed per layer."""
-    prunex_rho: float = 0.1
-    """prunex: ADMM penalty weight."""
-    prunex_admm_every: int = 10
-    """prunex: iterations between Z/U updates."""
-    prunex_prune_at: float = 0.3
-    """prunex: fraction of the run after which the channel masks are fixed."""
+__all__ = ["SCHEMES", "VARIANT_HELP", "Choice", "Param", "Range", "Scheme", "SchemeOptions", "check_values", "get",
+           "hyper", "names", "options", "parameter", "parameters", "parse_variant", "summary_values"]
 
 
 @dataclass(frozen=True)
@@ -64,48 +35,138 @@ class Scheme:
 
     function: str = "attach"
     """The module's attach function."""
-    params: tuple[str, ...] = ()
-    """Hyper-parameters (workloads.train argument names) that change this scheme's results:
-    recorded in the summary, and what report tells variants apart by."""
-    positional: tuple[str, ...] = ()
-    """Parameters that bare values in a variant spec set, in order (``topk:0.1``)."""
-    words: tuple[tuple[str, str, str], ...] = ()
-    """(word, parameter, value): bare words in a variant spec (``pactrain:0.5:ternary``)."""
 
     @property
     def attach(self) -> Callable:
         return getattr(import_module(f"{__name__}.{self.module}"), self.function)
 
+    @property
+    def parameters(self) -> tuple[Param, ...]:
+        """Its declared hyper-parameters (``workloads.schemes.params``), in declaration order."""
+        return tuple(p for p in PARAMETERS if self.name in p.schemes)
 
-_PACTRAIN_WORDS = (("ternary", "ternary", "true"), ("magnitude", "prune_method", "magnitude"),
-                   ("grasp", "prune_method", "grasp"))
+    @property
+    def params(self) -> tuple[str, ...]:
+        """Names of the hyper-parameters that change its results and are recorded (the
+        summary's ``hyper``, what report tells variants apart by); variants set them by name."""
+        return tuple(p.name for p in self.parameters if p.recorded)
+
+    @property
+    def positional(self) -> tuple[str, ...]:
+        """Parameters that bare values in a variant spec set, in order (``topk:0.1``)."""
+        return tuple(p.name for p in self.parameters if self.name in p.positional)
+
+    @property
+    def words(self) -> tuple[tuple[str, str, str], ...]:
+        """(word, parameter, value): bare words in a variant spec (``pactrain:0.5:ternary``)."""
+        return tuple((w, p.name, p.word_value(w)) for p in self.parameters for w in p.words)
+
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("allreduce", "DDP's default all-reduce (no hook)", "allreduce"),
     Scheme("fp16", "torch's fp16 compression hook", "fp16"),
-    Scheme("topk", "top-k with error feedback, all-gather of values + int32 indices", "topk",
-           params=("topk_ratio",), positional=("topk_ratio",)),
-    Scheme("powersgd", "torch's PowerSGD hook", "powersgd", params=("powersgd_rank", "powersgd_start_iter"),
-           positional=("powersgd_rank",)),
-    Scheme("terngrad", "ternary stochastic quantisation, per-layer max scale, clipped, int8 sum", "terngrad",
-           params=("terngrad_clip",), positional=("terngrad_clip",)),
-    Scheme("pactrain", "pruning + mask tracker + compact all-reduce (+ ternary)", "pactrain", prunes=True,
-           params=("prune_ratio", "prune_method", "ternary", "stable_iters", "terngrad_clip"),
-           positional=("prune_ratio",), words=_PACTRAIN_WORDS),
-    Scheme("spardl", "SparDL: sparse reduce-scatter, global residual collection, Bruck all-gather", "spardl",
-           params=("spardl_density", "spardl_teams"), positional=("spardl_density",)),
-    Scheme("prunex", "PruneX: ADMM channel pruning + hierarchical compact all-reduce via switch leaders", "prunex",
-           params=("prunex_sparsity", "prunex_rho", "prunex_admm_every", "prunex_prune_at"),
-           positional=("prunex_sparsity",)),
+    Scheme("topk", "top-k with error feedback, all-gather of values + int32 indices", "topk"),
+    Scheme("powersgd", "torch's PowerSGD hook", "powersgd"),
+    Scheme("terngrad", "ternary stochastic quantisation, per-layer max scale, clipped, int8 sum", "terngrad"),
+    Scheme("pactrain", "pruning + mask tracker + compact all-reduce (+ ternary)", "pactrain", prunes=True),
+    Scheme("spardl", "SparDL: sparse reduce-scatter, global residual collection, Bruck all-gather", "spardl"),
+    Scheme("prunex", "PruneX: ADMM channel pruning + hierarchical compact all-reduce via switch leaders", "prunex"),
     Scheme("hier-allreduce", "dense hierarchical all-reduce via switch leaders (PruneX without pruning)", "prunex",
            function="attach_hier"),
 ]}
+
+_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMETERS}
+for _p in PARAMETERS:  # a declaration naming a scheme that does not exist is a bug, found at import
+    assert set(_p.schemes) <= set(SCHEMES), f"{_p.name}: unknown scheme in {_p.schemes}"
+
+
+def names() -> tuple[str, ...]:
+    """Every registered scheme's name, in registry order (``allreduce`` first)."""
+    return tuple(SCHEMES)
 
 
 def get(name: str) -> Scheme:
     if name not in SCHEMES:
         raise ValueError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEMES)}")
     return SCHEMES[name]
+
+
+def parameters(scheme: str | None = None) -> tuple[Param, ...]:
+    """The declared hyper-parameters (``workloads.schemes.params.Param``), in flag order:
+    of every scheme, or of the scheme named ``scheme`` (ValueError if there is none).
+
+    Each gives ``name``, ``flag`` (the ``workloads.train`` flag), ``type``, ``default``,
+    ``help``, ``schemes``, ``check`` (``Range``/``Choice``/None, ``str()`` says the valid
+    values) and ``validate(value)``: enough for a launcher to build and check its own flags.
+    """
+    return PARAMETERS if scheme is None else get(scheme).parameters
+
+
+def parameter(name: str) -> Param:
+    """The declaration of the hyper-parameter ``name`` (ValueError listing them if none)."""
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown scheme hyper-parameter {name!r}; choose one of: {', '.join(_BY_NAME)}")
+    return _BY_NAME[name]
+
+
+def check_values(values: Mapping[str, object]) -> None:
+    """Validate every declared hyper-parameter present in ``values`` (e.g. ``vars(args)``);
+    ValueError names the first bad one's flag and the values it accepts."""
+    for p in PARAMETERS:
+        if p.name in values:
+            p.validate(values[p.name])
+
+
+def hyper(scheme: str | Scheme, values: Mapping[str, object]) -> dict:
+    """The scheme's hyper-parameters that change its results, from ``values`` (which holds
+    every declared one, e.g. ``vars(args)``): the scheme part of the summary's ``hyper``."""
+    scheme = scheme if isinstance(scheme, Scheme) else get(scheme)
+    own = {p.name for p in scheme.parameters}
+    return {p.name: values[p.name] for p in scheme.parameters
+            if p.recorded and not (p.needs in own and not values[p.needs])}
+
+
+def summary_values(scheme: str | Scheme, values: Mapping[str, object]) -> dict:
+    """The hyper-parameters that are also top-level keys of summary.json: each its value
+    under a scheme that has it, else None."""
+    name = scheme.name if isinstance(scheme, Scheme) else get(scheme).name
+    return {p.name: values[p.name] if name in p.schemes else None for p in PARAMETERS if p.summary_key}
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a scheme is told besides its hyper-parameters."""
+
+    process_group: object = None
+    """torch.distributed group (None: the default group)."""
+    device: str = "cpu"
+    """Where random generators live (the gradients' device)."""
+    seed: int = 0
+    placement: object = None
+    """workloads.placement.Placement of all ranks (domains = switches under testbed)."""
+    total_iters: int = 1
+    """Iterations the run will make (schedules that are fractions of the run)."""
+
+
+def _check_options(self) -> None:
+    check_values({p.name: getattr(self, p.name) for p in PARAMETERS})
+
+
+SchemeOptions = make_dataclass(
+    "SchemeOptions", [(p.name, p.type, field(default=p.default, metadata={"help": p.help})) for p in PARAMETERS],
+    bases=(_Context,), frozen=True, namespace={
+        "__post_init__": _check_options,
+        "__doc__": "What ``attach(ddp, opts, masks)`` reads: the context (process_group, device, seed, "
+                   "placement, total_iters) and one field per declared hyper-parameter (``parameters()``: "
+                   "name, default, help), each checked on construction (ValueError naming the flag)."})
+SchemeOptions.__module__ = __name__
+
+
+def options(values: Mapping[str, object], **context) -> SchemeOptions:
+    """``SchemeOptions`` from the declared hyper-parameters found in ``values`` (e.g.
+    ``vars(args)``; the others keep their defaults) and the context given as keywords
+    (``device``, ``seed``, ``placement``, ``total_iters``, ``process_group``)."""
+    return SchemeOptions(**context, **{p.name: values[p.name] for p in PARAMETERS if p.name in values})
 
 
 VARIANT_HELP = ("a scheme, or a variant NAME:VALUE[:...] setting its hyper-parameters, e.g. topk:0.1, "

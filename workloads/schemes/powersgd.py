@@ -34,9 +34,6 @@ def powersgd_hook(state: PowerSGDCounting, bucket) -> torch.futures.Future[torch
 
 
 def attach(ddp, opts, masks=None) -> PowerSGDCounting:
-    if opts.powersgd_start_iter < 2:
-        raise ValueError(f"--powersgd-start-iter must be >= 2 (DDP rebuilds buckets after "
-                         f"iteration 1), got {opts.powersgd_start_iter}")
     inner = psgd.PowerSGDState(process_group=opts.process_group, matrix_approximation_rank=opts.powersgd_rank,
                                start_powerSGD_iter=opts.powersgd_start_iter, random_seed=opts.seed)
     state = PowerSGDCounting(inner=inner)

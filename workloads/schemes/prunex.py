@@ -221,8 +221,6 @@ def attach_hier(ddp, opts, masks=None) -> HierState:
 
 
 def attach(ddp, opts, masks=None) -> PruneXState:
-    if not 0 <= opts.prunex_sparsity < 1:
-        raise ValueError(f"--prunex-sparsity must be in [0, 1), got {opts.prunex_sparsity}")
     state = _hier_state(PruneXState, opts, layers=channel_layers(ddp.module, opts.prunex_sparsity),
                         rho=opts.prunex_rho, admm_every=opts.prunex_admm_every,
                         prune_at=max(1, round(opts.prunex_prune_at * max(1, opts.total_iters))))

@@ -209,8 +209,6 @@ def teams_for(placement, how: str) -> tuple[tuple[int, ...], ...]:
 
 
 def attach(ddp, opts, masks=None) -> SparDLState:
-    if not 0 < opts.spardl_density <= 1:
-        raise ValueError(f"--spardl-density must be in (0, 1], got {opts.spardl_density}")
     state = SparDLState(density=opts.spardl_density, teams=teams_for(opts.placement, opts.spardl_teams),
                         world=dist.get_world_size(), rank=dist.get_rank())
     ddp.register_comm_hook(state, spardl_hook)

@@ -60,8 +60,6 @@ def topk_hook(state: TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
 
 
 def attach(ddp, opts, masks=None) -> TopKState:
-    if not 0 < opts.topk_ratio <= 1:
-        raise ValueError(f"--topk-ratio must be in (0, 1], got {opts.topk_ratio}")
     state = TopKState(ratio=opts.topk_ratio, process_group=opts.process_group)
     ddp.register_comm_hook(state, topk_hook)
     return state
