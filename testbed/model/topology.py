@@ -370,7 +370,7 @@ def _mapping(value: Any, path: str, what: str) -> dict:
     return value
 
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "topologies"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "topologies"
 """The topologies shipped inside the package (``topologies/`` in a checkout links here)."""
 
 RESERVED_NAMES = ("targets", "monitors")

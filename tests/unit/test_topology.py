@@ -20,6 +20,18 @@ def test_shipped_topologies_load_and_roundtrip(path):
     assert load_topology_dict(t.to_dict()) == t
 
 
+def test_a_bare_name_is_a_shipped_topology_and_the_error_lists_them(tmp_path, monkeypatch):
+    from testbed.model.topology import SHIPPED_DIR, shipped
+
+    monkeypatch.chdir(tmp_path)  # from any directory, as after a non-editable install
+    assert SHIPPED_DIR == ROOT / "testbed" / "topologies"
+    assert shipped() == [p.stem for p in SHIPPED] and "three_switch" in shipped()
+    assert load_topology("three_switch") == load_topology(ROOT / "topologies" / "three_switch.yaml")
+    with pytest.raises(TopologyError) as e:
+        load_topology("no_such_topology")
+    assert "does not exist" in e.value.message and ", ".join(shipped()) in e.value.hint
+
+
 def test_three_switch_matches_the_paper():
     t = load_topology(ROOT / "topologies" / "three_switch.yaml")
     assert [w.name for w in t.workers] == [f"w{i}" for i in range(8)]
