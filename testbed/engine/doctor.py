@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    hint: str | None = None
-    required: bool = False
+from testbed.common.errors import TestbedError
+from testbed.net.probe import probe
+from testbed.nodes import BACKENDS
+from testbed.nodes.base import Check
+from testbed.nodes.gpus import gpu_names
 
 
 def _cap_net_admin() -> bool:
@@ -43,9 +40,6 @@ def run_checks() -> list[Check]:
                   "on Ubuntu); bandwidth shaping works without it", False),
     }
     if root or cap:
-        from testbed.common.errors import TestbedError
-        from testbed.net.probe import probe
-
         try:
             res = probe()
         except TestbedError as e:
@@ -60,13 +54,8 @@ def run_checks() -> list[Check]:
         for k, (hint, required) in kernel_hints.items():
             checks.append(Check(k, False, "not probed (needs root)", "run `sudo testbed doctor`", required))
 
-    checks.append(_docker())
-    from testbed.nodes.images import DEFAULT_TAG, status as image_status
-
-    ok, detail = image_status(DEFAULT_TAG)
-    checks.append(Check("worker image", ok, detail,
-                        None if ok else "`sudo testbed image build` (offline; only for the docker backend)"))
-    checks.extend(_vm())
+    for backend in BACKENDS.values():  # each backend says what it needs (engine, images, tools)
+        checks.extend(backend.checks())
     prom = shutil.which("prometheus")
     checks.append(Check("prometheus binary", bool(prom), prom or "not found",
                         None if prom else "apt-get install prometheus (needed by `testbed monitor`)"))
@@ -77,47 +66,8 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def _docker() -> Check:
-    sock = "/var/run/docker.sock"
-    try:
-        import docker  # type: ignore
-
-        try:
-            client = docker.from_env(timeout=3)
-            v = client.version().get("Version", "?")
-            return Check("docker engine", True, f"engine {v} answers on {sock}")
-        except Exception as e:  # the SDK raises many types; all mean "not usable"
-            return Check("docker engine", False, f"not reachable: {type(e).__name__}",
-                         "apt-get install docker.io and start dockerd (only for the docker backend)")
-    except ImportError:
-        ok = os.path.exists(sock)
-        return Check("docker engine", ok, f"socket {sock} {'present' if ok else 'absent'} (docker SDK not installed)",
-                     None if ok else "apt-get install docker.io and start dockerd (only for the docker backend)")
-
-
-def _vm() -> list[Check]:
-    """What backend: vm needs: QEMU and the guest; and whether KVM runs it."""
-    from testbed.nodes import vmimage
-    from testbed.nodes.vm import QEMU, known_kvm
-
-    qemu = shutil.which(QEMU)
-    out = [Check("qemu (backend: vm)", bool(qemu), qemu or "not found",
-                 None if qemu else "apt-get install qemu-system-x86 (only for the vm backend)")]
-    ok, detail = vmimage.status()
-    out.append(Check("VM guest", ok, detail, None if ok else "`sudo testbed image build --vm` (only for the vm backend)"))
-    kvm = known_kvm()
-    if kvm is None:
-        kvm = (os.access("/dev/kvm", os.R_OK | os.W_OK), "/dev/kvm accessible; not yet tried with a guest "
-               "(the first `up` with VM workers does)" if os.path.exists("/dev/kvm") else "/dev/kvm missing")
-    out.append(Check("KVM for VM workers", kvm[0], kvm[1],
-                     None if kvm[0] else "VM workers fall back to TCG (software emulation, much slower)"))
-    return out
-
-
 def _gpu() -> list[Check]:
     out = []
-    from testbed.nodes.gpus import gpu_names
-
     gpus = gpu_names()
     out.append(Check("GPUs", bool(gpus), f"{len(gpus)} GPU(s): " + "; ".join(gpus) if gpus else "none found",
                      None if gpus else "CPU runs use gloo; GPU runs need NVIDIA drivers (nvidia-smi)"))

@@ -20,7 +20,7 @@ from testbed.common import procs
 from testbed.common.errors import KernelError, StateError, TestbedError
 from testbed.hosts import share  # noqa: F401  (registers other hosts' actions, named in ledgers)
 from testbed.hosts.local import LocalHost
-from testbed import nodes  # noqa: F401  (registers the backends' actions, named in ledgers)
+from testbed.nodes import BACKENDS  # (importing the backends registers their actions, named in ledgers)
 from testbed.plan.ledger import Ledger, global_lock, state_root
 from testbed.net import netns
 from testbed.net.rtnl import Rtnl
@@ -120,7 +120,7 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
     and those testbeds' exporters. Returns the testbeds found."""
     from testbed.monitor.sd import testbed_target
 
-    found = _remove_labelled_containers(problems, names)
+    found = [owner for backend in BACKENDS.values() for owner in backend.recover(names, problems)]
     orphans: dict[str, list[str]] = {}
     mine = naming.state_id()
     for ns in netns.list_all():
@@ -136,9 +136,8 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
         procs.terminate(procs.with_arg(f"--sd-file={target}"))
         target.unlink(missing_ok=True)
         netns.kill_processes(nss)
-        from testbed.nodes.vm import forget_vms
-
-        forget_vms(nss)  # QEMU lives in its node's namespace (stopped above); its state directory
+        for backend in BACKENDS.values():  # e.g. a VM's state directory, outside its namespace
+            backend.forget(nss)
         for ns in nss:
             try:
                 netns.remove(ns)
@@ -146,34 +145,6 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
                 problems.append(str(e))
         found.append(owner)
     return list(dict.fromkeys(found))
-
-
-def _remove_labelled_containers(problems: list[str], names: set[str] | None = None) -> list[str]:
-    """Containers labelled as made from this state directory (a lost ledger's)."""
-    try:
-        import docker
-    except ImportError:
-        return []
-    try:
-        dc = docker.from_env(timeout=30)
-        found = dc.containers.list(all=True, filters={"label": f"testbed.state={state_root()}"})
-    except docker.errors.DockerException:
-        return []  # no engine: no containers can exist
-    owners = []
-    try:
-        for c in found:
-            if names is not None and c.labels.get("testbed") not in names:
-                continue
-            try:
-                c.remove(force=True, v=True)
-                owners.append(c.labels.get("testbed", "?"))
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.DockerException as e:
-                problems.append(f"removing container {c.name}: {e}")
-    finally:
-        dc.close()
-    return owners
 
 
 def list_testbeds() -> list[dict]:

@@ -19,8 +19,20 @@ from __future__ import annotations
 
 import abc
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+
+@dataclass
+class Check:
+    """One line of `testbed doctor`: what is there, and how to get it if it is not."""
+
+    name: str
+    ok: bool
+    detail: str
+    hint: str | None = None
+    required: bool = False
 
 
 class Backend(abc.ABC):
@@ -91,3 +103,23 @@ class Backend(abc.ABC):
     def get(self, info, src: str, dst: Path) -> None:
         """Copy the node's file ``src`` to host path ``dst``."""
         ...
+
+    # ------------------------------------------------------------- host-wide duties
+    def checks(self) -> list[Check]:
+        """What this backend needs on the host, for `testbed doctor` (engine, images, tools)."""
+        return []
+
+    def build_image(self, say, force: bool = False, **options) -> dict | None:
+        """Build what this backend's workers start from (`testbed image build --backend NAME`);
+        None when it needs nothing built."""
+        return None
+
+    def recover(self, testbeds: set[str] | None, problems: list[str]) -> list[str]:
+        """Remove what this backend made for ``testbeds`` (None: any) that no ledger lists any
+        more (``down --all`` after a lost ledger), found by its own labels; returns the
+        testbeds found. Failures are appended to ``problems``."""
+        return []
+
+    def forget(self, namespaces: Sequence[str]) -> None:
+        """After the processes in orphaned node ``namespaces`` were stopped: remove what this
+        backend keeps for them outside the namespace (e.g. a VM's state directory)."""

@@ -21,6 +21,7 @@ CLI. Images: ``testbed image build`` makes ``testbed/worker:cpu`` offline; see i
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,34 +29,14 @@ from typing import Any, ClassVar, Sequence
 
 from testbed.plan import naming
 from testbed.common import procs
+from testbed.common.state import state_root
 from testbed.plan.actions import ApplyContext, Action, Teardown, register
 from testbed.common.errors import TestbedError
 from testbed.model.backend_options import DEFAULT_IMAGE, DEFAULT_SHM
-from testbed.nodes.base import Backend
-
-ENGINE_HINT = ("install and start the engine (apt-get install docker.io; dockerd), "
-               "and the SDK (pip install docker); `testbed doctor` checks both")
-
-
-def client():
-    """A docker SDK client for the local engine, or a TestbedError saying what is missing."""
-    try:
-        import docker
-    except ImportError:
-        raise TestbedError("backend docker needs the docker SDK for Python", "pip install docker") from None
-    try:
-        c = docker.from_env(timeout=120)
-        c.ping()
-    except docker.errors.DockerException as e:
-        raise TestbedError(f"cannot reach the Docker engine: {e}", ENGINE_HINT) from None
-    return c
-
-
-def _not_found(e: Exception) -> bool:
-    import docker
-
-    return isinstance(e, docker.errors.NotFound)
-
+from testbed.nodes.base import Backend, Check
+from testbed.nodes.dockerapi import ENGINE_HINT, client, docker_sdk  # noqa: F401  (client: callers' import path)
+from testbed.nodes.dockerapi import not_found as _not_found
+from testbed.nodes import images
 
 @register
 @dataclass(frozen=True)
@@ -84,8 +65,7 @@ class StartContainer(Action):
         return {"testbed": self.testbed, "testbed.node": self.node, "testbed.state": self.state}
 
     def apply(self, ctx: ApplyContext) -> None:
-        import docker
-
+        docker = docker_sdk()
         kw: dict[str, Any] = dict(
             name=self.container, hostname=self.node, labels=self.labels(), network_mode="none",
             entrypoint=["sleep", "infinity"], init=True, detach=True, shm_size=self.shm_size,
@@ -141,9 +121,21 @@ def remove_container(dc, name: str, labels: dict[str, str]) -> bool:
 class DockerBackend(Backend):
     name = "docker"
 
-    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
-        from testbed.common.state import state_root
 
+    # ------------------------------------------------------------- host-wide duties
+    def checks(self) -> list[Check]:
+        ok, detail = images.status(images.DEFAULT_TAG)
+        return [_engine_check(), Check("worker image", ok, detail, None if ok else
+                                       "`sudo testbed image build` (offline; only for the docker backend)")]
+
+    def build_image(self, say, force: bool = False, tag: str = images.DEFAULT_TAG, **_) -> dict:
+        return images.build(tag, say=say, force=force)
+
+    def recover(self, testbeds: set[str] | None, problems: list[str]) -> list[str]:
+        """Containers labelled as made from this state directory (a lost ledger's)."""
+        return _remove_labelled_containers(problems, testbeds)
+
+    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
         o = dict(node.options)
         return [StartContainer(ns, tag, naming.container_name(ns), testbed, node.name, str(state_root()),
                                image=o.get("image", DEFAULT_IMAGE), cpus=o.get("cpus"), memory=o.get("memory"),
@@ -152,8 +144,7 @@ class DockerBackend(Backend):
 
     def preflight(self, nodes: Sequence) -> None:
         """Engine reachable and every image present, before anything is created."""
-        import docker
-
+        docker = docker_sdk()
         dc = client()
         for image in dict.fromkeys(dict(n.options).get("image", DEFAULT_IMAGE) for n in nodes):
             try:
@@ -245,3 +236,48 @@ class DockerBackend(Backend):
             if f is None:
                 raise TestbedError(f"node {info.name}: {src} is not a regular file")
             Path(dst).write_bytes(f.read())
+
+
+def _engine_check() -> Check:
+    sock = "/var/run/docker.sock"
+    try:
+        docker = docker_sdk()
+        try:
+            client = docker.from_env(timeout=3)
+            v = client.version().get("Version", "?")
+            return Check("docker engine", True, f"engine {v} answers on {sock}")
+        except Exception as e:  # the SDK raises many types; all mean "not usable"
+            return Check("docker engine", False, f"not reachable: {type(e).__name__}",
+                         "apt-get install docker.io and start dockerd (only for the docker backend)")
+    except TestbedError:
+        ok = os.path.exists(sock)
+        return Check("docker engine", ok, f"socket {sock} {'present' if ok else 'absent'} (docker SDK not installed)",
+                     None if ok else "apt-get install docker.io and start dockerd (only for the docker backend)")
+
+
+def _remove_labelled_containers(problems: list[str], names: set[str] | None = None) -> list[str]:
+    """Containers labelled as made from this state directory (a lost ledger's)."""
+    try:
+        docker = docker_sdk()
+    except TestbedError:
+        return []
+    try:
+        dc = docker.from_env(timeout=30)
+        found = dc.containers.list(all=True, filters={"label": f"testbed.state={state_root()}"})
+    except docker.errors.DockerException:
+        return []  # no engine: no containers can exist
+    owners = []
+    try:
+        for c in found:
+            if names is not None and c.labels.get("testbed") not in names:
+                continue
+            try:
+                c.remove(force=True, v=True)
+                owners.append(c.labels.get("testbed", "?"))
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as e:
+                problems.append(f"removing container {c.name}: {e}")
+    finally:
+        dc.close()
+    return owners

@@ -32,6 +32,7 @@ from typing import Callable
 
 from testbed.common.errors import TestbedError
 from testbed.common.procs import run_tool
+from testbed.nodes.dockerapi import client, docker_sdk
 
 DEFAULT_TAG = "testbed/worker:cpu"
 BASE_REPO = "testbed/worker-base"
@@ -114,8 +115,7 @@ def _wheels(say: Callable[[str], None]) -> Path:
 
 
 def _runtime_image(dc, base: Path, wheels: Path, say: Callable[[str], None]) -> str:
-    import docker
-
+    docker = docker_sdk()
     names = sorted(p.name for p in wheels.glob("*.whl"))
     tag = f"{BASE_REPO}:{_key(base.name, names, VENV)}"
     try:
@@ -152,10 +152,7 @@ def _runtime_image(dc, base: Path, wheels: Path, say: Callable[[str], None]) -> 
 
 def build(tag: str = DEFAULT_TAG, say: Callable[[str], None] = lambda m: None, force: bool = False) -> dict:
     """Build ``tag`` offline; returns {"tag", "id", "cached", "seconds", "key"}."""
-    import docker
-
-    from testbed.nodes.docker import client
-
+    docker = docker_sdk()
     if os.geteuid() != 0:
         raise TestbedError("building the worker image needs root (debootstrap, chroot)", "run with sudo")
     t0 = time.monotonic()
@@ -195,15 +192,14 @@ def build(tag: str = DEFAULT_TAG, say: Callable[[str], None] = lambda m: None, f
 def status(tag: str = DEFAULT_TAG) -> tuple[bool, str]:
     """Whether ``tag`` exists on the local engine (for `testbed doctor`)."""
     try:
-        import docker
-
+        docker = docker_sdk()
         dc = docker.from_env(timeout=10)
         try:
             img = dc.images.get(tag)
             return True, f"{tag} ({img.short_id}, {img.attrs.get('Size', 0) / 1e6:.0f} MB)"
         finally:
             dc.close()
-    except ImportError:
-        return False, "docker SDK not installed (pip install docker)"
+    except TestbedError as e:
+        return False, f"{e.message} ({e.hint})"
     except Exception as e:  # engine down or image missing: say which
         return False, f"{tag}: {type(e).__name__}: {str(e)[:120]}"

@@ -40,7 +40,8 @@ from testbed.plan.actions import ApplyContext, Action, CreateNetns, Teardown, re
 from testbed.common.errors import TestbedError
 from testbed.nodes.vmimage import AGENT_PORT
 from testbed.model.backend_options import DEFAULT_MEMORY, DEFAULT_VCPUS, mem_mb as _mem_mb
-from testbed.nodes.base import Backend
+from testbed.nodes import vmimage
+from testbed.nodes.base import Backend, Check
 
 QEMU = "qemu-system-x86_64"
 BRIDGE, TAP = "vmbr0", "vmtap0"
@@ -386,9 +387,18 @@ class VmBackend(Backend):
     node_master = BRIDGE  # the link's end joins the bridge with the VM's tap
     shares_host_gpus = False  # a VM sees only a GPU passed through to it
 
-    def preflight(self, nodes: Sequence) -> None:
-        from testbed.nodes import vmimage
 
+    # ------------------------------------------------------------- host-wide duties
+    def checks(self) -> list[Check]:
+        return _host_checks()
+
+    def build_image(self, say, force: bool = False, kernel: Path | None = None, **_) -> dict:
+        return vmimage.build(say=say, force=force, kernel=kernel)
+
+    def forget(self, namespaces: Sequence[str]) -> None:
+        forget_vms(namespaces)  # QEMU lives in its node's namespace (stopped already)
+
+    def preflight(self, nodes: Sequence) -> None:
         if shutil.which(QEMU) is None:
             raise TestbedError(f"backend vm needs {QEMU}", "apt-get install qemu-system-x86")
         if not os.path.exists("/dev/net/tun"):
@@ -485,7 +495,7 @@ class VmBackend(Backend):
 
 def _guest(kernel: str | None) -> dict:
     """Kernel and initramfs of VM workers with ``kernel:`` (None: the default)."""
-    from testbed.nodes import vmimage
+
 
     return _guest_of(kernel) if kernel else vmimage.current()
 
@@ -494,7 +504,7 @@ def _guest(kernel: str | None) -> dict:
 def _guest_of(kernel: str) -> dict:
     """A topology's kernel: its initramfs is checked (built if need be) once per process,
     not once per worker (each check reads and hashes every module)."""
-    from testbed.nodes import vmimage
+
 
     return vmimage.build(kernel=Path(kernel))
 
@@ -506,3 +516,19 @@ def _warn_once(msg: str) -> None:
     if msg not in _WARNED:
         _WARNED.add(msg)
         print(f"warning: {msg}", file=sys.stderr)
+
+
+def _host_checks() -> list[Check]:
+    """What backend: vm needs: QEMU and the guest; and whether KVM runs it."""
+    qemu = shutil.which(QEMU)
+    out = [Check("qemu (backend: vm)", bool(qemu), qemu or "not found",
+                 None if qemu else "apt-get install qemu-system-x86 (only for the vm backend)")]
+    ok, detail = vmimage.status()
+    out.append(Check("VM guest", ok, detail, None if ok else "`sudo testbed image build --vm` (only for the vm backend)"))
+    kvm = known_kvm()
+    if kvm is None:
+        kvm = (os.access("/dev/kvm", os.R_OK | os.W_OK), "/dev/kvm accessible; not yet tried with a guest "
+               "(the first `up` with VM workers does)" if os.path.exists("/dev/kvm") else "/dev/kvm missing")
+    out.append(Check("KVM for VM workers", kvm[0], kvm[1],
+                     None if kvm[0] else "VM workers fall back to TCG (software emulation, much slower)"))
+    return out
