@@ -48,8 +48,11 @@ def _key_name(host: Host) -> str:
 def connect(host: Host):
     """An authenticated paramiko SSHClient to ``host``; a TestbedError naming the host
     and what to do when the key is unknown or changed, login fails or it is unreachable."""
-    import paramiko
-
+    try:
+        import paramiko
+    except ImportError:
+        raise TestbedError(f"host {host.name}: reaching other hosts needs paramiko",
+                           "pip install 'testbed[ssh]' (or: pip install paramiko)") from None
     where = f"host {host.name} ({host.user}@{host.address}:{host.port})"
     kh = _known_hosts(host)
     client = paramiko.SSHClient()
