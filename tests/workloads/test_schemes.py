@@ -319,7 +319,7 @@ def _synthetic_gradients(rank, world):
     import time
 
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from workloads.train import SyntheticCompute
+    from workloads.synthetic import SyntheticCompute
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(50, 40), nn.ReLU(), nn.Linear(40, 30), nn.Linear(30, 10))

@@ -1,0 +1,157 @@
+"""The command line of ``python -m workloads.train``: flags, variant specs, validation, and
+the hyper-parameters a run records.
+
+The scheme flags (``--topk-ratio`` ...) are not written here: each comes from its
+declaration in ``workloads.schemes.params`` (name, type, default, help, valid values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from workloads import data, schemes
+from workloads.models import MODELS
+
+DESCRIPTION = """Distributed data-parallel training with a choice of gradient-communication scheme.
+
+    torchrun --nproc-per-node 2 -m workloads.train --scheme pactrain --dataset digits --out runs/x
+
+Reads top to bottom: arguments -> process group -> data -> model (+ checkpoint, pruning)
+-> DDP + scheme hook -> epochs (iterations, evaluations, records) -> summary -> teardown.
+Rank, world size and the rendezvous come from torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT); without them it runs as a single process.
+"""
+
+TRAIN_PARAMS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
+                "epochs", "max_iters", "bucket_cap_mb")
+"""Arguments besides a scheme's own that change a run's results (the summary's ``hyper``)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    raise_errors = False
+
+    def error(self, message):
+        if self.raise_errors:
+            raise ValueError(message)
+        super().error(message)
+
+
+def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
+    """The train arguments (``raise_errors``: ValueError instead of usage and exit 2).
+    ``--scheme NAME:VALUE...`` (a variant) sets its parameters' flags; ``args.variant`` keeps it."""
+    p = _Parser(prog="python -m workloads.train", description=DESCRIPTION,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.raise_errors = raise_errors
+    p.add_argument("--scheme", default="allreduce",
+                   help=f"one of: {', '.join(schemes.SCHEMES)}; or {schemes.VARIANT_HELP}")
+    p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--width", type=float, default=1.0, help="channel/embedding multiplier")
+    p.add_argument("--depth", type=int, default=None, help="cap on blocks/convs/layers per stage")
+    p.add_argument("--dataset", default="digits", help=f"one of: {', '.join(data.DATASETS)}")
+    p.add_argument("--data-dir", default=None, help="directory holding the CIFAR python-pickle folders")
+    p.add_argument("--epochs", type=float, default=3, help="epochs to train (fractions allowed)")
+    p.add_argument("--max-iters", type=int, default=None, help="stop after this many iterations")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--lr-schedule", choices=["const", "cosine"], default="const")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=0, help="iterations between evaluations (0: each epoch)")
+    p.add_argument("--target-acc", type=float, default=None, help="accuracy for time-to-accuracy (0-1)")
+    p.add_argument("--stop-at-target", action="store_true", help="stop once --target-acc is reached")
+    p.add_argument("--init", default=None, help="checkpoint from python -m workloads.pretrain")
+    _add_scheme_flags(p)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--compute-time", type=float, default=None,
+                   help="paper-scale traffic: replace forward and backward by this many seconds per iteration "
+                        "(e.g. measured on your GPU); the real model's parameters, DDP buckets, hooks and "
+                        "collectives, synthetic gradients; no accuracy. Needs --max-iters")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="auto: nccl when CUDA is available, else gloo")
+    p.add_argument("--iface", default=None,
+                   help="interface whose tx/rx counters are recorded (default: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per rank")
+    p.add_argument("--out", default=None, help="run directory for records (none: no records)")
+    p.add_argument("--log-every", type=int, default=10, help="print a line every N iterations (rank 0)")
+    args = p.parse_args(argv)
+    _expand_variant(p, args, sys.argv[1:] if argv is None else list(argv))
+    if args.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    if args.epochs <= 0:
+        p.error("--epochs must be > 0")
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
+    return args
+
+
+def _add_scheme_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per declared scheme hyper-parameter (``workloads.schemes.parameters()``)."""
+    group = p.add_argument_group("scheme hyper-parameters",
+                                 "each changes only the schemes named before its colon;\n"
+                                 "a variant (--scheme topk:0.1) sets them too")
+    for param in schemes.parameters():
+        text = f"{'/'.join(param.schemes)}: {param.help}".replace("%", "%%")
+        if param.type is bool:
+            group.add_argument(param.flag, action="store_true", help=text)
+        else:
+            valid = f"{param.check}; " if param.check is not None else ""
+            group.add_argument(param.flag, type=param.type, default=param.default,
+                               help=f"{text} ({valid}default: %(default)s)")
+
+
+def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given: list[str]) -> None:
+    """``--scheme topk:0.1`` -> scheme topk with --topk-ratio 0.1; ``args.variant`` keeps the spec."""
+    args.variant = args.scheme
+    if ":" not in args.scheme:
+        return
+    try:
+        scheme, values = schemes.parse_variant(args.scheme)
+    except ValueError as e:
+        p.error(str(e))
+    extra = []
+    for key, val in values.items():
+        param = schemes.parameter(key)
+        if any(a == param.flag or a.startswith(param.flag + "=") for a in given):
+            p.error(f"{param.flag} is given twice, by the scheme variant {args.scheme!r} and on its own; keep one")
+        if param.type is not bool:
+            extra += [param.flag, val]
+        elif val.lower() in ("true", "yes", "1", "on"):
+            extra.append(param.flag)
+        else:
+            word = param.words[0] if param.words else f"{key}=true"
+            p.error(f"scheme variant {args.scheme!r}: {key} takes no value (write {scheme.name}:{word})")
+    p.parse_args(extra, namespace=args)
+    args.scheme = scheme.name
+
+
+def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None = None) -> dict:
+    """Every hyper-parameter that changes this run's results: report never averages runs
+    whose ``hyper`` differ. The seed is left out (repeats differ in it on purpose)."""
+    d = {k: getattr(args, k) for k in TRAIN_PARAMS}
+    d.update(schemes.hyper(scheme, vars(args)))
+    d["init"] = Path(args.init).name if args.init else None
+    d["pretrain_dataset"] = pretrain_dataset
+    return d
+
+
+def prepare(args: argparse.Namespace):
+    """Validate what can be checked before joining the group; (scheme, dataset).
+    ValueError (a DatasetError is one) says what to fix."""
+    scheme = schemes.get(args.scheme)
+    if args.init and not Path(args.init).is_file():
+        raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
+    schemes.check_values(vars(args))
+    if args.compute_time is not None:
+        if not (math.isfinite(args.compute_time) and 0 <= args.compute_time <= 3600):
+            raise ValueError(f"--compute-time is seconds per iteration in [0, 3600], got {args.compute_time}")
+        if not args.max_iters:
+            raise ValueError("--compute-time needs --max-iters (there are no epochs without data)")
+        for flag, given in (("--init", args.init), ("--target-acc", args.target_acc is not None),
+                            ("--prune-method grasp", args.prune_method == "grasp" and scheme.prunes)):
+            if given:
+                raise ValueError(f"--compute-time measures traffic, not accuracy: {flag} does not apply")
+    return scheme, data.load(args.dataset, args.data_dir)

@@ -1,0 +1,67 @@
+"""summary.json: a run's outcome (``records.SUMMARY_FIELDS``), written by rank 0 at the end.
+
+``gather`` runs on every rank (it all-reduces payload and memory over ranks); ``summary``
+builds the dictionary rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from workloads import data, schemes
+from workloads.arguments import hyper_params
+from workloads.loop import Progress
+from workloads.measure import max_rss_bytes
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Over all ranks."""
+
+    mean_payload_bytes: float
+    """Per rank and iteration."""
+    final_payload_bytes: float
+    """Of the last iteration, per rank."""
+    max_rss_bytes_per_rank: float
+    max_rss_bytes_all_ranks: float
+
+
+def gather(progress: Progress, world: int, device: torch.device) -> Totals:
+    """Payload and peak memory over all ranks (every rank must call it)."""
+    pay = torch.tensor([sum(progress.payloads), len(progress.payloads), progress.payloads[-1]],
+                       dtype=torch.float64, device=device)
+    dist.all_reduce(pay)
+    rss = torch.tensor([max_rss_bytes()], dtype=torch.float64, device=device)
+    rss_sum = rss.clone()
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    dist.all_reduce(rss_sum)
+    return Totals(float(pay[0] / pay[1]), float(pay[2] / world), float(rss[0]), float(rss_sum[0]))
+
+
+def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, *, world: int, backend: str,
+            progress: Progress, totals: Totals, per_epoch: int, wall_s: float, dense_bytes: int,
+            kept_fraction: float | None, pretrained: dict | None, placement: dict) -> dict:
+    """The summary.json of a run (keys in the order they have always been written)."""
+    values = vars(args)
+    return {
+        "scheme": scheme.name, "variant": args.variant,
+        "hyper": hyper_params(args, scheme, (pretrained or {}).get("dataset")),
+        "seed": args.seed, "model": args.model, "dataset": ds.name, "world_size": world,
+        "backend": backend, "iterations": progress.iterations, "epochs": round(progress.iterations / per_epoch, 4),
+        "wall_s": wall_s, "train_s": progress.train_s, "final_accuracy": progress.accuracy,
+        "target_accuracy": args.target_acc, "time_to_target_s": progress.time_to_target_s,
+        "mean_iter_s": statistics.fmean(progress.iter_s), "median_iter_s": statistics.median(progress.iter_s),
+        "mean_payload_bytes": totals.mean_payload_bytes, "final_payload_bytes": totals.final_payload_bytes,
+        "dense_bytes": dense_bytes,
+        **schemes.summary_values(scheme, values),  # prune_ratio, ternary, topk_ratio, ... (null: not this scheme's)
+        "kept_fraction": kept_fraction,
+        "init": pretrained, "from_scratch": pretrained is None,
+        "compute_time_s": args.compute_time, "accuracy_measured": args.compute_time is None,
+        "max_rss_bytes_per_rank": totals.max_rss_bytes_per_rank,
+        "max_rss_bytes_all_ranks": totals.max_rss_bytes_all_ranks,
+        "placement": placement}
