@@ -1,0 +1,101 @@
+"""What `testbed run` is asked to do, what it shows while it runs, and how runs are named.
+
+    RunRequest   the run's inputs (scheme, workload arguments, testbed, --bw / --bw-trace, ...)
+    Status       what the progress display shows, refreshed about twice a second
+    new_run_id   runs/<time>-<scheme variant>-<bw>, unique in the output directory
+    host_paths   workload arguments naming host files, made absolute (and the directories to mount)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.model.units import Rate
+
+
+@dataclass
+class RunRequest:
+    scheme: str
+    workload_args: list[str]
+    """Arguments for ``python -m workloads.train`` other than --scheme/--out/--iface."""
+    topology: Path | None = None
+    testbed: str | None = None
+    bw: Rate | None = None
+    out: Path = Path("runs")
+    timeout: float = 300.0
+    run_id: str | None = None
+    extra: dict = field(default_factory=dict)
+    """Stored in summary.json under "request" (e.g. the sweep's repeat number)."""
+    module: str = "workloads.train"
+    """The workload each rank runs (``python -m MODULE``); only workloads.train takes --scheme."""
+    bw_trace: Path | None = None
+    """A trace (CSV or Mahimahi, :mod:`testbed.model.trace`) the bottleneck links follow during the run."""
+    trace_format: str = "auto"
+    trace_window: float = 1.0
+    trace_loop: bool = False
+    cross_traffic: list | None = None
+    """Cross-traffic flows (:class:`testbed.runs.traffic.Flow`) during the run; None: the
+    topology's ``traffic:``, [] none."""
+    exporter: bool = True
+    """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
+    Prometheus, announced through file-SD target files."""
+
+    @property
+    def compute_backend(self) -> str:
+        """The workload's ``--backend`` (auto, gloo or nccl; the last one given wins, as in argparse)."""
+        value = "auto"
+        for i, a in enumerate(self.workload_args):
+            if a == "--backend" and i + 1 < len(self.workload_args):
+                value = self.workload_args[i + 1]
+            elif a.startswith("--backend="):
+                value = a.partition("=")[2]
+        return value
+
+
+@dataclass
+class Status:
+    """What the progress display shows; refreshed about twice a second."""
+
+    run_dir: Path
+    world: int = 0
+    iteration: int = 0
+    total: int | None = None
+    epoch: int = 0
+    loss: float | None = None
+    accuracy: float | None = None
+    utilisation: dict[str, float] = field(default_factory=dict)
+    """"link direction" -> fraction of the configured rate over the last second."""
+
+
+def variant_slug(spec: str) -> str:
+    """A scheme variant as a file-name part: ``pactrain:0.8:ternary`` -> ``pactrain_0.8_ternary``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.replace("=", ""))
+
+
+def new_run_id(out: Path, scheme: str, bw: Rate | str | None) -> str:
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{variant_slug(scheme)}-{bw if bw else 'asis'}"
+    rid, n = base, 1
+    while (out / rid).exists():
+        n += 1
+        rid = f"{base}-{n}"
+    return rid
+
+
+PATH_FLAGS = {"--init": "file", "--data-dir": "dir"}
+"""Workload arguments that name host files: made absolute, and their directories mounted
+into container workers at the same path."""
+
+
+def host_paths(args: list[str]) -> tuple[list[str], list[Path]]:
+    """``args`` with the paths of PATH_FLAGS made absolute, and the directories they need."""
+    out, mounts = list(args), []
+    for i, a in enumerate(args[:-1]):
+        kind = PATH_FLAGS.get(a)
+        if kind:
+            p = Path(args[i + 1]).resolve()
+            out[i + 1] = str(p)
+            mounts.append(p.parent if kind == "file" else p)
+    return out, list(dict.fromkeys(mounts))

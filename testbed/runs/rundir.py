@@ -1,0 +1,60 @@
+"""A run's directory, runs/<run_id>/, as it is before the ranks start.
+
+    run.json        the request, the bottleneck shapes in force, each rank's worker (node,
+                    address, interface, GPU, switch), the versions
+    topology.json   the testbed's topology
+
+The ranks add their records (rank<r>.jsonl, eval.jsonl, config.json, summary.json), the run
+its samples (links.jsonl, trace.jsonl, traffic.jsonl) and the final summary.json.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from testbed.common.files import write_json
+from testbed.common.version import __version__
+from testbed.engine.core import DIRECTIONS, Testbed
+from testbed.model.topology import Link
+from testbed.runs.launch import placement
+from testbed.runs.request import RunRequest
+
+
+def code_version() -> str:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=5)
+        return r.stdout.strip() if r.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def bottleneck_shapes(bottlenecks: list[Link]) -> dict:
+    """link name -> direction -> the shape in force (as in the topology file)."""
+    return {l.name: {d: l.shape(d).to_dict() for d in DIRECTIONS} for l in bottlenecks}
+
+
+def request_record(req: RunRequest, tb: Testbed, created: bool, flows: list, trace) -> dict:
+    """The request as run.json and summary.json keep it (with the sweep's ``extra``)."""
+    request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
+               "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+    if flows:
+        request["cross_traffic"] = [f.to_dict() for f in flows]
+    if trace is not None:
+        request["bw_trace"] = {"file": str(req.bw_trace), "format": req.trace_format, "window_s": req.trace_window,
+                               "loop": trace.loop, "steps": len(trace.steps), "period_s": trace.period_s}
+    return request
+
+
+def write_run_files(run_dir: Path, run_id: str, request: dict, shapes: dict, tb: Testbed) -> list:
+    """run.json and topology.json; returns the ranks' seats (:func:`testbed.runs.launch.placement`)."""
+    seats = placement(tb.topology)
+    write_json(run_dir / "run.json", {
+        "run_id": run_id, "request": request, "bottlenecks": shapes,
+        "workers": [{"rank": w.rank, "node": w.name, "address": w.address, "iface": w.iface, "gpu": w.gpu,
+                     "switch": seat.switch} for w, seat in zip(tb.workers, seats)],
+        "testbed_version": __version__, "code_version": code_version()})
+    write_json(run_dir / "topology.json", tb.topology.to_dict())
+    return seats

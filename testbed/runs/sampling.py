@@ -1,0 +1,105 @@
+"""What a run samples while its ranks train.
+
+    LinkSampler   the bottleneck links' tc counters: appended to links.jsonl (bytes, drops,
+                  rate, utilisation) and kept as the live utilisation
+    Progress      the launcher's tick: a link sample every second, the newest records of
+                  rank 0 and the evaluations, and the progress display's Status
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from testbed.common.files import JsonlTail
+from testbed.engine.core import DIRECTIONS, Testbed
+from testbed.model.topology import Link
+from testbed.plan.ledger import Ledger
+from testbed.runs.request import Status
+
+
+class LinkSampler:
+    """Samples the bottleneck counters into links.jsonl and the live utilisation."""
+
+    def __init__(self, tb: Testbed, links: list[Link], path: Path, live_shapes: bool = False):
+        self.tb, self.links, self.f = tb, links, open(path, "a", buffering=1, encoding="utf-8")
+        self.live_shapes = live_shapes
+        """Read the shapes in force from the state file at every sample (a trace changes them)."""
+        self.prev: dict | None = None
+        self.prev_t = 0.0
+        self.util: dict[str, float] = {}
+
+    def _current(self) -> list[Link]:
+        state = Ledger(self.tb.name).read_state() if self.live_shapes else None
+        if state is None:
+            return self.links
+        from testbed.model.topology import load_topology_dict
+
+        now = load_topology_dict(state["topology"], source=state.get("source")).links
+        return [now[l.index] for l in self.links]
+
+    def sample(self) -> dict:
+        now = time.time()
+        counters = self.tb.link_counters(self.links)
+        links = self._current()
+        if self.prev is not None and now > self.prev_t:
+            dt = now - self.prev_t
+            for l in links:
+                for d in DIRECTIONS:
+                    c, p = counters.get((l.index, d), {}), self.prev.get((l.index, d), {})
+                    rate = l.shape(d).rate.bps
+                    delta = c.get("bytes", 0) - p.get("bytes", 0)
+                    util = delta * 8 / dt / rate
+                    self.util[f"{l.name} {d}"] = util
+                    self.f.write(json.dumps({"time": now, "link": l.name, "direction": d,
+                                             "bytes": c.get("bytes", 0), "drops": c.get("drops", 0),
+                                             "rate_bps": rate, "bytes_per_s": delta / dt,
+                                             "utilisation": util}) + "\n")
+        self.prev, self.prev_t = counters, now
+        return counters
+
+    def close(self):
+        self.f.close()
+
+
+class Progress:
+    """Called by the launcher about twice a second while the ranks run (:meth:`tick`)."""
+
+    def __init__(self, run_dir: Path, world: int, sampler: LinkSampler, traffic,
+                 on_status: Callable[[Status], None] | None):
+        self.run_dir, self.sampler, self.traffic, self.on_status = run_dir, sampler, traffic, on_status
+        self.status = Status(run_dir, world=world)
+        self.rank0, self.evals = JsonlTail(run_dir / "rank0.jsonl"), JsonlTail(run_dir / "eval.jsonl")
+        self.last_sample = time.monotonic()
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last_sample >= 1.0:
+            self._sample_links()
+        self._read_records()
+        if self.on_status:
+            self.on_status(self.status)
+
+    def _sample_links(self) -> None:
+        """A link sample (links.jsonl, the live utilisation) and the cross-traffic's reports so far."""
+        self.sampler.sample()
+        self.last_sample = time.monotonic()
+        self.status.utilisation = dict(self.sampler.util)
+        if self.traffic is not None:
+            self.traffic.flush(self.run_dir / "traffic.jsonl")
+
+    def _read_records(self) -> None:
+        """Iteration, epoch and loss from rank 0's newest record, accuracy from the newest
+        evaluation, and the run's length once the workload has written config.json."""
+        status = self.status
+        r, e = self.rank0.poll(), self.evals.poll()
+        if r:
+            status.iteration, status.epoch, status.loss = r["iter"], r.get("epoch", 0), r.get("loss")
+        if e:
+            status.accuracy = e["accuracy"]
+        if status.total is None and (self.run_dir / "config.json").exists():
+            try:
+                status.total = json.loads((self.run_dir / "config.json").read_text())["iterations"]
+            except (ValueError, KeyError):
+                pass
