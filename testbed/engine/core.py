@@ -12,10 +12,8 @@ another process, also after ``kill -9``) reads the ledger and removes exactly th
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import socket
 import subprocess
 import time
 from dataclasses import asdict, replace
@@ -25,11 +23,9 @@ from typing import Iterable, Sequence
 from testbed.common.version import __version__
 from testbed.plan import naming
 from testbed.common import procs
-from testbed.monitor import sd
 from testbed.engine.apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
-from testbed.nodes import BACKENDS
 from testbed.nodes import get as get_backend
-from testbed.common.errors import StateError, TestbedError, TopologyError
+from testbed.common.errors import StateError, TestbedError
 from testbed.plan.ledger import Ledger, global_lock
 from testbed.net import netns, tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
@@ -37,63 +33,19 @@ from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger
 from testbed.hosts.local import LOCAL, LocalHost
 from testbed.plan.actions import ApplyContext
-from testbed.engine.planner import make_plan
-from testbed.plan.plan import Endpoint, NodeInfo, Plan, choose_subnet
-from testbed.engine.teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
+from testbed.engine.preflight import check_free, check_share, local_plan, preflight  # noqa: F401  (callers' import path)
+from testbed.net.routes import host_routes  # noqa: F401  (callers' import path)
+from testbed.plan.plan import Endpoint, NodeInfo, Plan
+from testbed.engine.teardown import down, down_all, list_testbeds  # noqa: F401  (the library's API)
 from testbed.model.topology import DIRECTIONS, Link, Shape, Topology, check_shape, load_topology_dict  # noqa: F401
 from testbed.model.units import Duration, Loss, Rate
 
-
-
-def host_routes() -> list[ipaddress.IPv4Network]:
-    from pyroute2 import IPRoute
-
-    out = []
-    with IPRoute() as ipr:
-        for r in ipr.get_routes(family=socket.AF_INET):
-            dst = r.get_attr("RTA_DST")
-            if dst and r["dst_len"] > 0 and r.get_attr("RTA_TABLE") in (254, None):
-                out.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}", strict=False))
-    return out
 
 
 _IFINDEX: dict[tuple[str, int | None, str], int] = {}
 """(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
 life, and the inode tells a namespace apart from a later one of the same name, so
 repeated counter reads (the exporter's scrapes) skip the lookups."""
-
-
-def check_share(topology: Topology, host: str) -> None:
-    """What each host checks of its share before anything is created (the controller for
-    its own, every other host in ``testbed _host probe``): the testbed not up here,
-    netem present when asked for, the backends of the workers placed here ready."""
-    if Ledger(topology.name).exists():
-        raise StateError(f"testbed '{topology.name}' is already up (or a previous up did not finish)",
-                         f"run `testbed down {topology.name}` first, or change 'name:' in the topology")
-    if topology.needs_netem:
-        from testbed.net.probe import netem_missing
-
-        if detail := netem_missing():
-            link = next(l for l in topology.links if l.forward.needs_netem or l.reverse.needs_netem
-                        or (l.schedule is not None and l.schedule.needs_netem))
-            shape = link.forward if link.forward.needs_netem else link.reverse
-            field = ("delay" if shape.delay else ("jitter" if shape.jitter else "loss")) if shape.needs_netem \
-                else "schedule"  # only a step of its schedule has delay or loss
-            raise TopologyError(f"{link.path}.{field}",
-                                f"{field} needs the netem qdisc, which this kernel lacks ({detail})",
-                                tc.NETEM_MISSING_HINT)
-    for name, backend in BACKENDS.items():  # e.g. docker: engine reachable, images present
-        nodes = [w for w in topology.workers if w.backend == name and w.host == host]
-        if nodes:
-            backend.preflight(nodes)
-
-
-def check_free(namespaces: Iterable[str]) -> None:
-    """Refuse namespaces that already exist on this host (someone else's)."""
-    taken = [ns for ns in namespaces if netns.exists(ns)]
-    if taken:
-        raise StateError(f"network namespace(s) {', '.join(taken[:5])} already exist and are not this testbed's",
-                         f"remove them (`ip netns del {taken[0]}`) or rename the testbed")
 
 
 class Testbed:
@@ -140,16 +92,7 @@ class Testbed:
     @classmethod
     def preflight(cls, topology: Topology, exporter: str | None = None) -> Plan:
         """Every check that needs the kernel, before anything is created. Returns the plan."""
-        require_root()
-        if exporter is not None:
-            sd.check_listen(exporter, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
-        check_share(topology, LOCAL)
-        underlays = _check_hosts(topology) if topology.multi_host else None
-        plan = make_plan(topology, choose_subnet(topology, host_routes()), underlays)
-        if topology.multi_host:
-            _probe_hosts(topology, plan, underlays)
-        check_free(plan.namespaces)
-        return plan
+        return preflight(topology, exporter)
 
     @classmethod
     def up(cls, topology: Topology, progress: Progress | None = None, exporter: str | None = None) -> "Testbed":
@@ -164,7 +107,7 @@ class Testbed:
             state = _initial_state(plan)
             ledger.write_state(state)
             ctx = ApplyContext(topology.name, LocalHost())
-            apply_plan(_local_plan(plan, state, ctx, exporter is not None), ledger, state, progress, exporter,
+            apply_plan(local_plan(plan, state, ctx, exporter is not None), ledger, state, progress, exporter,
                        ctx=ctx)
             if ctx.results.get("host_exporters"):
                 state["host_exporters"] = ctx.results["host_exporters"]
@@ -455,98 +398,3 @@ def _initial_state(plan: Plan) -> dict:
         "nodes": {n: asdict(i) for n, i in plan.nodes.items()},
         "egress": {f"{i}/{d}": asdict(ep) for (i, d), ep in plan.egress.items()},
     }
-
-
-# ---------------------------------------------------------------------- several hosts
-
-
-def _check_hosts(topology: Topology) -> dict[str, str]:
-    """Each host's tunnel address: the remote ones from the topology, the local one the
-    source address of the route towards them (its interface's MTU checked)."""
-    from testbed.net.underlay import check_underlay
-
-    underlays = {h.name: h.underlay for h in topology.hosts}
-    if any(n.host == LOCAL for n in topology.nodes):
-        dst = topology.hosts[0].underlay
-        src = _route_source(dst)
-        if src is None:
-            raise StateError(f"this host has no route to {dst} (hosts[0].underlay)",
-                             "check the address, or the network between the hosts")
-        check_underlay(src, topology.data_mtu, f"this host's route to {dst}")
-        underlays[LOCAL] = src
-    return underlays
-
-
-def _route_source(dst: str) -> str | None:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        try:
-            routes = ipr.route("get", dst=dst)
-        except Exception:
-            return None
-    for r in routes:
-        src = r.get_attr("RTA_PREFSRC")
-        if src:
-            return src
-    return None
-
-
-def _probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> None:
-    """Ask every remote host, in parallel, whether it can build its share (root, version,
-    underlay and MTU, names free, its backends ready); the first refusal is raised."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from testbed.hosts.ssh import Remote
-
-    def one(h):
-        r = Remote(h)
-        try:
-            r.require_root()
-            return r.call("probe", payload={
-                "version": __version__, "topology": topology.to_dict(), "host": h.name,
-                "underlay": underlays[h.name], "mtu": topology.data_mtu,
-                "namespaces": plan.namespaces_on(h.name)}, timeout=120)
-        finally:
-            r.close()
-
-    remote = [h for h in topology.hosts if h.name in plan.hosts]
-    with ThreadPoolExecutor(max_workers=max(1, len(remote))) as pool:
-        futures = [pool.submit(one, h) for h in remote]
-        for f in futures:
-            f.result()
-
-
-def _local_plan(plan: Plan, state: dict, ctx, exporters: bool = True) -> Plan:
-    """What this host executes: the other hosts' shares (started in the background, each
-    recorded first), its own actions, then the wait for the others.
-
-    ``exporters``: each host also starts its link exporter, on the address the controller
-    reaches it at (its management network; any free port), announced here to Prometheus
-    through a file-SD target ``testbed-NAME@HOST.json``."""
-    from testbed.hosts.share import AwaitShares, RemoteShare
-    from testbed.plan.actions import TargetFile
-    from testbed.monitor.sd import testbed_target
-
-    remote = [h for h in plan.topology.hosts if h.name in plan.hosts]
-    if not remote:
-        return plan
-    acts = []
-    for h in remote:
-        ctx.shares[h.name] = {"state": {**state, "host": h.name},
-                              "actions": [a.to_dict() for a in plan.share(h.name)]}
-        acts.append(RemoteShare.of(h))
-        if exporters:
-            listen = h.address if _is_ipv4(h.address) else h.underlay
-            ctx.shares[h.name]["exporter"] = f"{listen}:0"
-            acts.append(TargetFile(str(testbed_target(plan.topology.name).with_name(
-                f"testbed-{plan.topology.name}@{h.name}.json"))))
-    return Plan(plan.topology, plan.subnet, acts + plan.share(LOCAL) + [AwaitShares()], plan.nodes, plan.egress)
-
-
-def _is_ipv4(s: str) -> bool:
-    try:
-        ipaddress.IPv4Address(s)
-        return True
-    except ValueError:
-        return False
