@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from testbed.plan.actions import SetSysctl
+
 
 @dataclass
 class Check:
@@ -45,11 +47,18 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
-        """Actions that create the node and its network namespace ``ns`` (tagged ``tag``).
-        A backend whose ``host_address`` is False is also given ``address`` (CIDR) and
-        ``sysctls``: its node carries them itself."""
+    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str, sysctls: tuple) -> list:
+        """Actions that create the node and its network namespace ``ns`` (tagged ``tag``),
+        with the worker's data-plane ``address`` (CIDR) and ``sysctls``: a backend whose
+        ``host_address`` is True leaves the address to the plan (it goes on ``eth0`` once
+        the link exists) and sets the sysctls in ``ns`` (:meth:`namespace_sysctls`); a VM's
+        guest carries both itself."""
         ...
+
+    @staticmethod
+    def namespace_sysctls(ns: str, sysctls: tuple) -> list:
+        """The node's sysctls, set in its network namespace."""
+        return [SetSysctl(ns, k, v) for k, v in sysctls]
 
     host_address = True
     """Whether the worker's address and sysctls go on ``eth0`` in its host-side namespace

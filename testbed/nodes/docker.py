@@ -135,12 +135,12 @@ class DockerBackend(Backend):
         """Containers labelled as made from this state directory (a lost ledger's)."""
         return _remove_labelled_containers(problems, testbeds)
 
-    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
+    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str, sysctls: tuple) -> list:
         o = dict(node.options)
         return [StartContainer(ns, tag, naming.container_name(ns), testbed, node.name, str(state_root()),
                                image=o.get("image", DEFAULT_IMAGE), cpus=o.get("cpus"), memory=o.get("memory"),
                                shm_size=o.get("shm_size", DEFAULT_SHM), env=o.get("env", ()),
-                               volumes=o.get("volumes", ()), gpu=node.gpu)]
+                               volumes=o.get("volumes", ()), gpu=node.gpu), *self.namespace_sysctls(ns, sysctls)]
 
     def preflight(self, nodes: Sequence) -> None:
         """Engine reachable and every image present, before anything is created."""

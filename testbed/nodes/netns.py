@@ -16,8 +16,8 @@ from testbed.nodes.base import Backend
 class NetnsBackend(Backend):
     name = "netns"
 
-    def plan_node(self, testbed: str, node, ns: str, tag: str) -> list:
-        return [CreateNetns(ns, tag)]
+    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str, sysctls: tuple) -> list:
+        return [CreateNetns(ns, tag), *self.namespace_sysctls(ns, sysctls)]
 
     def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
         # The host's file system is the node's: mounts and cwd need nothing.

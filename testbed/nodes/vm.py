@@ -314,12 +314,11 @@ class VmBackend(Backend):
                     raise TestbedError(f"node {n.name}: gpu_pci {g} is not bound to vfio-pci",
                                        "bind it first (driverctl set-override ADDRESS vfio-pci), with the IOMMU on")
 
-    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str | None = None,
-                  sysctls: tuple = ()) -> list:
+    def plan_node(self, testbed: str, node, ns: str, tag: str, address: str, sysctls: tuple) -> list:
         o = dict(node.options)
         img = _guest(o.get("kernel"))
         return [CreateNetns(ns, tag), CreateVmNic(ns),
-                StartVM(ns, node.name, str(vm_dir(ns)), address or "", img["kernel"], img["initrd"],
+                StartVM(ns, node.name, str(vm_dir(ns)), address, img["kernel"], img["initrd"],
                         o.get("accel", "auto"),
                         o.get("vcpus", DEFAULT_VCPUS), o.get("memory", DEFAULT_MEMORY),
                         tuple(f"{k}={v}" for k, v in sysctls), o.get("gpu_pci"), sys.executable)]
