@@ -1,0 +1,129 @@
+"""The report's table: runs grouped by bandwidth, world size and scheme variant (the scheme
+with every hyper-parameter), repeats as median and min-max, each row compared with the
+allreduce row that shares its bandwidth, world size and training hyper-parameters."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from testbed.model.units import Rate, UnitError
+from testbed.runs.rundata import RunData
+
+
+def bw_key(bw: str) -> float:
+    """Sorts bandwidths by rate ("as configured" and other non-rates last)."""
+    try:
+        return Rate.parse(bw).bps
+    except UnitError:
+        return float("inf")
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _spread(xs) -> tuple:
+    """(median, min, max) of the numbers in xs, or Nones."""
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
+
+
+_TRAIN_KEYS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
+               "epochs", "max_iters", "bucket_cap_mb", "init", "pretrain_dataset")
+"""Keys of a summary's ``hyper`` that are the training's, not the scheme's: a variant is
+compared with the allreduce run that shares them."""
+
+
+def _hyper(r: RunData) -> dict:
+    h = r.summary.get("hyper")
+    return h if isinstance(h, dict) else {}
+
+
+def freeze(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _labels(groups: dict) -> dict:
+    """Display label per group key: the scheme's short label, plus the hyper-parameters that
+    tell it apart from other groups with the same short label (never merged, never alike)."""
+    by_label: dict[str, set[str]] = {}
+    for (_, _, label, hyper) in groups:
+        by_label.setdefault(label, set()).add(hyper)
+    out = {}
+    for key in groups:
+        _, _, label, hyper = key
+        variants = [json.loads(h) for h in sorted(by_label[label])]
+        if len(variants) < 2:
+            out[key] = label
+            continue
+        mine = json.loads(hyper)
+        keys = sorted({k for v in variants for k in v})
+        differ = [k for k in keys if len({freeze({k: v.get(k)}) for v in variants}) > 1]
+        out[key] = label + " [" + ", ".join(f"{k}={mine.get(k)}" for k in differ) + "]"
+    return out
+
+
+def table(runs: list[RunData], target: float | None = None) -> list[dict]:
+    """One row per (bandwidth, world size, variant), a variant being the scheme with all its
+    hyper-parameters (the summary's ``hyper``: model, dataset, batch, lr, prune ratio, ...):
+    runs differing in any of them are never averaged together. Repeats give the median and
+    the min-max. Rows are compared with the allreduce row at the same bandwidth, world size
+    and training hyper-parameters; when the runs span several world sizes, the scheme
+    column names it ("spardl 0.01 (4 ranks)")."""
+    groups: dict[tuple[str, int, str, str], list[RunData]] = {}
+    for r in runs:
+        groups.setdefault((r.bw, _world(r), r.label, freeze(_hyper(r))), []).append(r)
+    labels = _labels(groups)
+    several = len({w for _, w, _, _ in groups}) > 1
+    rows = [_row(key, rs, labels[key], target, several) for key, rs in groups.items()]
+    for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
+        base = _baseline(row, rows)
+        row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
+                                   else None)
+        row["iter_time_vs_allreduce"] = (row["mean_iter_s"] / base["mean_iter_s"]
+                                         if base and base["mean_iter_s"] and row["mean_iter_s"] else None)
+    rows.sort(key=lambda x: (bw_key(x["bw"]), x["world_size"] or 0, x["base_scheme"] != "allreduce", x["variant"]))
+    return rows
+
+
+def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: float | None, several: bool) -> dict:
+    """One group's row: its runs' median and min-max (only runs with status "ok" count)."""
+    bw, world, _, hyper = key
+    ok = [r for r in rs if r.status == "ok"]
+    ttas = [r.tta(target) for r in ok]
+    reached = [t for t in ttas if t is not None]
+    ordered = sorted(reached) + [float("inf")] * (len(ttas) - len(reached))  # not reached: after all
+    tta_median = statistics.median(ordered) if ordered else None
+    acc, it = _spread(r.summary.get("final_accuracy") for r in ok), _spread(r.summary.get("mean_iter_s") for r in ok)
+    return {
+        "bw": bw, "scheme": f"{label} ({world} ranks)" if several else label, "variant": label,
+        "base_scheme": str(rs[0].summary.get("scheme", "?")), "world_size": world or None,
+        "runs": len(rs), "ok": len(ok),
+        "target_accuracy": target if target is not None else _mean(r.summary.get("target_accuracy") for r in ok),
+        "reached": len(reached),
+        "tta_s": tta_median if tta_median is not None and tta_median != float("inf") else None,
+        "tta_min_s": min(reached) if reached else None,
+        "tta_max_s": max(reached) if reached and len(reached) == len(ok) else None,
+        "final_accuracy": acc[0], "final_accuracy_min": acc[1], "final_accuracy_max": acc[2],
+        "mean_iter_s": it[0], "mean_iter_min_s": it[1], "mean_iter_max_s": it[2],
+        "payload_bytes_per_iter": _mean(r.summary.get("mean_payload_bytes") for r in ok),
+        "wire_bytes_per_iter": _mean((r.summary.get("bottleneck") or {}).get("bytes_per_iteration") for r in ok),
+        "hyper": json.loads(hyper), "paths": [str(r.path) for r in rs],
+        "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status != "ok"],
+    }
+
+
+def _baseline(row: dict, rows: list[dict]) -> dict | None:
+    """The allreduce row this row is compared with: same bandwidth, world size and training
+    hyper-parameters (model, dataset, batch, lr, checkpoint, ...)."""
+    train = {k: row["hyper"].get(k) for k in _TRAIN_KEYS}
+    same = [x for x in rows if x["bw"] == row["bw"] and x["world_size"] == row["world_size"]
+            and x["base_scheme"] == "allreduce" and {k: x["hyper"].get(k) for k in _TRAIN_KEYS} == train]
+    return same[0] if len(same) == 1 else None
+
+
+def _world(r: RunData) -> int:
+    w = r.summary.get("world_size")
+    return w if type(w) is int and w > 0 else 0
