@@ -64,3 +64,59 @@ def test_a_repeat_that_missed_the_target_counts_as_not_reached_in_the_median():
     rows = {r["scheme"]: r for r in table(runs)}
     assert rows["allreduce"]["tta_s"] is None and rows["allreduce"]["reached"] == 1  # median is "not reached"
     assert (rows["fp16"]["tta_s"], rows["fp16"]["tta_min_s"], rows["fp16"]["tta_max_s"]) == (7, 5, None)
+
+
+def _write_run(d: Path, scheme: str, bw: str, iter_s: float, hyper: dict, **extra) -> None:
+    """A run directory as `testbed run` leaves it, with one second of samples per record."""
+    import json
+
+    def jsonl(name, recs):
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": d.name, "request": {"scheme": scheme, "bw": bw}}))
+    (d / "summary.json").write_text(json.dumps({
+        "scheme": scheme, "world_size": 2, "bw": bw, "status": "ok", "mean_iter_s": iter_s, "final_accuracy": 0.9,
+        "mean_payload_bytes": 1e6, "bottleneck": {"bytes_per_iteration": 2e6}, "hyper": hyper, **hyper, **extra}))
+    jsonl("eval.jsonl", [{"train_s": 2.0 * k, "accuracy": 0.5 + 0.1 * k} for k in range(4)])
+    jsonl("links.jsonl", [{"time": 100.0 + t, "link": "s1-s0", "direction": d_, "rate_bps": 1e8,
+                           "bytes_per_s": 1e6 * (t % 3 + 1), "utilisation": 0.1 * t}
+                          for t in range(6) for d_ in ("ab", "ba")])
+    jsonl("rank0.jsonl", [{"iter": k, "time": 100.5 + k, "iter_s": iter_s} for k in range(5)])
+    if extra.get("bw_trace"):
+        jsonl("trace.jsonl", [{"event": "step", "time": 102.0, "rate": "50mbit"}, {"event": "step", "rate": "x"}])
+    if extra.get("cross_traffic"):
+        jsonl("traffic.jsonl", [{"time": 101.0 + t, "label": "w0->w1", "bits_per_second": 2e7} for t in range(3)])
+
+
+def test_write_makes_the_table_files_and_one_figure_each(tmp_path):
+    """report.json, report.csv and every figure, named as the docs say: prune_ratio.png only
+    when PacTrain runs span ratios, a timeline only for runs whose links changed or were shared."""
+    import csv
+    import json
+
+    from testbed.runs.report import find_runs, write
+
+    runs = tmp_path / "sweep"
+    _write_run(runs / "a", "allreduce", "100mbit", 2.0, {})
+    _write_run(runs / "p5", "pactrain", "100mbit", 1.0, {"prune_ratio": 0.5})
+    _write_run(runs / "p8", "pactrain", "100mbit", 0.8, {"prune_ratio": 0.8})
+    _write_run(runs / "tr", "allreduce", "trace t.csv", 1.5, {}, bw_trace={"file": "t.csv"})
+    _write_run(runs / "ct", "allreduce", "100mbit", 2.5, {"lr": 0.1}, cross_traffic=[{"flow": 0}])
+    (runs / "torn").mkdir()
+    (runs / "torn" / "run.json").write_text("{}")
+    (runs / "torn" / "summary.json").write_text("{torn")
+    warnings = []
+    found = find_runs([runs], warnings.append)
+    assert [r.path.name for r in found] == ["a", "ct", "p5", "p8", "tr"] and "torn" in warnings[0]
+
+    got = write(found, tmp_path / "report", target=0.7)
+    assert got["files"] == ["report.json", "report.csv", "tta.png", "accuracy.png", "bytes.png", "prune_ratio.png",
+                            "utilisation.png", "timeline-ct.png", "timeline-tr.png"]
+    assert all((tmp_path / "report" / f).stat().st_size > 1000 for f in got["files"][2:])
+    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert saved["rows"] == got["rows"] and len(saved["runs"]) == 5
+    with open(tmp_path / "report" / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["scheme"] for r in rows] == [r["scheme"] for r in got["rows"]] and list(rows[0])[-1] == "failed"
+    assert {r["scheme"]: r["tta_s"] for r in got["rows"]}["pactrain 0.5"] == 4.0  # accuracy 0.7 at the 3rd eval
