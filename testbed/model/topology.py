@@ -9,30 +9,25 @@ routes) happen in :mod:`testbed.plan.plan`'s preflight, still before anything is
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from testbed.common.errors import TestbedError, TopologyError
 from testbed.model.trace import Trace, parse_schedule
 from testbed.model.backend_options import OPTIONS
+from testbed.model.fields import MAX_NODE_NAME, MAX_TESTBED_NAME, NAME_RE, RESERVED_NAMES, check_testbed_name
+from testbed.model.fields import check_name as _name, ipv4 as _ipv4, mapping as _mapping, unknown_keys as _unknown_keys
 from testbed.model.flows import Flow, flow_from_dict
-from testbed.model.units import Duration, Loss, Rate, UnitError
+from testbed.model.shapes import (DEFAULT_RATE, DIRECTIONS, MAX_LIMIT, MTU_BYTES, Shape, check_shape,
+                                  parse_shape_values, shape_from_dict)
+from testbed.model.shapes import SHAPE_KEYS as _SHAPE_KEYS, check_shape as _check_shape, shape_fields as _shape_fields
+from testbed.model.yamlfile import SHIPPED_DIR, read_topology_file, shipped
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-MAX_NODE_NAME = 63
-MAX_TESTBED_NAME = 32
-DEFAULT_RATE = Rate(10 * 10**9)
-MAX_LIMIT = 10**7  # packets; also bounds the queue netem derives from rate x delay
-MTU_BYTES = 1514  # an Ethernet frame at MTU 1500: what netem queues
 NODE_KINDS = ("worker", "switch")
 MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserved (EXFULL beyond)
 
-_SHAPE_KEYS = ("rate", "delay", "jitter", "loss", "limit")
 _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *_SHAPE_KEYS)
 _TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan")
 _DEFAULT_KEYS = ("backend", "link", "sysctls")
@@ -50,59 +45,6 @@ PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
 """Keys every worker takes; each backend adds its own (:mod:`testbed.model.backend_options`)."""
 SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
 SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
-
-
-DIRECTIONS = ("forward", "reverse")
-"""The two directions of a link, each shaped on its own (``link set --direction``)."""
-
-@dataclass(frozen=True)
-class Shape:
-    """How one direction of a link treats traffic."""
-
-    rate: Rate = DEFAULT_RATE
-    """Layer-2 rate cap (HTB rate = ceil). TCP goodput is about 0.956 of it at MTU 1500."""
-    delay: Duration = Duration(0)
-    """One-way added delay (netem)."""
-    jitter: Duration = Duration(0)
-    """Delay variation (netem; needs a delay)."""
-    loss: Loss = Loss(0.0)
-    """Random packet loss (netem)."""
-    limit: int | None = None
-    """Queue limit in packets; default: 1000, or 2x the bandwidth-delay product with netem."""
-
-    @property
-    def needs_netem(self) -> bool:
-        return bool(self.delay or self.jitter or self.loss)
-
-    @property
-    def queue_packets(self) -> int:
-        """Packets the leaf queue holds: ``limit``, else >= 2x the bandwidth-delay product."""
-        if self.limit is not None:
-            return self.limit
-        bdp = self.rate.bytes_per_second * (self.delay.seconds + self.jitter.seconds) / MTU_BYTES
-        return max(1000, math.ceil(2 * bdp))
-
-    def to_dict(self) -> dict:
-        d: dict[str, Any] = {"rate": str(self.rate)}
-        if self.delay:
-            d["delay"] = str(self.delay)
-        if self.jitter:
-            d["jitter"] = str(self.jitter)
-        if self.loss:
-            d["loss"] = str(self.loss)
-        if self.limit is not None:
-            d["limit"] = self.limit
-        return d
-
-    def describe(self) -> str:
-        parts = [str(self.rate)]
-        if self.delay:
-            parts.append(f"delay {self.delay}" + (f"±{self.jitter}" if self.jitter else ""))
-        if self.loss:
-            parts.append(f"loss {self.loss}")
-        if self.limit is not None:
-            parts.append(f"limit {self.limit}p")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -300,154 +242,11 @@ class Topology:
 # --------------------------------------------------------------------------- loading
 
 
-def shipped() -> list[str]:
-    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
-
-
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; a bare name (``three_switch``) that is no file
     here is one of the shipped topologies."""
-    p = Path(path)
-    if not p.exists() and p.name == str(path) and (SHIPPED_DIR / f"{p.name}.yaml").is_file():
-        p = SHIPPED_DIR / f"{p.name}.yaml"
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise TopologyError("", f"topology file '{path}' does not exist",
-                            f"give the path of a YAML file, or a shipped topology: {', '.join(shipped())}") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise TopologyError("", f"cannot read topology file '{path}': {e}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
-    except _DuplicateKey as e:
-        raise TopologyError("", f"'{path}': duplicate key '{e.key}' at line {e.line} (first at line {e.first})",
-                            "YAML keeps only the last of duplicate keys; remove or rename one") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise TopologyError("", f"'{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}",
-                            "check indentation and quoting") from None
-    return load_topology_dict(data, source=str(p))
-
-
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: str, line: int, first: int):
-        super().__init__(key)
-        self.key, self.line, self.first = key, line, first
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: construct_mapping names it
-                continue
-            if first is not None:
-                raise _DuplicateKey(str(key), key_node.start_mark.line + 1, first)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-
-def _unknown_keys(d: dict, allowed: Iterable[str], path: str) -> None:
-    allowed = tuple(allowed)
-    for k in d:
-        if k not in allowed:
-            raise TopologyError(f"{path}.{k}" if path else str(k), f"unknown key '{k}'",
-                                f"allowed keys here: {', '.join(allowed)}")
-
-
-def _mapping(value: Any, path: str, what: str) -> dict:
-    if not isinstance(value, dict):
-        raise TopologyError(path, f"expected a mapping ({what}), got {type(value).__name__}")
-    for k in value:
-        if not isinstance(k, str):
-            raise TopologyError(path, f"key {k!r} is not a string", "quote it in the YAML file")
-    return value
-
-
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "topologies"
-"""The topologies shipped inside the package (``topologies/`` in a checkout links here)."""
-
-RESERVED_NAMES = ("targets", "monitors")
-"""Folders of the state directory itself: no testbed may be called so."""
-
-
-def _name(value: Any, path: str, maxlen: int, what: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or len(value) > maxlen:
-        raise TopologyError(path, f"invalid {what} {value!r}",
-                            f"use 1-{maxlen} letters, digits, '-' or '_', starting with a letter or digit")
-    return value
-
-
-def check_testbed_name(value: Any, path: str = "name") -> str:
-    """A testbed name, from YAML or the command line: one rule for both."""
-    _name(value, path, MAX_TESTBED_NAME, "testbed name")
-    if value in RESERVED_NAMES:
-        raise TopologyError(path, f"testbed name {value!r} is reserved (a folder of the state directory)",
-                            "choose another name")
-    return value
-
-
-def _shape_fields(d: dict, path: str) -> dict:
-    """Parse the shape keys present in ``d`` into Shape constructor kwargs."""
-    out: dict[str, Any] = {}
-    parsers = {"rate": Rate.parse, "delay": Duration.parse, "jitter": Duration.parse, "loss": Loss.parse}
-    for key in _SHAPE_KEYS:
-        if key not in d:
-            continue
-        v = d[key]
-        if key == "limit":
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LIMIT:
-                raise TopologyError(f"{path}.limit", f"limit must be a number of packets (1..{MAX_LIMIT}), got {v!r}")
-            out["limit"] = v
-            continue
-        try:
-            out[key] = parsers[key](v)
-        except UnitError as e:
-            raise TopologyError(f"{path}.{key}", str(e)) from None
-    return out
-
-
-def shape_from_dict(d: Any, path: str = "shape") -> Shape:
-    """A Shape from its ``to_dict`` form (state and ledger files), validated like YAML."""
-    d = _mapping(d, path, "a link shape")
-    _unknown_keys(d, _SHAPE_KEYS, path)
-    return _check_shape(Shape(**_shape_fields(d, path)), path)
-
-
-def parse_shape_values(values: dict[str, Any], flags: dict[str, str]) -> dict[str, Any]:
-    """Shape fields given on the command line (``{"rate": "100mbit", ...}``), checked by
-    exactly the rules of the topology loader; errors name the flag (``flags[key]``)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        try:
-            out.update(_shape_fields({key: value}, "x"))
-        except TopologyError as e:
-            raise TopologyError(flags[key], e.message.split(": ", 1)[-1], e.hint) from None
-    return out
-
-
-def check_shape(shape: Shape, path: str) -> Shape:
-    """Rules on a whole shape (each value is already valid on its own)."""
-    return _check_shape(shape, path)
-
-
-def _check_shape(shape: Shape, path: str) -> Shape:
-    if shape.jitter and not shape.delay:
-        raise TopologyError(f"{path}.jitter", f"jitter {shape.jitter} needs a delay",
-                            "set delay too, e.g. delay: 10ms, jitter: 1ms")
-    if shape.queue_packets > MAX_LIMIT:
-        raise TopologyError(path, f"{shape.describe()} needs a queue of {shape.queue_packets} packets "
-                            f"(2x rate x delay), more than {MAX_LIMIT}",
-                            "lower the rate or the delay, or set limit: explicitly")
-    return shape
+    data, source = read_topology_file(path)
+    return load_topology_dict(data, source=source)
 
 
 def load_topology_dict(data: Any, source: str | None = None) -> Topology:
@@ -691,15 +490,6 @@ def host_from_json(text: str) -> Host:
     except (TypeError, ValueError) as e:
         raise TopologyError("hosts[0]", f"not JSON: {e}") from None
     return _hosts([data])[0]
-
-
-def _ipv4(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return str(ipaddress.IPv4Address(value))
-    except ValueError:
-        return None
 
 
 def _vxlan(value: Any) -> tuple[int, int | None]:
