@@ -9,7 +9,6 @@ routes) happen in :mod:`testbed.plan.plan`'s preflight, still before anything is
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,11 +17,16 @@ from testbed.common.errors import TestbedError, TopologyError
 from testbed.model.trace import Trace, parse_schedule
 from testbed.model.backend_options import OPTIONS
 from testbed.model.fields import MAX_NODE_NAME, MAX_TESTBED_NAME, NAME_RE, RESERVED_NAMES, check_testbed_name
-from testbed.model.fields import check_name as _name, ipv4 as _ipv4, mapping as _mapping, unknown_keys as _unknown_keys
+from testbed.model.fields import check_name as _name, mapping as _mapping, unknown_keys as _unknown_keys
+from testbed.model.defaults import parse_defaults
 from testbed.model.flows import Flow, flow_from_dict
+from testbed.model.hosts import (DEFAULT_VXLAN_PORT, DNS_RE, LOCAL_HOST, MIN_INNER_MTU, PROGRAM_RE, USER_RE,
+                                 VXLAN_OVERHEAD, Host, host_from_json, parse_hosts, parse_vxlan)
 from testbed.model.shapes import (DEFAULT_RATE, DIRECTIONS, MAX_LIMIT, MTU_BYTES, Shape, check_shape,
                                   parse_shape_values, shape_from_dict)
 from testbed.model.shapes import SHAPE_KEYS as _SHAPE_KEYS, check_shape as _check_shape, shape_fields as _shape_fields
+from testbed.model.sysctls import SYSCTL_KEY_RE, SYSCTL_VALUE_RE
+from testbed.model.sysctls import parse_sysctls as _sysctls
 from testbed.model.yamlfile import SHIPPED_DIR, read_topology_file, shipped
 
 NODE_KINDS = ("worker", "switch")
@@ -30,21 +34,7 @@ MAX_BRIDGE_PORTS = 1023  # Linux bridge port numbers are 10 bits and 0 is reserv
 
 _LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *_SHAPE_KEYS)
 _TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan")
-_DEFAULT_KEYS = ("backend", "link", "sysctls")
 _NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls", "host"), "switch": ("kind", "stp", "host")}
-_HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed")
-_VXLAN_KEYS = ("port", "mtu")
-LOCAL_HOST = "local"
-"""The machine ``testbed up`` runs on (the controller); nodes without ``host:`` are placed here."""
-VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
-DEFAULT_VXLAN_PORT = 4789  # IANA's
-MIN_INNER_MTU = 1280
-DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
-"""Keys every worker takes; each backend adds its own (:mod:`testbed.model.backend_options`)."""
-SYSCTL_KEY_RE = re.compile(r"^net\.[a-z0-9_]+(\.[a-z0-9_-]+)+$")
-SYSCTL_VALUE_RE = re.compile(r"^[A-Za-z0-9_. :/-]{1,256}$")
 
 
 @dataclass(frozen=True)
@@ -66,39 +56,6 @@ class Node:
     @property
     def is_worker(self) -> bool:
         return self.kind == "worker"
-
-
-@dataclass(frozen=True)
-class Host:
-    """A machine reached over SSH that runs its share of the testbed (``hosts:``)."""
-
-    name: str
-    address: str
-    """Where SSH connects (an IP address or a DNS name)."""
-    underlay: str
-    """This host's IPv4 address for VXLAN tunnels (default: ``address`` when that is one)."""
-    user: str = "root"
-    port: int = 22
-    key: str | None = None
-    """Private key file; None: the SSH agent and the default keys (~/.ssh/id_*)."""
-    known_hosts: str | None = None
-    """Where its host key is checked; None: ~/.ssh/known_hosts (then /etc/ssh/ssh_known_hosts)."""
-    accept_new_host_key: bool = False
-    """Trust a host key seen for the first time and add it to ``known_hosts`` (OpenSSH's
-    accept-new). A key that *changed* is refused whatever this says."""
-    testbed: str = "testbed"
-    """The testbed program on that host (same version as here)."""
-
-    def to_dict(self) -> dict:
-        d: dict[str, Any] = {"name": self.name, "address": self.address, "underlay": self.underlay,
-                             "user": self.user, "port": self.port}
-        for k in ("key", "known_hosts"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        if self.accept_new_host_key:
-            d["accept_new_host_key"] = True
-        d["testbed"] = self.testbed
-        return d
 
 
 @dataclass(frozen=True)
@@ -259,21 +216,13 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     name = check_testbed_name(top["name"])
 
     option_keys = tuple(dict.fromkeys(k for b in OPTIONS.values() for k in b.keys))
-    defaults = _mapping(top.get("defaults") or {}, "defaults", "backend and link defaults")
-    _unknown_keys(defaults, _DEFAULT_KEYS + option_keys, "defaults")
-    default_backend = defaults.get("backend", "netns")
-    if not isinstance(default_backend, str) or default_backend not in OPTIONS:
-        raise TopologyError("defaults.backend", f"unknown backend {default_backend!r}",
-                            f"choose one of: {', '.join(OPTIONS)}")
-    default_options = {k: defaults[k] for k in option_keys if k in defaults}
-    dlink = _mapping(defaults.get("link") or {}, "defaults.link", "a link shape")
-    _unknown_keys(dlink, _SHAPE_KEYS, "defaults.link")
-    default_shape = _check_shape(Shape(**_shape_fields(dlink, "defaults.link")), "defaults.link")
-    default_sysctls = _sysctls(defaults.get("sysctls"), "defaults.sysctls")
+    defaults = parse_defaults(top.get("defaults"))
+    default_backend, default_options, default_shape = defaults.backend, defaults.options, defaults.link
+    default_sysctls = defaults.sysctls
 
-    hosts = _hosts(top.get("hosts"))
+    hosts = parse_hosts(top.get("hosts"))
     host_names = {h.name for h in hosts} | {LOCAL_HOST}
-    vxlan_port, mtu = _vxlan(top.get("vxlan"))
+    vxlan_port, mtu = parse_vxlan(top.get("vxlan"))
     nodes_in = _mapping(top["nodes"], "nodes", "node name -> node")
     if not nodes_in:
         raise TopologyError("nodes", "no nodes", "define at least two workers and the switches between them")
@@ -419,94 +368,6 @@ def _place(nodes: list[Node], links: list[Link]) -> list[Node]:
     return out
 
 
-def _hosts(value: Any) -> tuple[Host, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise TopologyError("hosts", "must be a list of hosts",
-                            "write e.g. hosts: [{name: gpu1, address: 192.0.2.11}]")
-    out: list[Host] = []
-    seen: set[str] = set()
-    for i, item in enumerate(value):
-        path = f"hosts[{i}]"
-        d = _mapping(item, path, "name, address, user, port, key, ...")
-        _unknown_keys(d, _HOST_KEYS, path)
-        for req in ("name", "address"):
-            if req not in d:
-                raise TopologyError(f"{path}.{req}", "missing", "every host needs name: and address:")
-        name = _name(d["name"], f"{path}.name", MAX_NODE_NAME, "host name")
-        if name == LOCAL_HOST:
-            raise TopologyError(f"{path}.name", f"'{LOCAL_HOST}' is the machine testbed runs on; it needs no entry",
-                                "choose another name")
-        if name in seen:
-            raise TopologyError(f"{path}.name", f"host '{name}' is defined twice")
-        seen.add(name)
-        address = d["address"]
-        ip = _ipv4(address)
-        if ip is None and not (isinstance(address, str) and DNS_RE.fullmatch(address)):
-            raise TopologyError(f"{path}.address", f"{address!r} is neither an IPv4 address nor a host name",
-                                "write e.g. address: 192.0.2.11 or address: gpu1.example.org")
-        underlay = d.get("underlay", ip)
-        if _ipv4(underlay) is None:
-            raise TopologyError(f"{path}.underlay", f"{underlay!r} is not an IPv4 address" if underlay is not None
-                                else "missing: the address is a name, and tunnels need this host's IPv4 address",
-                                "write underlay: the address other hosts reach this one at, e.g. 192.0.2.11")
-        user = d.get("user", "root")
-        if not isinstance(user, str) or not USER_RE.fullmatch(user):
-            raise TopologyError(f"{path}.user", f"invalid user name {user!r}", "e.g. user: root")
-        port = d.get("port", 22)
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise TopologyError(f"{path}.port", f"port must be 1..65535, got {port!r}")
-        files = {}
-        for k in ("key", "known_hosts"):
-            v = d.get(k)
-            if v is not None and (not isinstance(v, str) or not v or "\0" in v):
-                raise TopologyError(f"{path}.{k}", f"{k} must be a file path, got {v!r}")
-            files[k] = v
-        accept = d.get("accept_new_host_key", False)
-        if not isinstance(accept, bool):
-            raise TopologyError(f"{path}.accept_new_host_key", f"must be true or false, got {accept!r}")
-        program = d.get("testbed", "testbed")
-        if not isinstance(program, str) or not PROGRAM_RE.fullmatch(program):
-            raise TopologyError(f"{path}.testbed", f"invalid program path {program!r}",
-                                "give the testbed program's path on that host, e.g. /opt/testbed/.venv/bin/testbed")
-        out.append(Host(name, address, str(underlay), user, port, files["key"], files["known_hosts"], accept, program))
-    underlays: dict[str, str] = {}
-    for h in out:
-        if h.underlay in underlays:
-            raise TopologyError("hosts", f"hosts {underlays[h.underlay]} and {h.name} have the same underlay {h.underlay}",
-                                "each host needs its own tunnel address")
-        underlays[h.underlay] = h.name
-    return tuple(out)
-
-
-def host_from_json(text: str) -> Host:
-    """A ``hosts:`` entry passed as JSON (a ledger entry, a relay's argument), checked by
-    the topology's own rules; TopologyError otherwise."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError) as e:
-        raise TopologyError("hosts[0]", f"not JSON: {e}") from None
-    return _hosts([data])[0]
-
-
-def _vxlan(value: Any) -> tuple[int, int | None]:
-    if value is None:
-        return DEFAULT_VXLAN_PORT, None
-    d = _mapping(value, "vxlan", "port, mtu")
-    _unknown_keys(d, _VXLAN_KEYS, "vxlan")
-    port = d.get("port", DEFAULT_VXLAN_PORT)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise TopologyError("vxlan.port", f"port must be 1..65535, got {port!r}", f"the default is {DEFAULT_VXLAN_PORT}")
-    mtu = d.get("mtu")
-    if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_INNER_MTU <= mtu <= 9000):
-        raise TopologyError("vxlan.mtu", f"mtu must be {MIN_INNER_MTU}..9000, got {mtu!r}",
-                            f"the underlay's MTU minus {VXLAN_OVERHEAD} (VXLAN's overhead), e.g. 1450 for 1500")
-    return port, mtu
-
-
 def _schedule(spec: dict, path: str, shapes: dict[str, Shape]) -> Trace | None:
     """A link's ``schedule:`` (and ``loop:``), every distinct step checked against both
     directions' shapes as ``link set`` would."""
@@ -547,28 +408,6 @@ def _traffic(value: Any, workers: set[str]) -> tuple[Flow, ...]:
                                     f"workers: {', '.join(sorted(workers)[:12])}")
         flows.append(f)
     return tuple(flows)
-
-
-def _sysctls(value: Any, path: str) -> dict[str, str]:
-    """``{net.ipv4.tcp_congestion_control: reno}`` -> validated str -> str.
-
-    Only ``net.*`` keys: those are per network namespace. Anything else (``kernel.*``,
-    ``vm.*``) would change the host, not the node.
-    """
-    if value is None:
-        return {}
-    d = _mapping(value, path, "sysctl key -> value, e.g. net.ipv4.tcp_congestion_control: reno")
-    out = {}
-    for k, v in d.items():
-        if not isinstance(k, str) or not SYSCTL_KEY_RE.fullmatch(k):
-            raise TopologyError(f"{path}", f"{k!r} is not a network sysctl key",
-                                "only net.* keys are per node (they live in the node's network namespace), "
-                                "e.g. net.ipv4.tcp_congestion_control")
-        if isinstance(v, bool) or not isinstance(v, (str, int)) or not SYSCTL_VALUE_RE.fullmatch(str(v)):
-            raise TopologyError(f"{path}.{k}", f"invalid value {v!r}",
-                                "give a number or a word (letters, digits, '._-: /'), as `sysctl -w` would take it")
-        out[k] = str(v)
-    return out
 
 
 def _check_graph(by_name: dict[str, Node], links: list[Link]) -> None:
