@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import secrets
 import signal
 import statistics
@@ -33,7 +34,15 @@ from testbed.net.tcbatch import LinkChanger
 from testbed.model.topology import DIRECTIONS, Link, check_shape
 from testbed.plan.actions import StartReplay, recorded
 from testbed.plan.ledger import Ledger, global_lock
-from testbed.model.trace import Step, Trace
+from testbed.model.trace import MAX_SPAN_S, Step, Trace
+
+TRACE_FORMATS = ("auto", "csv", "mahimahi")
+"""The formats :func:`testbed.model.trace.load_trace` reads (``auto``: mahimahi when every
+line is an integer, else csv); ``testbed link replay --format`` and ``testbed run
+--trace-format`` offer exactly these."""
+
+DIRECTION_CHOICES = (*DIRECTIONS, "both")
+"""What a change or a replay drives: one direction of each link, or both."""
 
 
 @dataclass
@@ -62,6 +71,53 @@ def _changes(step: Step) -> dict:
     if step.loss is not None:
         d["loss"] = step.loss
     return d
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ``testbed link replay LINK TRACE`` drives: ``link`` (None: the links marked
+    bottleneck) and ``trace_file`` (None: the link's ``schedule:`` in the topology)."""
+
+    link: str | None
+    trace_file: Path | None
+
+
+def parse_target(args: Sequence[str], *, bottleneck: bool = False, from_topology: bool = False) -> Target:
+    """The replay's positional arguments read: ``LINK TRACE``, ``--bottleneck TRACE`` or
+    ``--from-topology LINK``; a TestbedError says which form to write."""
+    if from_topology:
+        if bottleneck or len(args) != 1:
+            raise TestbedError("with --from-topology give only the LINK whose schedule: to follow")
+        return Target(args[0], None)
+    if bottleneck:
+        if len(args) != 1:
+            raise TestbedError("with --bottleneck give only the TRACE file")
+        return Target(None, Path(args[0]))
+    if len(args) != 2:
+        raise TestbedError("give LINK TRACE, or --bottleneck TRACE")
+    return Target(args[0], Path(args[1]))
+
+
+def check_stop(args: Sequence[str], *, bottleneck: bool = False, background: bool = False) -> None:
+    """``--stop`` ends the testbed's background replays and takes nothing that starts one."""
+    if args or background or bottleneck:
+        raise TestbedError("--stop takes no LINK, TRACE or --background", "write: testbed link replay --stop")
+
+
+def check_options(*, duration_s: float | None = None, while_pid: int | None = None) -> None:
+    """Refuse a duration outside (0, MAX_SPAN_S] seconds and a ``while_pid`` that is no process id."""
+    if while_pid is not None and while_pid <= 0:
+        raise TestbedError(f"--while-pid {while_pid}: not a process id")
+    if duration_s is not None and not (math.isfinite(duration_s) and 0 < duration_s <= MAX_SPAN_S):
+        raise TestbedError(f"--duration must be a number of seconds in (0, {MAX_SPAN_S:g}], got {duration_s}")
+
+
+def schedule_of(link: Link) -> Trace:
+    """The ``schedule:`` the topology gives ``link``; a TestbedError if it has none."""
+    if link.schedule is None:
+        raise TestbedError(f"link {link.name} has no schedule: in the topology",
+                           "give a TRACE file instead of --from-topology")
+    return link.schedule
 
 
 def check(links: Sequence[Link], trace: Trace, direction: str = "both") -> None:
