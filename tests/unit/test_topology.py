@@ -283,3 +283,158 @@ def test_gpu_runs_spread_unpinned_workers_over_the_host_gpus_and_containers_coun
     # the run reads the workload's --backend as argparse does (the last one wins)
     assert RunRequest("allreduce", ["--epochs", "1"]).compute_backend == "auto"
     assert RunRequest("allreduce", ["--backend", "gloo", "--backend=nccl"]).compute_backend == "nccl"
+
+
+# ------------------------------------------------- every field through to_dict, sections' errors, helpers
+def _every_field() -> dict:
+    """A single-host topology that sets every key the loader takes, on every kind of node."""
+    d = dumbbell("every", rate="100mbit", delay="5ms", jitter="1ms", loss="0.1%", limit=5000)
+    d["subnet"] = "10.77.0.0/24"
+    d["defaults"] = {"backend": "netns", "link": {"rate": "1gbit", "delay": "1ms"}, "image": "testbed/worker:cpu",
+                     "vcpus": 2, "sysctls": {"net.ipv4.tcp_congestion_control": "reno"}}
+    d["nodes"]["w0"].update(backend="docker", gpu=1, cpus=2, memory="1g", env={"A": "1"}, volumes=["/a:/b:ro"])
+    d["nodes"]["w1"].update(backend="vm", memory="2G", accel="tcg", gpu_pci="0000:65:00.0", kernel="/k",
+                            sysctls={"net.core.somaxconn": 512})
+    d["nodes"]["s0"]["stp"] = True
+    d["links"][2].update(name="core", forward={"rate": "50mbit"}, reverse={"delay": "10ms"})
+    d["links"][1].update(loop=True, schedule=[{"at": "0s", "rate": "10mbit"},
+                                              {"at": "2s", "rate": "20mbit", "delay": "3ms"},
+                                              {"at": "3s", "rate": "30mbit", "loss": "1%"},
+                                              {"at": "4s", "rate": "10mbit"}])
+    d["traffic"] = [{"from": "w0", "to": "w1", "flows": 2},
+                    {"from": "w1", "to": "w0", "rate": "5mbit", "on": "2s", "off": "500ms"}]
+    return d
+
+
+def _every_host_field() -> dict:
+    return {"name": "mh", "vxlan": {"port": 14789, "mtu": 1400},
+            "hosts": [{"name": "h1", "address": "192.0.2.11", "key": "/k", "known_hosts": "/kh",
+                       "accept_new_host_key": True, "testbed": "/opt/tb/bin/testbed"},
+                      {"name": "h2", "address": "gpu2.example.org", "underlay": "192.0.2.12", "port": 2222,
+                       "user": "ubuntu"}],
+            "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch", "host": "h1"},
+                      "s2": {"kind": "switch", "host": "h2"}, "w0": {"kind": "worker"},
+                      "w1": {"kind": "worker"}, "w2": {"kind": "worker", "host": "h2", "backend": "docker"}},
+            "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]}, {"endpoints": ["w2", "s2"]},
+                      {"endpoints": ["s1", "s0"], "rate": "100mbit"}, {"endpoints": ["s2", "s1"]}]}
+
+
+@pytest.mark.parametrize("doc", [_every_field, _every_host_field], ids=["every field", "every host field"])
+def test_every_field_round_trips_through_to_dict_and_a_yaml_file(doc, tmp_path):
+    t = load_topology_dict(doc())
+    assert load_topology_dict(t.to_dict()) == t
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(t.to_dict(), sort_keys=False))
+    assert load_topology(p) == t
+    assert load_topology(p).source == str(p)
+
+
+def test_every_field_is_read_as_written():
+    t = load_topology_dict(_every_field())
+    w0, w1, s0 = t.node("w0"), t.node("w1"), t.node("s0")
+    assert (w0.backend, w0.gpu, dict(w0.options)["cpus"], dict(w0.options)["image"]) == ("docker", 1, 2.0,
+                                                                                       "testbed/worker:cpu")
+    assert dict(w1.options)["vcpus"] == 2 and dict(w1.options)["memory"] == "2g"
+    assert dict(w1.sysctls) == {"net.ipv4.tcp_congestion_control": "reno", "net.core.somaxconn": "512"}
+    assert s0.stp and not t.node("s1").stp
+    core = t.links[2]
+    assert core.name == "core" and core.bottleneck
+    assert core.forward.describe() == "50mbit delay 5ms±1ms loss 0.1% limit 5000p"
+    assert core.reverse.describe() == "100mbit delay 10ms±1ms loss 0.1% limit 5000p"
+    assert t.links[0].forward.describe() == "1gbit delay 1ms" and t.links[0].name == "w0-s0"
+    assert t.links[1].schedule.loop and t.links[1].schedule.period_s == 4.0
+    assert str(t.subnet) == "10.77.0.0/24" and t.needs_netem
+    h = load_topology_dict(_every_host_field())
+    assert (h.vxlan_port, h.mtu, h.data_mtu) == (14789, 1400, 1400)
+    assert h.host("h1").to_dict() == {"name": "h1", "address": "192.0.2.11", "underlay": "192.0.2.11", "user": "root",
+                                      "port": 22, "key": "/k", "known_hosts": "/kh", "accept_new_host_key": True,
+                                      "testbed": "/opt/tb/bin/testbed"}
+
+
+@pytest.mark.parametrize("fn,path,words", [
+    (lambda d: d.update(nodes=[]), "nodes", "expected a mapping"),
+    (lambda d: d.update(nodes={}), "nodes", "no nodes"),
+    (lambda d: d["nodes"].update(w0={"kind": "switch"}, w1={"kind": "switch"}), "nodes", "no workers"),
+    (lambda d: d["nodes"].update(w0=None), "nodes.w0.kind", "missing kind None"),
+    (lambda d: d["nodes"]["s0"].update(stp="yes"), "nodes.s0.stp", "true or false"),
+    (lambda d: d["nodes"]["w0"].update(gpu=True), "nodes.w0.gpu", "device index"),
+    (lambda d: d["nodes"]["w0"].update(host="h1"), "nodes.w0.host", "unknown host 'h1'"),
+    (lambda d: d.update(defaults={"backend": "kvm"}), "defaults.backend", "choose one of: netns"),
+    (lambda d: d.update(defaults={"link": {"rate": "10gbit", "delay": "10s"}}), "defaults.link", "more than"),
+    (lambda d: d["links"][0].update(name=""), "links[0].name", "invalid link name"),
+    (lambda d: d["links"][2].update(bottleneck="yes"), "links[2].bottleneck", "true or false"),
+    # a direction block's error names the block; without one, the link
+    (lambda d: d["links"][2].update(jitter="1ms", forward={"rate": "1gbit"}), "links[2].forward.jitter", "needs a delay"),
+    (lambda d: d["links"][2].update(forward={"colour": "x"}), "links[2].forward.colour", "unknown key"),
+    # every distinct schedule step is checked against both directions, as link set would
+    (lambda d: d["links"][2].update(delay="10s", schedule=[{"at": "0s", "rate": "10mbit"},
+                                                           {"at": "1s", "rate": "10gbit"}]),
+     "links[2].schedule (at 1s, forward)", "more than"),
+    (lambda d: d.update(subnet="127.0.0.0/8"), "subnet", "loopback"),
+    (lambda d: d.update(subnet=None), "subnet", "not an IPv4 network"),
+    (lambda d: d.update(hosts="x"), "hosts", "must be a list"),
+    (lambda d: d.update(hosts=[{"name": "h1"}]), "hosts[0].address", "missing"),
+    (lambda d: d.update(hosts=[{"name": "h1", "address": "192.0.2.1", "key": ""}]), "hosts[0].key", "file path"),
+    (lambda d: d.update(vxlan="x"), "vxlan", "expected a mapping"),
+    (lambda d: d.update(vxlan={"mtu": 1500, "tos": 1}), "vxlan.tos", "unknown key"),
+])
+def test_each_section_names_the_path_of_its_errors(fn, path, words):
+    e = _err(mutate(fn))
+    assert e.path == path, str(e)
+    assert words in str(e)
+
+
+def test_defaults_for_a_backend_no_worker_uses_are_not_checked():
+    d = dumbbell()
+    d["defaults"] = {"image": "NOT A VALID IMAGE", "vcpus": 999}
+    assert all(not w.options for w in load_topology_dict(d).workers)
+
+
+def test_hosts_travel_as_json_and_are_checked_by_the_topology_rules():
+    import json
+
+    from testbed.model.topology import host_from_json
+
+    h = load_topology_dict(_every_host_field()).host("h1")
+    assert host_from_json(json.dumps(h.to_dict())) == h
+    with pytest.raises(TopologyError) as e:
+        host_from_json("{not json")
+    assert e.value.path == "hosts[0]" and "not JSON" in e.value.message
+    with pytest.raises(TopologyError) as e:
+        host_from_json(json.dumps({"name": "local", "address": "192.0.2.1"}))
+    assert e.value.path == "hosts[0].name" and "needs no entry" in e.value.message
+
+
+def test_shapes_from_files_and_flags_follow_the_loader_rules():
+    from testbed.model.topology import Shape, check_shape, parse_shape_values, shape_from_dict
+
+    for s in (t.shape(d) for t in load_topology_dict(_every_field()).links for d in ("forward", "reverse")):
+        assert shape_from_dict(s.to_dict()) == s
+    with pytest.raises(TopologyError) as e:
+        shape_from_dict({"rate": "1gbit", "jitter": "1ms"}, "links[1].forward")
+    assert e.value.path == "links[1].forward.jitter"
+    with pytest.raises(TopologyError) as e:
+        shape_from_dict({"rate": "1gbit", "burst": 1})
+    assert e.value.path == "shape.burst"
+    flags = {"rate": "--bw", "delay": "--delay", "loss": "--loss"}
+    got = parse_shape_values({"rate": "100mbit", "delay": None, "loss": "1%"}, flags)
+    assert set(got) == {"rate", "loss"} and got["rate"].bps == 100 * 10**6
+    with pytest.raises(TopologyError) as e:
+        parse_shape_values({"rate": "100mbps"}, flags)
+    assert e.value.path == "--bw" and "ambiguous" in e.value.message
+    assert check_shape(Shape(), "x") == Shape()
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(TopologyError, match="cannot read topology file"):
+        load_topology(tmp_path)
+    p = tmp_path / "nested.yaml"
+    p.write_text("name: d\nnodes:\n  w0: {kind: worker, kind: switch}\nlinks: []\n")
+    with pytest.raises(TopologyError, match="duplicate key 'kind' at line 3"):
+        load_topology(p)
+    p.write_text("name: x\n? [a, b]\n: 1\n")
+    with pytest.raises(TopologyError, match="not valid YAML"):
+        load_topology(p)
+    p.write_text("- 1\n")
+    with pytest.raises(TopologyError, match="expected a mapping"):
+        load_topology(p)
