@@ -1,0 +1,136 @@
+"""What the CLI prints, and how an outcome becomes an exit status.
+
+Results go to stdout: Rich tables, or with ``--json`` exactly one JSON object and nothing
+else (errors too: ``{"error": ..., "hint": ...}``). Progress and messages go to stderr.
+
+Exit status: 0 ok; 1 failure (a :class:`TestbedError`: its message, and a hint saying how to
+fix it); 2 usage (click refused the command line: an unknown option, a missing argument, a
+value outside its choices, which the message names); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from testbed.common.errors import TestbedError
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+_click = typer.BadParameter.__module__.rpartition(".")[0]  # click, or the copy typer vendors
+ClickException: type[Exception] = importlib.import_module(f"{_click}.exceptions").ClickException
+UsageError: type[Exception] = importlib.import_module(f"{_click}.exceptions").UsageError
+_current_context = importlib.import_module(f"{_click}.globals").get_current_context
+
+
+def usage(message: str) -> Exception:
+    """A usage error (exit status 2) raised from inside a command, e.g. two arguments that
+    contradict each other: printed with the command's usage line, or as JSON."""
+    return UsageError(message, ctx=_current_context(silent=True))
+
+
+class Fail(Exception):
+    """A TestbedError on its way out of a command, with the form it is to be printed in."""
+
+    def __init__(self, error: TestbedError, as_json: bool):
+        super().__init__(error.message)
+        self.error, self.as_json = error, as_json
+
+
+@contextlib.contextmanager
+def guard(as_json: bool) -> Iterator[None]:
+    """Inside a command: a TestbedError ends it with exit status 1 (message and hint, or JSON)."""
+    try:
+        yield
+    except TestbedError as e:
+        raise Fail(e, as_json) from None
+
+
+def emit(obj) -> None:
+    """The one JSON object of a ``--json`` command."""
+    sys.stdout.write(json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def plain(text: str) -> None:
+    """A line on stdout printed literally (names from topologies are never Rich markup), unwrapped."""
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def say(text: str) -> None:
+    """A message on stderr, printed literally."""
+    err.print(text, highlight=False, markup=False)
+
+
+def sayer(as_json: bool) -> Callable[[str], None]:
+    """Where the library's progress messages go: stderr, or nowhere under ``--json``."""
+    return (lambda m: None) if as_json else say
+
+
+def lit(*cells):
+    """Table cells printed literally: a user's link name ``[/x]`` is text, never Rich markup."""
+    return tuple(Text(c) if isinstance(c, str) else c for c in cells)
+
+
+def shape_str(s: dict) -> str:
+    """One direction's shape (its ``to_dict()``) in a table cell: ``100mbit delay 10ms±1ms loss 1%``."""
+    parts = [s["rate"]]
+    if "delay" in s:
+        parts.append(f"delay {s['delay']}" + (f"±{s['jitter']}" if "jitter" in s else ""))
+    if "loss" in s:
+        parts.append(f"loss {s['loss']}")
+    if "limit" in s:
+        parts.append(f"limit {s['limit']}")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- the way out
+
+
+def failure(error: TestbedError, as_json: bool) -> int:
+    """Print a failure (exit status 1)."""
+    quiet_exit()
+    if as_json:
+        emit(error.to_dict())
+    else:
+        err.print(f"[red]error:[/] {escape(error.message)}", highlight=False)
+        if error.hint:
+            err.print(f"  [yellow]hint:[/] {escape(error.hint)}", highlight=False)
+    return 1
+
+
+def refusal(e: Exception, as_json: bool) -> int:
+    """Print what click refused (a usage error: exit status 2, or another click error's)."""
+    code = getattr(e, "exit_code", 1)
+    if not as_json:
+        e.show()  # usage line, "Try ... --help", "Error: ..." on stderr
+        return code
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "testbed"
+    emit({"error": e.format_message(), "hint": f"see `{where} --help`", "type": "UsageError"})
+    return code
+
+
+def interrupted() -> int:
+    quiet_exit()
+    err.print("[red]interrupted[/]")
+    return 130
+
+
+def quiet_exit() -> None:
+    """On the way out after a failure or interrupt, a further Ctrl-C must not print a
+    traceback from interpreter shutdown."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:
+            pass

@@ -1,0 +1,81 @@
+"""``testbed report RUN_DIR...``: schemes compared by time-to-accuracy, per bandwidth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from testbed.cli.params import JsonOpt
+from testbed.cli.render import emit, err, guard, lit, out, plain
+from testbed.common.errors import TestbedError
+
+_COLUMNS = ("scheme", "runs", "TTA (s)", "TTA / allreduce", "final acc", "iter (ms)", "iter / allreduce",
+            "payload B/iter", "bottleneck B/iter")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(report)
+
+
+def report(
+    dirs: List[Path] = typer.Argument(..., metavar="DIR...", help="Run directories, or directories holding them "
+                                      "(a sweep)."),
+    target_acc: Optional[float] = typer.Option(None, "--target-acc", metavar="FRACTION",
+                                               help="Recompute time-to-accuracy for this target."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where tables and plots go "
+                                           "(default: FIRST_DIR/report)."),
+    as_json: bool = JsonOpt,
+):
+    """Tables and plots comparing schemes by time-to-accuracy, per bandwidth."""
+    with guard(as_json):
+        from testbed.runs.report import find_runs, write
+
+        if target_acc is not None and not 0 < target_acc <= 1:
+            raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
+        runs = find_runs(dirs, warn=lambda m: err.print(Text(f"warning: {m}", style="yellow")))
+        if not runs:
+            raise TestbedError("no readable runs in " + ", ".join(map(str, dirs)), "see the warnings above")
+        result = write(runs, out_dir or dirs[0] / "report", target_acc)
+        if as_json:
+            emit(result)
+            return
+        for bw in dict.fromkeys(r["bw"] for r in result["rows"]):
+            rows = [r for r in result["rows"] if r["bw"] == bw]
+            t = Table(*_COLUMNS, title=Text(f"bottleneck {bw} (median [min-max] over repeats)"))
+            for r in rows:
+                t.add_row(*lit(*_cells(r)))
+            out.print(t)
+            for r in (x for x in rows if x["failed"]):
+                out.print(Text(f"{r['scheme']}: {'; '.join(r['failed'])}", style="yellow"), highlight=False,
+                          markup=False)
+        plain(f"written to {result['out']}: {', '.join(result['files'])}")
+
+
+def _cells(r: dict) -> list[str]:
+    """One report row as table cells."""
+    tta = ("-" if r["target_accuracy"] is None else
+           _spread(r, "tta_s", ".1f") if r["tta_s"] is not None else f"not reached ({r['reached']}/{r['ok']})")
+    return [r["scheme"], f"{r['ok']}/{r['runs']}", tta, _num(r["tta_vs_allreduce"], ".2f"),
+            _spread(r, "final_accuracy", ".4f"), _spread(r, "mean_iter_s", ".0f", 1000),
+            _num(r["iter_time_vs_allreduce"], ".2f"), _num(r["payload_bytes_per_iter"], ",.0f"),
+            _num(r["wire_bytes_per_iter"], ",.0f")]
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _spread(r: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    """``median [min-max]`` of ``key`` (its ``_min``/``_max`` siblings), the range only over repeats."""
+    stem, unit = (key[:-2], "_s") if key.endswith("_s") else (key, "")
+    mid, lo, hi = r[key], r.get(f"{stem}_min{unit}"), r.get(f"{stem}_max{unit}")
+    if mid is None:
+        return "-"
+    text = format(mid * scale, fmt)
+    if r["ok"] > 1 and lo is not None:
+        text += f" [{format(lo * scale, fmt)}-{format(hi * scale, fmt) if hi is not None else 'not reached'}]"
+    return text

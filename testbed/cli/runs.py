@@ -1,0 +1,235 @@
+"""Experiments: ``testbed run SCHEME`` (one run) and ``testbed sweep`` (schemes x rates)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
+    scheme_variant, split_list, testbed_name, testbed_option
+from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer
+from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
+    with_prune_ratios, with_workload_options, workload_args
+from testbed.common.errors import TestbedError
+
+RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
+                              help="Serve the training metrics (and, for a testbed brought up here, its link "
+                                   "metrics) to Prometheus on loopback, announced through file-based discovery.")
+TopologyOpt = typer.Option(None, "--topology", metavar="FILE", help="Topology to bring up (default three_switch).")
+TimeoutOpt = typer.Option(300.0, "--timeout", metavar="SECONDS",
+                          help="Seconds without progress from any rank before the run is stopped.")
+PretrainDatasetOpt = choice(None, "--pretrain-dataset", choices=DATASETS,
+                            help="Pre-train on this dataset, fine-tune on --dataset (default: --dataset).")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(run)
+    app.command(context_settings={"allow_extra_args": True})(sweep)
+
+
+@with_workload_options
+def run(
+    ctx: typer.Context,
+    scheme: str = typer.Argument(..., metavar="SCHEME", parser=scheme_variant, autocompletion=complete_scheme,
+                                 help=scheme_help()),
+    bw: Optional[str] = typer.Option(None, "--bw", metavar="RATE", help="Rate of the bottleneck links for this "
+                                     "run, e.g. 100mbit."),
+    bw_trace: Optional[Path] = typer.Option(None, "--bw-trace", metavar="FILE", help="The bottleneck links follow "
+                                            "this trace (CSV time_s,rate[,delay,loss] or Mahimahi) during the run."),
+    trace_format: str = choice("auto", "--trace-format", choices=TRACE_FORMATS, help="--bw-trace's format."),
+    trace_window: float = typer.Option(1.0, "--trace-window", metavar="SECONDS",
+                                       help="mahimahi: seconds per rate step."),
+    trace_loop: bool = typer.Option(False, "--trace-loop", help="csv: repeat the trace until the run ends."),
+    cross_traffic: Optional[List[str]] = typer.Option(None, "--cross-traffic", metavar="FLOW", help="Background "
+                                                      "TCP flows during the run, e.g. 'w0->w7,flows=2' or "
+                                                      "'w1->w6,rate=20mbit,on=2s,off=3s' (repeatable; 'none': not "
+                                                      "even the topology's traffic:)."),
+    pretrain: Optional[bool] = typer.Option(None, "--pretrain/--no-pretrain", help="Start from a pre-trained "
+                                            "checkpoint, made once and cached in OUT/checkpoints (default: yes for "
+                                            "pactrain, which prunes a trained network; no for the others)."),
+    pretrain_dataset: Optional[str] = PretrainDatasetOpt,
+    pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", metavar="NUMBER", help="Epochs of pre-training."),
+    topology: Optional[Path] = TopologyOpt,
+    testbed: Optional[str] = testbed_option("Run on this running testbed (its name, or its topology FILE); leave "
+                                            "it up."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", metavar="DIR", help="Directory for run directories."),
+    timeout: float = TimeoutOpt,
+    exporter: bool = RunExporterOpt,
+    as_json: bool = JsonOpt,
+    workload: dict = None,
+):
+    """Train SCHEME across the emulated network, one rank per worker, and record everything.
+
+    Without --testbed, brings up --topology (three_switch by default) and removes it after.
+    Arguments after `--` go to `python -m workloads.train` unchanged.
+    """
+    with guard(as_json):
+        from testbed.model.flows import parse_spec
+        from testbed.runs.experiment import RunRequest
+
+        rate = _rate(bw) if bw is not None else None
+        check_timeout(timeout)
+        if not (math.isfinite(trace_window) and trace_window > 0):
+            raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
+        wargs = workload_args(workload, ctx.args)
+        check_workload(scheme, wargs)
+        if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
+            wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset, pretrain_epochs),
+                                                as_json))]
+        testbed = testbed_name(testbed) if testbed else None
+        if not as_json:
+            _announce(scheme, workload, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
+                      testbed or topology or "three_switch (default)")
+        flows = None
+        if cross_traffic:
+            flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
+        req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
+                         out=out_dir, timeout=timeout, exporter=exporter, bw_trace=bw_trace,
+                         trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop,
+                         cross_traffic=flows)
+        summary = _with_display(_run_one, req, as_json)
+        emit(summary) if as_json else _render_summary(summary)
+
+
+def _rate(text: str):
+    from testbed.model.units import Rate, UnitError
+
+    try:
+        return Rate.parse(text)
+    except UnitError as e:
+        raise TestbedError(f"--bw: {e}") from None
+
+
+def _rates(text: str) -> list:
+    """``--bw 100mbit,1gbit``: the rates, each checked."""
+    return [_rate(x.strip()) for x in text.split(",")]
+
+
+def _checkpoint(out_dir: Path, pre, as_json: bool) -> Path:
+    from testbed.runs.experiment import check_out
+    from testbed.runs.sweep import checkpoint
+
+    check_out(out_dir)
+    return checkpoint(out_dir, pre, sayer(as_json))
+
+
+def _announce(scheme: str, w: dict, bottleneck, where) -> None:
+    err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(w['model'])}, dataset {escape(w['dataset'])}, "
+              f"{w['epochs']:g} epochs, batch {w['batch_size']}/worker, bottleneck {escape(str(bottleneck))}, "
+              f"topology {escape(str(where))}", highlight=False)
+
+
+def _run_one(req, on_status, on_message):
+    from testbed.runs.experiment import run as run_experiment
+
+    return run_experiment(req, on_status=on_status, on_message=on_message)
+
+
+def _with_display(fn, req, as_json: bool):
+    """``fn(req, on_status, on_message)`` with a live status table on a terminal (stderr)."""
+    from rich.live import Live
+
+    live_on = not as_json and err.is_terminal
+    with Live(console=err, refresh_per_second=2, transient=True) if live_on else contextlib.nullcontext() as live:
+        return fn(req, (lambda st: live.update(_status_table(st))) if live is not None else None,
+                  None if as_json else say)
+
+
+def _status_table(st) -> Table:
+    t = Table.grid(padding=(0, 2))
+    it = f"{st.iteration}/{st.total}" if st.total else str(st.iteration)
+    t.add_row("iteration", it, "epoch", str(st.epoch), "loss", "-" if st.loss is None else f"{st.loss:.4f}",
+              "accuracy", "-" if st.accuracy is None else f"{st.accuracy:.4f}")
+    for name, u in sorted(st.utilisation.items()):
+        t.add_row(*lit("", "", "", "", "link", name, "utilisation", f"{u:.0%}"))
+    return t
+
+
+def _render_summary(s: dict) -> None:
+    t = Table("run", s["run_id"], show_header=True)
+    tta = s.get("time_to_target_s")
+    b = s["bottleneck"]
+    rows = [
+        ("scheme", s["scheme"]), ("bottleneck", str(s.get("bw"))), ("ranks", str(s.get("world_size"))),
+        ("iterations", str(s.get("iterations"))),
+        ("final accuracy", f"{s.get('final_accuracy') or 0:.4f}" if s.get("accuracy_measured", True)
+         else f"not measured (--compute-time {s.get('compute_time_s')} s)"),
+        ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
+         ("-" if tta is None else f"{tta:.1f} s")),
+        ("mean iteration", f"{s.get('mean_iter_s', 0) * 1000:.0f} ms"),
+        ("payload / iteration", f"{s.get('mean_payload_bytes', 0):,.0f} B"),
+        ("bottleneck bytes / iteration", f"{b.get('bytes_per_iteration') or 0:,.0f} B"),
+        ("bottleneck utilisation", f"mean {b.get('mean_utilisation') or 0:.0%}, max {b.get('max_utilisation') or 0:.0%}"),
+    ]
+    for k, v in rows:
+        t.add_row(*lit(k, v))
+    out.print(t)
+    plain(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)")
+
+
+@with_workload_options
+def sweep(
+    ctx: typer.Context,
+    schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", metavar="SCHEME,...",
+                                parser=scheme_list, help="Comma-separated schemes or variants, e.g. "
+                                "allreduce,topk:0.1,pactrain:0.5:ternary."),
+    bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", metavar="RATE,...", help="Comma-separated bottleneck "
+                           "rates."),
+    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, help="Runs per scheme and rate; repeat k "
+                                "uses --seed + k. Report shows the median and min-max."),
+    pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", metavar="NUMBER",
+                                          help="Epochs of the shared pre-training."),
+    pretrain_dataset: Optional[str] = PretrainDatasetOpt,
+    prune_ratios: Optional[str] = typer.Option(None, "--prune-ratios", metavar="RATIO,...", help="Comma-separated "
+                                               "pruning ratios: each pactrain entry of --schemes runs at every one "
+                                               "(the paper's Fig. 6)."),
+    topology: Optional[Path] = TopologyOpt,
+    testbed: Optional[str] = testbed_option("Sweep on this running testbed (its name, or its topology FILE)."),
+    out_dir: Path = typer.Option(Path("runs"), "--out", metavar="DIR", help="Where the sweep directory and "
+                                 "checkpoints go."),
+    timeout: float = TimeoutOpt,
+    exporter: bool = RunExporterOpt,
+    as_json: bool = JsonOpt,
+    workload: dict = None,
+):
+    """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
+    with guard(as_json):
+        from testbed.runs.sweep import SweepRequest
+
+        names = split_list(schemes)
+        rates = _rates(bw)
+        check_timeout(timeout)
+        if prune_ratios is not None:
+            names = with_prune_ratios(names, prune_ratios)
+        wargs = workload_args({**workload, "init": None}, ctx.args)
+        for name in names:
+            check_workload(name, wargs)
+        pre = pretraining(workload, pretrain_dataset, pretrain_epochs)
+        if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
+            if pretrain_dataset is not None:
+                raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
+            pre = None
+        req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
+                           testbed=testbed_name(testbed) if testbed else None, out=out_dir, timeout=timeout,
+                           init=workload["init"], pretrain=pre, exporter=exporter)
+        index = _with_display(_sweep_all, req, as_json)
+        failed = [r for r in index["runs"] if r["status"] != "ok"]
+        if as_json:
+            emit(index)
+        else:
+            plain(f"sweep directory: {index['dir']} ({len(index['runs']) - len(failed)} runs ok, "
+                  f"{len(failed)} failed); `testbed report {index['dir']}`")
+        if failed:
+            raise typer.Exit(1)
+
+
+def _sweep_all(req, on_status, on_message):
+    from testbed.runs.sweep import sweep as run_sweep
+
+    return run_sweep(req, on_status=on_status, on_message=on_message)
