@@ -57,7 +57,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
     """One training run (see the module's docstring); ``on_status`` gets the progress about
     twice a second, ``on_message`` one line per thing the run does."""
     say = on_message or (lambda m: None)
-    gpus = gpus_for(req.compute_backend)
+    gpus = gpus_for(req.compute_backend)  # the inputs, checked before anything is built
     check_out(req.out)
     trace = load_trace(req)
     restore_signals = install_signals()
@@ -71,7 +71,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         r.watch(on_status)
         r.collect()
         summary = r.write_summary()
-        verify_crossed(summary, r.run_dir)
+        verify_crossed(summary, r.run_dir)  # the tc-counter proof
         return summary
     except KeyboardInterrupt:
         ignore_interrupts()  # from here on nothing interrupts the cleanup (restored at the end)
@@ -87,7 +87,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         # cleanup runs to the end: a second Ctrl-C or SIGTERM is ignored until it is done
         ignore_interrupts()
         try:
-            r.clean_up()
+            r.clean_up()  # ranks stopped, shapes restored, a testbed made here taken down
         finally:
             restore_signals()
 
