@@ -20,13 +20,12 @@ import sys
 import threading
 
 from testbed.common.errors import TestbedError
+from testbed.hosts.ssh import connect, remote_line
+from testbed.model.topology import TopologyError, host_from_json
+from testbed.nodes.nsexec import _die_with_parent
 
 
-def main(argv: list[str] | None = None) -> int:
-    from testbed.nodes.nsexec import _die_with_parent
-    from testbed.hosts.ssh import connect, remote_line
-    from testbed.model.topology import TopologyError, host_from_json
-
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m testbed.hosts.sshexec")
     p.add_argument("--host", required=True)
     p.add_argument("--testbed", required=True)
@@ -35,11 +34,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="an option for `testbed _host exec` there (--python, --run=ID, --env=K=V, --mount=DIR)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    if not cmd:
+    a.cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not a.cmd:
         p.error("no command")
     if any(not o.startswith(("--python", "--run=", "--env=", "--mount=")) or o == "--" for o in a.remote_opt):
         p.error(f"bad --remote-opt in {a.remote_opt!r}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(argv)
     if (code := _die_with_parent()) is not None:
         return code
     try:
@@ -52,43 +56,32 @@ def main(argv: list[str] | None = None) -> int:
     except TestbedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 255
-    transport = client.get_transport()
-    chan = transport.open_session()
-    done = threading.Event()
+    chan = client.get_transport().open_session()
+    _close_on_signals(client)
+    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, *a.remote_opt, "--", *a.cmd]))
+    status = _relay(chan)
+    client.close()
+    if status == -1:
+        print(f"error: lost the connection to host {host.name}", file=sys.stderr)
+        return 255
+    return status
 
+
+def _close_on_signals(client) -> None:
+    """SIGTERM, SIGINT or SIGHUP close the connection: the remote side's parent (sshd's
+    session) ends, and it stops the command."""
     def stop(signum, frame):
-        done.set()
-        client.close()  # the remote side's parent (sshd's session) ends: it stops the command
+        client.close()
         os._exit(128 + signum)
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, stop)
-    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, *a.remote_opt, "--", *cmd]))
 
-    def pump_stdin():
-        try:
-            while True:
-                data = os.read(0, 65536)
-                if not data:
-                    break
-                chan.sendall(data)
-        except OSError:
-            pass
-        try:
-            chan.shutdown_write()
-        except Exception:
-            pass
 
-    threading.Thread(target=pump_stdin, daemon=True).start()
-
-    def pump_stderr():
-        while True:
-            data = chan.recv_stderr(65536)
-            if not data:
-                break
-            os.write(2, data)
-
-    t_err = threading.Thread(target=pump_stderr, daemon=True)
+def _relay(chan) -> int:
+    """Our stdin to the channel, its stdout and stderr to ours; returns its exit status."""
+    threading.Thread(target=_pump_stdin, args=(chan,), daemon=True).start()
+    t_err = threading.Thread(target=_pump_stderr, args=(chan,), daemon=True)
     t_err.start()
     while True:
         data = chan.recv(65536)
@@ -99,12 +92,30 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             break
     t_err.join(5)
-    status = chan.recv_exit_status()
-    client.close()
-    if status == -1:
-        print(f"error: lost the connection to host {host.name}", file=sys.stderr)
-        return 255
-    return status
+    return chan.recv_exit_status()
+
+
+def _pump_stdin(chan) -> None:
+    try:
+        while True:
+            data = os.read(0, 65536)
+            if not data:
+                break
+            chan.sendall(data)
+    except OSError:
+        pass
+    try:
+        chan.shutdown_write()
+    except Exception:
+        pass
+
+
+def _pump_stderr(chan) -> None:
+    while True:
+        data = chan.recv_stderr(65536)
+        if not data:
+            break
+        os.write(2, data)
 
 
 if __name__ == "__main__":
