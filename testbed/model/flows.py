@@ -59,6 +59,8 @@ def flow_from_dict(d: object, where: str) -> Flow:
     """One flow from its mapping (the topology's ``traffic:`` entries)."""
     if not isinstance(d, dict):
         raise TestbedError(f"{where}: a flow is a mapping such as {{from: w0, to: w1}}")
+    # YAML 1.1 (PyYAML) reads a bare `on:` / `off:` key as true / false: take them back
+    d = {("on" if k is True else "off" if k is False else k): v for k, v in d.items()}
     unknown = sorted(set(d) - set(_KEYS), key=str)
     if unknown:
         raise TestbedError(f"{where}: unknown key {unknown[0]!r}", f"keys: {', '.join(_KEYS)}")

@@ -56,3 +56,15 @@ def test_only_markers_testbed_writes_are_accepted():
     for bad in ("--logfile=/etc/passwd", "--logfile=relative/traffic-0-server.log", "--sd-file=/x/traffic-0-server.log",
                 "--logfile=/x/traffic-0-server.log --other"):
         assert not MARKER.fullmatch(bad), bad
+
+
+def test_on_and_off_written_bare_in_yaml_are_the_periods(tmp_path):
+    """PyYAML reads bare `on:`/`off:` keys as booleans; the documented form must still work."""
+    from testbed import load_topology
+
+    f = tmp_path / "t.yaml"
+    f.write_text("name: onoff\nnodes: {s0: {kind: switch}, w0: {kind: worker}, w1: {kind: worker}}\n"
+                 "links: [{endpoints: [w0, s0]}, {endpoints: [w1, s0]}]\n"
+                 "traffic:\n  - {from: w0, to: w1, rate: 50mbit, on: 2s, off: 3s}\n")
+    flow = load_topology(f).traffic[0]
+    assert (flow.on_s, flow.off_s) == (2.0, 3.0)
