@@ -161,7 +161,7 @@ def test_traffic_that_misses_the_bottleneck_fails_loudly(tmp_path, clean_kernel)
 
 def test_bad_input_creates_nothing(tmp_path, clean_kernel):
     r = cli("run", "topk2", "--out", str(tmp_path / "runs"))
-    assert r.returncode == 1 and "unknown scheme 'topk2'; choose one of: allreduce" in r.stderr
+    assert r.returncode == 2 and "unknown scheme 'topk2'; choose one of: allreduce" in r.stderr  # usage: exit 2
     r = cli("run", "pactrain", "--bw", "100mbps")
     assert r.returncode == 1 and "--bw" in r.stderr and "mbit" in r.stderr
     r = cli("run", "pactrain", "--dataset", "cifar10")
