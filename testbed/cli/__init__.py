@@ -26,7 +26,6 @@ import typer
 from testbed.cli import doctor, host, images, links, monitor, reports, runs, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
-from testbed.cli.workload import with_prune_ratios as _with_prune_ratios  # noqa: F401  (tests/unit/test_sweep.py)
 from testbed.common.version import __version__
 
 __all__ = ["app", "main"]

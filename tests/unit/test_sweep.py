@@ -3,7 +3,7 @@ the kernel tests run sweeps for real."""
 
 import pytest
 
-from testbed.cli import _with_prune_ratios
+from testbed.cli.workload import with_prune_ratios as _with_prune_ratios
 from testbed.common.errors import TestbedError
 from testbed.runs.sweep import Pretraining, with_seed
 from workloads.schemes import parse_variant
