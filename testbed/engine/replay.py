@@ -156,80 +156,103 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
     if duration_s is None and trace.loop:
         duration_s = float("inf")
     check(links, trace, direction)
-    names = [l.name for l in links]
     dirs = DIRECTIONS if direction == "both" else (direction,)
     before = [(l, d, l.shape(d)) for l in links for d in dirs]
     result = ReplayResult()
-    until = trace.steps[-1].at_s if duration_s is None else duration_s
-    changer = LinkChanger()  # indexes, child qdiscs, encoded requests and sockets kept between steps
-    changer.learn(tb.egress[(l.index, d)] for l in links for d in dirs)
-    for step in {s.values(): s for s in trace.steps}.values():  # each distinct step encoded before the clock starts
-        for l in links:
-            for d in dirs:
-                changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
-    poll = 0.5 if stop is None else 0.2
-
-    def wait_until(due: float) -> None:
-        while (left := due - clock()) > 0:
-            if stop is not None and stop():
-                raise _Stopped
-            time.sleep(min(left, poll))
-
-    if log is not None:
-        log.write(json.dumps({"event": "ready", "time": time.time()}) + "\n")
-        log.flush()
+    changer = _encoded(tb, links, dirs, trace)
+    timer = _Timer(clock, stop)
+    _log(log, {"event": "ready", "time": time.time()})
     old_handlers = interrupt_on()  # SIGTERM/SIGHUP end a replay as Ctrl-C does (shapes put back)
     began = False  # before the trace's 0 s nothing has changed, so nothing is put back
     try:
-        while start_when is not None and not start_when():
-            if stop is not None and stop():
-                raise _Stopped
-            time.sleep(0.01)
-        t0 = clock()
-        wall0 = time.time()
-        if log is not None:
-            log.write(json.dumps({"event": "start", "time": wall0, "links": names, "direction": direction,
-                                  "trace": trace.source, "steps": len(trace.steps),
-                                  "period_s": trace.period_s}) + "\n")
-            log.flush()
+        timer.wait_for(start_when)
+        t0, wall0 = clock(), time.time()
+        _log(log, {"event": "start", "time": wall0, "links": [l.name for l in links], "direction": direction,
+                   "trace": trace.source, "steps": len(trace.steps), "period_s": trace.period_s})
         began = True
+        until = trace.steps[-1].at_s if duration_s is None else duration_s
         for at, step in trace.events(until):
-            due = t0 + at
-            wait_until(due)
-            start = clock()
-            tb.set_links(links, direction=direction, changer=changer, **_changes(step))  # by index, under the lock
-            done = clock()
-            rec = {"event": "step", "time": wall0 + (done - t0), "links": names, **step.to_dict(), "at_s": at,
-                   "late_s": done - due, "apply_s": done - start}
+            rec = _apply_step(tb, links, direction, changer, timer, t0, wall0, at, step)
             result.steps.append(rec)
-            if log is not None:
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
+            _log(log, rec)
             if on_step:
                 on_step(rec)
         if duration_s is not None:
-            wait_until(t0 + duration_s)
+            timer.wait_until(t0 + duration_s)
     except _Stopped:
-        result.interrupted = True
-        restore = True
+        result.interrupted = restore = True
     except KeyboardInterrupt:
-        result.interrupted = True
-        restore = True
+        result.interrupted = restore = True
         raise
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         changer.close()
-        if restore and began:  # nothing interrupts putting the shapes back
-            old = ignore_interrupts()
-            try:
-                for l, d, shape in before:
-                    tb.set_links([l], direction=d, rate=shape.rate, delay=shape.delay, loss=shape.loss)
-                result.restored = True
-            finally:
-                for sig, handler in old.items():
-                    signal.signal(sig, handler)
+        if restore and began:
+            result.restored = _put_back(tb, before)
     return result
+
+
+def _encoded(tb, links: Sequence[Link], dirs, trace: Trace) -> LinkChanger:
+    """A changer with each distinct step encoded before the clock starts (indexes, child
+    qdiscs, encoded requests and sockets are kept between steps)."""
+    changer = LinkChanger()
+    changer.learn(tb.egress[(l.index, d)] for l in links for d in dirs)
+    for step in {s.values(): s for s in trace.steps}.values():
+        for l in links:
+            for d in dirs:
+                changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
+    return changer
+
+
+class _Timer:
+    """Waits on ``clock``, asking ``stop`` (if any) five times a second; _Stopped when it says so."""
+
+    def __init__(self, clock: Callable[[], float], stop: Callable[[], bool] | None):
+        self.clock, self.stop = clock, stop
+        self.poll = 0.5 if stop is None else 0.2
+
+    def wait_until(self, due: float) -> None:
+        while (left := due - self.clock()) > 0:
+            if self.stop is not None and self.stop():
+                raise _Stopped
+            time.sleep(min(left, self.poll))
+
+    def wait_for(self, ready: Callable[[], bool] | None) -> None:
+        """Until ``ready()`` (asked every 10 ms); at once without one."""
+        while ready is not None and not ready():
+            if self.stop is not None and self.stop():
+                raise _Stopped
+            time.sleep(0.01)
+
+
+def _apply_step(tb, links, direction, changer, timer: _Timer, t0: float, wall0: float, at: float, step) -> dict:
+    """Wait for the step's time, apply it to every link (by index, under the lock); its record."""
+    due = t0 + at
+    timer.wait_until(due)
+    start = timer.clock()
+    tb.set_links(links, direction=direction, changer=changer, **_changes(step))
+    done = timer.clock()
+    return {"event": "step", "time": wall0 + (done - t0), "links": [l.name for l in links], **step.to_dict(),
+            "at_s": at, "late_s": done - due, "apply_s": done - start}
+
+
+def _put_back(tb, before) -> bool:
+    """The shapes from before the trace, with interrupts ignored (nothing may cut this short)."""
+    old = ignore_interrupts()
+    try:
+        for l, d, shape in before:
+            tb.set_links([l], direction=d, rate=shape.rate, delay=shape.delay, loss=shape.loss)
+        return True
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _log(log: IO[str] | None, record: dict) -> None:
+    if log is not None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()
 
 
 class _Stopped(Exception):
