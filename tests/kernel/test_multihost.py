@@ -266,7 +266,7 @@ def test_bad_hosts_are_refused_before_anything_is_made(clean_lab, tmp_path):
     r = _refused(cli("up", str(_write(tmp_path, t))))
     assert r.returncode == 1 and re.search(r"MTU 1500, too small", r.stdout + r.stderr), r.stdout + r.stderr
     other = tmp_path / "testbed-other-version"  # the same code claiming another version
-    other.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import sys, testbed; testbed.__version__ = '0.0.1-other'; "
+    other.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import sys, testbed.common.version as v; v.__version__ = '0.0.1-other'; "
                      "sys.argv[0] = 'testbed'; from testbed.cli import main; main()\" \"$@\"\n")
     other.chmod(0o755)
     t = _topology(lab, "mbad")
