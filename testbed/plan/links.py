@@ -9,6 +9,7 @@ live with it (:mod:`testbed.plan.actions`) or in its own module, registered.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -39,15 +40,16 @@ class LinkContext:
     """(host, namespace) -> the next pinned interface index there."""
 
 
-class LinkKind:
+class LinkKind(abc.ABC):
     name = ""
 
+    @abc.abstractmethod
     def joins(self, a: End, b: End) -> bool:
-        raise NotImplementedError
+        """Whether this kind makes a link between ends ``a`` and ``b``."""
 
+    @abc.abstractmethod
     def plan(self, ctx: LinkContext, link, a: End, b: End) -> list[tuple[str, Action]]:
         """(host, action) pairs that make ``link`` between ends ``a`` and ``b``."""
-        raise NotImplementedError
 
 
 class Veth(LinkKind):
