@@ -23,7 +23,8 @@ from pathlib import Path
 
 from testbed import Testbed, load_topology_dict
 from testbed.runs.experiment import RunRequest, run
-from testbed.runs.traffic import CrossTraffic, parse_spec
+from testbed.runs.traffic import CrossTraffic
+from testbed.model.flows import parse_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers import dumbbell  # noqa: E402

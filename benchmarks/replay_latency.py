@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 
 from testbed import Testbed, load_topology_dict
-from testbed.engine.core import DIRECTIONS
+from testbed.model.topology import DIRECTIONS
 from testbed.net.tcbatch import LinkChanger
 from testbed.engine.replay import replay
 from testbed.model.trace import parse_csv

@@ -16,7 +16,8 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.engine.core import DIRECTIONS, NetlinkPool, Testbed
+from testbed.model.topology import DIRECTIONS
+from testbed.engine.core import NetlinkPool, Testbed
 from testbed.common.errors import TestbedError
 from testbed.plan.ledger import Ledger
 

@@ -130,7 +130,7 @@ def _directions():
 
 
 def _trace_formats():
-    from testbed.engine.replay import TRACE_FORMATS
+    from testbed.model.trace import TRACE_FORMATS
 
     return TRACE_FORMATS
 

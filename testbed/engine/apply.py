@@ -12,7 +12,7 @@ import signal
 from typing import Callable
 
 from testbed.common.errors import TestbedError
-from testbed.common.signals import Signals, ignore_interrupts, interrupt_on  # noqa: F401  (callers' import path)
+from testbed.common.signals import Signals, ignore_interrupts
 from testbed.engine.replay import start_background
 from testbed.engine.teardown import teardown
 from testbed.hosts.local import LocalHost

@@ -26,18 +26,18 @@ from testbed.common import procs
 from testbed.engine.apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
 from testbed.nodes import get as get_backend
 from testbed.common.errors import StateError, TestbedError
-from testbed.plan.ledger import Ledger, global_lock
+from testbed.plan.ledger import Ledger
+from testbed.common.state import global_lock
 from testbed.net import netns, tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
 from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger
 from testbed.hosts.local import LOCAL, LocalHost
 from testbed.plan.actions import ApplyContext
-from testbed.engine.preflight import check_free, check_share, local_plan, preflight  # noqa: F401  (callers' import path)
-from testbed.net.routes import host_routes  # noqa: F401  (callers' import path)
+from testbed.engine.preflight import local_plan, preflight
 from testbed.plan.plan import Endpoint, NodeInfo, Plan
 from testbed.engine.teardown import down, down_all, list_testbeds  # noqa: F401  (the library's API)
-from testbed.model.topology import DIRECTIONS, Link, Shape, Topology, check_shape, load_topology_dict  # noqa: F401
+from testbed.model.topology import DIRECTIONS, Link, Shape, Topology, check_shape, load_topology_dict
 from testbed.model.units import Duration, Loss, Rate
 
 

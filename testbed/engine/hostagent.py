@@ -58,7 +58,7 @@ def _dict(v: object, what: str) -> dict:
 
 
 def probe(req: dict) -> dict:
-    from testbed.engine.core import check_free, check_share
+    from testbed.engine.preflight import check_free, check_share
     from testbed.model.topology import load_topology_dict
 
     if os.geteuid() != 0:
@@ -84,8 +84,10 @@ def apply(name: str, req: dict) -> dict:
 
     from testbed.plan import actions
     from testbed.engine.apply import apply_plan
-    from testbed.engine.core import Testbed, check_free
-    from testbed.plan.ledger import Ledger, global_lock
+    from testbed.engine.core import Testbed
+    from testbed.engine.preflight import check_free
+    from testbed.plan.ledger import Ledger
+    from testbed.common.state import global_lock
     from testbed.plan.plan import Plan
     from testbed.engine.teardown import require_root
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 
-from testbed.common.errors import TopologyError
 from testbed.model.topology import Topology
 from testbed.nodes import get as backend
 from testbed.plan import naming

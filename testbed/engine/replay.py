@@ -33,13 +33,9 @@ from testbed.common.errors import TestbedError
 from testbed.net.tcbatch import LinkChanger
 from testbed.model.topology import DIRECTIONS, Link, check_shape
 from testbed.plan.actions import StartReplay, recorded
-from testbed.plan.ledger import Ledger, global_lock
+from testbed.plan.ledger import Ledger
+from testbed.common.state import global_lock
 from testbed.model.trace import MAX_SPAN_S, Step, Trace
-
-TRACE_FORMATS = ("auto", "csv", "mahimahi")
-"""The formats :func:`testbed.model.trace.load_trace` reads (``auto``: mahimahi when every
-line is an integer, else csv); ``testbed link replay --format`` and ``testbed run
---trace-format`` offer exactly these."""
 
 DIRECTION_CHOICES = (*DIRECTIONS, "both")
 """What a change or a replay drives: one direction of each link, or both."""

@@ -21,7 +21,8 @@ from testbed.common.errors import KernelError, StateError, TestbedError
 from testbed.hosts import share  # noqa: F401  (registers other hosts' actions, named in ledgers)
 from testbed.hosts.local import LocalHost
 from testbed.nodes import BACKENDS  # (importing the backends registers their actions, named in ledgers)
-from testbed.plan.ledger import Ledger, global_lock, state_root
+from testbed.plan.ledger import Ledger
+from testbed.common.state import global_lock
 from testbed.net import netns
 from testbed.net.rtnl import Rtnl
 

@@ -27,7 +27,7 @@ class LocalHost:
     def docker(self):
         """The local Docker engine (docker SDK client), connected on first use."""
         if self._docker is None:
-            from testbed.nodes.docker import client
+            from testbed.nodes.dockerapi import client
 
             self._docker = client()
         return self._docker

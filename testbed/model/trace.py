@@ -268,6 +268,11 @@ def parse_schedule(items: object, loop: object = False, path: str = "schedule") 
     return _finish(steps, loop, path)
 
 
+TRACE_FORMATS = ("auto", "csv", "mahimahi")
+"""The formats :func:`load_trace` reads (``auto``: mahimahi when every line is an integer,
+else csv); ``testbed link replay --format`` and ``testbed run --trace-format`` offer these."""
+
+
 def load_trace(path: Path, fmt: str = "auto", window_s: float = 1.0, loop: bool = False) -> Trace:
     """A trace file: ``fmt`` csv, mahimahi, or auto (mahimahi when every line is an integer)."""
     lines = _read(path)
@@ -277,4 +282,4 @@ def load_trace(path: Path, fmt: str = "auto", window_s: float = 1.0, loop: bool 
         return parse_csv(lines, str(path), loop)
     if fmt == "mahimahi":
         return parse_mahimahi(lines, window_s, str(path))
-    raise TraceError(f"unknown trace format {fmt!r}", "choose csv, mahimahi or auto")
+    raise TraceError(f"unknown trace format {fmt!r}", f"choose one of: {', '.join(TRACE_FORMATS)}")

@@ -34,7 +34,7 @@ from testbed.plan.actions import ApplyContext, Action, Teardown, register
 from testbed.common.errors import TestbedError
 from testbed.model.backend_options import DEFAULT_IMAGE, DEFAULT_SHM
 from testbed.nodes.base import Backend, Check
-from testbed.nodes.dockerapi import ENGINE_HINT, client, docker_sdk  # noqa: F401  (client: callers' import path)
+from testbed.nodes.dockerapi import client, docker_sdk
 from testbed.nodes.dockerapi import not_found as _not_found
 from testbed.nodes import images
 

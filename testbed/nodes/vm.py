@@ -42,7 +42,7 @@ from testbed.nodes.vmimage import AGENT_PORT
 from testbed.model.backend_options import DEFAULT_MEMORY, DEFAULT_VCPUS, mem_mb as _mem_mb
 from testbed.nodes import vmimage
 from testbed.nodes.base import Backend, Check
-from testbed.nodes.qemu import QEMU, TCG_CPU, choose_accel, known_kvm, probe_kvm, tcg_clock_args  # noqa: F401
+from testbed.nodes.qemu import QEMU, TCG_CPU, choose_accel, known_kvm, tcg_clock_args
 
 BRIDGE, TAP = "vmbr0", "vmtap0"
 READY_TIMEOUT = float(os.environ.get("TESTBED_VM_READY_TIMEOUT", "180"))

@@ -20,7 +20,7 @@ import os
 import shutil
 
 from testbed.common.errors import StateError
-from testbed.common.state import global_lock, private_dir, state_root  # noqa: F401  (callers' import path)
+from testbed.common.state import private_dir, state_root
 
 
 class Ledger:

@@ -15,7 +15,7 @@ from pathlib import Path
 from testbed.common.errors import TestbedError
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
-from testbed.runs.launch import host_gpus
+from testbed.nodes.gpus import host_gpus
 from testbed.runs.request import RunRequest
 
 
@@ -70,7 +70,8 @@ def check_testbed(tb: Testbed, req: RunRequest, trace) -> tuple[list, list[Link]
     take the run. Flows a killed run left running on it are stopped on the way."""
     if len(tb.workers) < 1:
         raise TestbedError(f"testbed '{tb.name}' has no worker nodes")
-    from testbed.runs.traffic import check_flows, stop_leftovers
+    from testbed.model.flows import check_flows
+    from testbed.runs.traffic import stop_leftovers
 
     flows = list(tb.topology.traffic if req.cross_traffic is None else req.cross_traffic)
     check_flows(flows, [w.name for w in tb.workers])

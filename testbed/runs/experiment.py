@@ -32,7 +32,8 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import write_json
-from testbed.engine.core import DIRECTIONS, Testbed
+from testbed.model.topology import DIRECTIONS
+from testbed.engine.core import Testbed
 from testbed.model.topology import Link, Shape
 from testbed.runs.checks import check_out, check_testbed, gpus_for, load_trace
 from testbed.runs.exporter import start_run_exporter

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.engine.core import Testbed
-from testbed.plan.ledger import Ledger, global_lock
+from testbed.plan.ledger import Ledger
+from testbed.common.state import global_lock
 
 
 def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from testbed.common.errors import TestbedError
-from testbed.engine.apply import ignore_interrupts as _ignore, interrupt_on
+from testbed.common.signals import ignore_interrupts as _ignore, interrupt_on
 
 
 class RunInterrupted(TestbedError):

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common import procs
-from testbed.nodes.gpus import gpu_names, host_gpus  # noqa: F401  (callers' import path)
 from testbed.nodes.nsexec import DIE_WITH_PARENT
 from testbed.common.errors import TestbedError
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from testbed.common.files import write_json
 from testbed.common.version import __version__
-from testbed.engine.core import DIRECTIONS, Testbed
+from testbed.model.topology import DIRECTIONS
+from testbed.engine.core import Testbed
 from testbed.model.topology import Link
 from testbed.runs.launch import placement
 from testbed.runs.request import RunRequest

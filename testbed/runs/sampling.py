@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.common.files import JsonlTail
-from testbed.engine.core import DIRECTIONS, Testbed
+from testbed.model.topology import DIRECTIONS
+from testbed.engine.core import Testbed
 from testbed.model.topology import Link
 from testbed.plan.ledger import Ledger
 from testbed.runs.request import Status

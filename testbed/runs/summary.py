@@ -15,7 +15,7 @@ from pathlib import Path
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_jsonl, write_json
 from testbed.common.version import __version__
-from testbed.engine.core import DIRECTIONS
+from testbed.model.topology import DIRECTIONS
 from testbed.model.topology import Link
 from testbed.runs.rundir import code_version
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
-from testbed.model.flows import Flow, check_flows, flow_from_dict, parse_spec  # noqa: F401  (callers' import path)
+from testbed.model.flows import Flow
 
 BASE_PORT = 5301
 
@@ -96,7 +96,8 @@ class CrossTraffic:
 
     def _spawn(self, node: str, argv: list[str]) -> subprocess.Popen:
         from testbed.plan.actions import StartTraffic
-        from testbed.plan.ledger import Ledger, global_lock
+        from testbed.plan.ledger import Ledger
+        from testbed.common.state import global_lock
 
         marker = next(a for a in argv if a.startswith("--logfile="))
         if marker not in self._recorded:  # an on/off flow's client restarts with the same marker

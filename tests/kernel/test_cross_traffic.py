@@ -16,7 +16,8 @@ import yaml
 
 from testbed import Testbed, load_topology_dict
 from testbed.common.procs import argv_of
-from testbed.runs.traffic import CrossTraffic, parse_spec
+from testbed.runs.traffic import CrossTraffic
+from testbed.model.flows import parse_spec
 from tests.helpers import dumbbell, pids_with
 from tests.kernel.conftest import cli, cli_json
 

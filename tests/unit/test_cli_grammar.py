@@ -122,7 +122,7 @@ def test_an_unknown_scheme_is_a_usage_error_naming_the_choices(state):
 def test_other_choices_come_from_their_registries():
     from workloads.schemes import parameters
 
-    from testbed.engine.replay import TRACE_FORMATS
+    from testbed.model.trace import TRACE_FORMATS
 
     r = cli("link", "replay", "l0", "t.csv", "--format", "json")
     assert r.returncode == 2 and all(f in r.stderr for f in TRACE_FORMATS)

@@ -10,7 +10,7 @@ import pytest
 from testbed.common.errors import TestbedError
 from testbed.engine import replay
 from testbed.model.topology import load_topology_dict
-from testbed.model.trace import MAX_SPAN_S, TraceError, load_trace
+from testbed.model.trace import MAX_SPAN_S, TraceError, TRACE_FORMATS, load_trace
 from tests.helpers import dumbbell
 
 
@@ -68,7 +68,7 @@ def test_the_trace_formats_offered_are_those_load_trace_reads(tmp_path):
     p.write_text("0,100mbit\n1,50mbit\n")
     m = tmp_path / "t.mahi"
     m.write_text("1\n2\n3\n")
-    for fmt in replay.TRACE_FORMATS:
+    for fmt in TRACE_FORMATS:
         load_trace(m if fmt == "mahimahi" else p, fmt)
     with pytest.raises(TraceError, match="unknown trace format"):
         load_trace(p, "json")

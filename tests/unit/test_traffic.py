@@ -6,7 +6,8 @@ import pytest
 
 from testbed.common.errors import TestbedError
 from testbed.plan.actions import TRAFFIC_MARKER as MARKER
-from testbed.runs.traffic import check_flows, parse_server_log, parse_spec
+from testbed.model.flows import check_flows, parse_spec
+from testbed.runs.traffic import parse_server_log
 
 LOG = """1795381758 -----------------------------------------------------------
 1795381758 Server listening on 5301 (test #1)
