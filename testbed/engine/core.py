@@ -12,40 +12,34 @@ another process, also after ``kill -9``) reads the ledger and removes exactly th
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from testbed.common.version import __version__
 from testbed.plan import naming
-from testbed.common import procs
 from testbed.engine.apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
 from testbed.nodes import get as get_backend
 from testbed.common.errors import StateError, TestbedError
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
-from testbed.net import netns, tc
+from testbed.net import tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
-from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger
 from testbed.hosts.local import LOCAL, LocalHost
+from testbed.hosts.site import LocalSite, ShapeChange, Site, SshSite
 from testbed.plan.actions import ApplyContext
 from testbed.engine.preflight import local_plan, preflight
 from testbed.plan.plan import Endpoint, NodeInfo, Plan
 from testbed.engine.teardown import down, down_all, list_testbeds  # noqa: F401  (the library's API)
-from testbed.model.topology import DIRECTIONS, Link, Shape, Topology, check_shape, load_topology_dict
+from testbed.model.topology import DIRECTIONS, Link, Topology, check_shape, load_topology_dict
 from testbed.model.units import Duration, Loss, Rate
 
 
-
-_IFINDEX: dict[tuple[str, int | None, str], int] = {}
-"""(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
-life, and the inode tells a namespace apart from a later one of the same name, so
-repeated counter reads (the exporter's scrapes) skip the lookups."""
 
 
 class Testbed:
@@ -70,23 +64,18 @@ class Testbed:
         self.here: str = state.get("host", LOCAL)
         """The host this process runs on: ``local`` on the controller, a host's name on a
         host that holds a share of a multi-host testbed."""
-        self._remotes: dict = {}
+        self._sites: dict[str, Site] = {}
 
-    def remote(self, host: str):
-        """The SSH link to ``host`` (from the controller), opened on first use."""
-        from testbed.hosts.ssh import Remote
-
-        if self.here != LOCAL:
-            raise StateError(f"this is host {self.here}'s share of testbed '{self.name}'",
-                             "run this on the controller (where `testbed up` ran)")
-        if host not in self._remotes:
-            self._remotes[host] = Remote(self.topology.host(host))
-        return self._remotes[host]
+    def site(self, host: str) -> Site:
+        """The part of this testbed on ``host``: this machine's, or another host's over SSH."""
+        if host not in self._sites:
+            self._sites[host] = (LocalSite if host == self.here else SshSite)(self, host)
+        return self._sites[host]
 
     def close(self) -> None:
-        for r in self._remotes.values():
-            r.close()
-        self._remotes.clear()
+        for s in self._sites.values():
+            s.close()
+        self._sites.clear()
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -173,30 +162,9 @@ class Testbed:
 
     def command(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (),
                 cwd: Path | None = None) -> list[str]:
-        """Host argv that runs ``argv`` inside ``node`` (through its backend; no shell). A
-        node on another host: through :mod:`testbed.hosts.sshexec`, which relays over SSH."""
+        """Host argv that runs ``argv`` inside ``node`` (through its backend, on its host; no shell)."""
         info = self.node(node)
-        if info.host != self.here:
-            if self.here != LOCAL:
-                raise TestbedError(f"node {node} is on host {info.host}", "run this on the controller")
-            if mounts or cwd is not None:
-                raise TestbedError(f"node {node} is on host {info.host}: host directories cannot be mounted there")
-            return self.remote_command(node, argv)
-        return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
-
-    def remote_command(self, node: str, argv: Sequence[str], *, python: bool = False, run: str | None = None,
-                       env: dict[str, str] | None = None, mounts: Sequence[Path] = ()) -> list[str]:
-        """Host argv that runs ``argv`` in ``node`` on its (other) host, relayed over SSH by
-        :mod:`testbed.hosts.sshexec`. ``python``: ``argv`` is MODULE ARGS for the node's Python
-        there; ``run``: start in that host's directory of the run; ``env``: variables set
-        on top of the node's own environment there; ``mounts``: directories that exist
-        on that host too (a container sees them)."""
-        info = self.node(node)
-        h = self.topology.host(info.host)
-        opts = (["--python"] if python else []) + ([f"--run={run}"] if run else [])
-        opts += [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--mount={m}" for m in mounts]
-        return procs.python_argv("testbed.hosts.sshexec", "--host", json.dumps(h.to_dict()), "--testbed", self.name,
-                                 "--node", node, *(f"--remote-opt={o}" for o in opts), "--", *argv)
+        return self.site(info.host).command(info, argv, mounts=mounts, cwd=cwd)
 
     def spawn(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None,
               **popen_kwargs) -> subprocess.Popen:
@@ -262,28 +230,17 @@ class Testbed:
                 if detail := netem_missing():
                     raise TestbedError(f"delay/jitter/loss need the netem qdisc, which this kernel lacks ({detail})",
                                        tc.NETEM_MISSING_HINT)
+            by_site: dict[str, list[ShapeChange]] = {}
+            for idx, l in new_links.items():
+                for d in dirs:
+                    ep = self.egress[(idx, d)]
+                    by_site.setdefault(ep.host, []).append(
+                        ShapeChange(idx, d, f"{l.name} {d}", ep, l.shape(d), current.links[idx].shape(d)))
             own = changer is None
             changer = changer or LinkChanger()
-            todo = [(self.egress[(idx, d)], l.shape(d), f"{l.name} {d}: changing the shape")
-                    for idx, l in new_links.items() for d in dirs if self.egress[(idx, d)].host == self.here]
-            self._shape_elsewhere([(idx, d, l.shape(d)) for idx, l in new_links.items() for d in dirs
-                                   if self.egress[(idx, d)].host != self.here])
             try:
-                changer.apply(todo)
-            except BaseException as e:
-                # the others may have applied: put back their shapes from before, so kernel and state agree
-                failed = set(getattr(e, "failed", ()))
-                try:
-                    changer.apply([(self.egress[(idx, d)], current.links[idx].shape(d), f"{l.name} {d}: restoring")
-                                   for idx, l in new_links.items() for d in dirs
-                                   if f"{l.name} {d}: changing the shape" not in failed])
-                    restored = ""
-                except Exception as err:  # reported with the original error below
-                    restored = str(err)
-                if isinstance(e, TestbedError):
-                    e.message += (" (the shapes from before were restored)" if not restored
-                                  else f" (restoring failed too: {restored})")
-                raise
+                for site in sorted((self.site(h) for h in by_site), key=lambda s: s.order):
+                    site.shape(by_site[site.host], changer)
             finally:
                 if own:
                     changer.close()
@@ -293,16 +250,6 @@ class Testbed:
             Ledger(self.name).write_state(state)
         return [new_links[i] for i in wanted]
 
-    def _shape_elsewhere(self, changes: list[tuple[int, str, "Shape"]]) -> None:
-        """Change link ends on other hosts (before the local ones: a refusal there leaves
-        nothing changed here)."""
-        by_host: dict[str, list[dict]] = {}
-        for idx, d, shape in changes:
-            by_host.setdefault(self.egress[(idx, d)].host, []).append(
-                {"link": idx, "direction": d, "shape": shape.to_dict()})
-        for host, items in by_host.items():
-            self.remote(host).call("shape", self.name, payload={"changes": items}, timeout=60)
-
     def link_counters(self, links: Iterable[Link] | None = None, pool: "NetlinkPool | None" = None,
                       local_only: bool = False) -> dict[tuple[int, str], dict]:
         """Live egress counters (bytes, packets, drops, ...) per (link index, direction),
@@ -310,59 +257,16 @@ class Testbed:
 
         ``pool`` keeps the netlink handles open between calls (an exporter's scrapes)."""
         wanted = None if links is None else {l.index for l in links}
-        by_ns: dict[str, list[tuple[int, str, Endpoint]]] = {}
-        elsewhere: set[str] = set()
+        by_host: dict[str, list[tuple[int, str, Endpoint]]] = {}
         for (idx, d), ep in self.egress.items():
-            if wanted is None or idx in wanted:
-                if ep.host != self.here:
-                    elsewhere.add(ep.host)
-                else:
-                    by_ns.setdefault(ep.ns, []).append((idx, d, ep))
-        counters: dict[tuple[int, str], dict] = {}
-        if elsewhere and not local_only:
-            counters.update(self._remote_counters(sorted(elsewhere), wanted))
-        for ns, eps in by_ns.items():
-            ino = netns.inode(ns)
-            if ino is None:
-                raise StateError(f"network namespace {ns} of testbed '{self.name}' is gone",
-                                 f"`testbed down {self.name}` removes the rest")
-            rt = pool.get(ns, ino) if pool is not None else Rtnl.open(ns)
-            try:
-                stats = tc.egress_stats(rt)
-                todo = [ep.ifname for _, _, ep in eps if (ns, ino, ep.ifname) not in _IFINDEX]
-                if len(todo) > 1:
-                    rt.load_indexes()
-                for name in todo:
-                    _IFINDEX[(ns, ino, name)] = rt.index(name)
-            except BaseException:
-                if pool is not None:
-                    pool.drop(ns, ino)
-                raise
-            finally:
-                if pool is None:
-                    rt.close()
-            for idx, d, ep in eps:
-                counters[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
-        return counters
-
-    def _remote_counters(self, hosts: list[str], wanted: set[int] | None) -> dict[tuple[int, str], dict]:
-        """The other hosts' link-end counters, asked in parallel over SSH."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-            answers = list(pool.map(lambda h: self.remote(h).call("counters", self.name, timeout=60), hosts))
-        out: dict[tuple[int, str], dict] = {}
-        for host, ans in zip(hosts, answers):
-            got = ans.get("counters")
-            if not isinstance(got, dict):
-                raise StateError(f"host {host} answered counters without counters")
-            for key, c in got.items():
-                i, _, d = str(key).partition("/")
-                if not i.isdigit() or d not in DIRECTIONS or not isinstance(c, dict):
-                    raise StateError(f"host {host} answered a malformed counter key {key!r}")
-                if (wanted is None or int(i) in wanted) and self.egress.get((int(i), d), Endpoint("", "")).host == host:
-                    out[(int(i), d)] = {k: v for k, v in c.items() if isinstance(v, (int, float))}
-        return out
+            if (wanted is None or idx in wanted) and (not local_only or ep.host == self.here):
+                by_host.setdefault(ep.host, []).append((idx, d, ep))
+        sites = [self.site(h) for h in by_host]
+        if len(sites) <= 1:  # in this thread: ``pool``'s handles belong to it (the exporter's)
+            return sites[0].counters(by_host[sites[0].host], pool) if sites else {}
+        with ThreadPoolExecutor(max_workers=len(sites)) as workers:  # hosts answer in parallel
+            answers = list(workers.map(lambda s: s.counters(by_host[s.host], pool), sites))
+        return {k: v for got in answers for k, v in got.items()}
 
     def link_stats(self) -> list[dict]:
         """Per link and direction: shape in force and live egress counters."""

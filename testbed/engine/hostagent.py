@@ -148,7 +148,10 @@ def counters(name: str) -> dict:
 
 
 def shape(name: str, req: dict) -> dict:
+    """Change this host's ends of links, as the controller asks; on a failure the shapes in
+    force before (``old``, as the controller knows them) are put back."""
     from testbed.engine.core import Testbed
+    from testbed.hosts.site import ShapeChange
     from testbed.net.tcbatch import LinkChanger
     from testbed.model.topology import shape_from_dict
 
@@ -163,10 +166,11 @@ def shape(name: str, req: dict) -> dict:
         ep = tb.egress.get(key)  # type: ignore[arg-type]
         if ep is None or ep.host != tb.here:
             raise TestbedError(f"link end {key} is not on this host")
-        todo.append((ep, shape_from_dict(c.get("shape")), f"links[{key[0]}] {key[1]}: changing the shape"))
+        old = shape_from_dict(c["old"]) if "old" in c else tb.topology.links[key[0]].shape(key[1])
+        todo.append(ShapeChange(key[0], key[1], f"links[{key[0]}] {key[1]}", ep, shape_from_dict(c.get("shape")), old))
     changer = LinkChanger()
     try:
-        changer.apply(todo)
+        tb.site(tb.here).shape(todo, changer)
     finally:
         changer.close()
     return {"changed": len(todo)}

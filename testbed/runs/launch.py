@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.common import procs
+from testbed.hosts.runplace import RunPlace
 from testbed.nodes.nsexec import DIE_WITH_PARENT
 from testbed.common.errors import TestbedError
 
@@ -52,6 +52,8 @@ class RankProc:
     log: Path
     records: Path
     host: str = "local"
+    where: str = ""
+    """How a failure names the host (empty for this one)."""
     last_progress: float = field(default_factory=time.monotonic)
     _sizes: tuple[int, int] = (0, 0)
     exited_at: float | None = None  # monotonic time its exit was reaped
@@ -182,7 +184,7 @@ class Launcher:
         self.mounts = [run_dir.resolve(), *mounts]
         self.ranks: list[RankProc] = []
         self.seats = list(seats) if seats is not None else placement(tb.topology)
-        self.remote_runs: dict[str, RemoteRun] = {}
+        self.places: dict[str, RunPlace] = {}
         self._collected = 0.0
 
     def start(self) -> None:
@@ -196,41 +198,34 @@ class Launcher:
             backend = self.tb.backend(w.name)
             seat = self.seats[w.rank]
             assert seat.node == w.name, (seat, w.name)
-            remote = w.host != self.tb.here
-            gpu = gpu_for(w.rank, w.gpu, self.gpus if backend.shares_host_gpus and not remote else ())
+            place = self._place(w.host)
+            gpu = gpu_for(w.rank, w.gpu, place.host_gpus(backend, self.gpus))
+            base, cuda_visible = place.environment(backend, w, gpu)
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
-                           gpu=gpu, threads=threads, base={} if remote else backend.environment(w), seat=seat,
-                           cuda_visible=None if remote else backend.cuda_visible(w, gpu))
+                           gpu=gpu, threads=threads, base=base, seat=seat, cuda_visible=cuda_visible)
             env["TESTBED_PLACEMENT"] = str(where.resolve())
             env.update(self.extra_env)
-            log = self.run_dir / f"rank{w.rank}.log"
-            if remote:  # its host's own run directory; what the rank writes is collected here
-                rr = self._remote_run(w.host)
-                env = {k: rr.rewrite(v) for k, v in env.items()}
-                argv = [rr.rewrite(a) for a in self.argv]
-                cmd = self.tb.remote_command(w.name, argv, python=True, run=self.run_dir.name, env=env,
-                                             mounts=[m for m in rr.mounts if str(m) in argv])
-                env = dict(os.environ)
-            else:
-                cmd = self.tb.command(w.name, procs.python_argv(*self.argv, python=backend.python(w)),
-                                      mounts=self.mounts, cwd=self.run_dir)
+            cmd, env = place.command(backend, w, self.argv, env)
             # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
             # testbed.hosts.sshexec dies and the connection with it)
             env[DIE_WITH_PARENT] = str(os.getpid())
+            log = self.run_dir / f"rank{w.rank}.log"
             with open(log, "wb") as f:
                 proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)  # Ctrl-C reaches us, not the ranks
-            self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl", w.host))
+            self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",
+                                       w.host, place.where))
 
-    def _remote_run(self, host: str) -> "RemoteRun":
-        if host not in self.remote_runs:
-            self.remote_runs[host] = RemoteRun(self.tb, host, self.run_dir, self.mounts)
-        return self.remote_runs[host]
+    def _place(self, host: str) -> RunPlace:
+        """The run directory as ranks on ``host`` see it (opened once per host)."""
+        if host not in self.places:
+            self.places[host] = self.tb.site(host).open_run(self.run_dir, self.mounts)
+        return self.places[host]
 
     def collect(self) -> None:
         """Bring what the ranks on other hosts wrote so far into the run directory."""
-        for rr in self.remote_runs.values():
-            rr.collect()
+        for place in self.places.values():
+            place.collect()
 
     def wait(self, tick: Callable[[], None] | None = None, interval: float = 0.5) -> None:
         """Return when every rank exited 0; raise RankFailed as soon as one fails or all hang.
@@ -242,7 +237,7 @@ class Launcher:
 
     def _wait(self, tick, interval) -> None:
         while True:
-            if self.remote_runs and time.monotonic() - self._collected > COLLECT_EVERY_S:
+            if time.monotonic() - self._collected > COLLECT_EVERY_S:
                 self._collected = time.monotonic()
                 try:
                     self.collect()
@@ -269,8 +264,7 @@ class Launcher:
                 why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
                 if why:
                     how += f": {why}"
-                on = "" if r.host == self.tb.here else f" on host {r.host}"
-                raise RankFailed(f"rank {r.rank} (node {r.node}{on}) {how}; the other ranks were stopped. "
+                raise RankFailed(f"rank {r.rank} (node {r.node}{r.where}) {how}; the other ranks were stopped. "
                                  f"Last lines of {r.log}:\n{tail(r.log)}")
             if running == 0:
                 return
@@ -312,64 +306,3 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
             proc.send_signal(sig)
         except ProcessLookupError:
             pass
-
-
-class RemoteRun:
-    """A run's directory on another host (``testbed _host rundir``), its inputs uploaded and
-    what the ranks write there copied back, incrementally, over SFTP: appended bytes of
-    growing files (records, logs), whole files when replaced (summary.json)."""
-
-    def __init__(self, tb, host: str, run_dir: Path, mounts: Sequence[Path]):
-        self.host, self.run_dir = host, run_dir.resolve()
-        self.remote = tb.remote(host)
-        self.path = self.remote.call("rundir", tb.name, run_dir.name)["path"]
-        if not isinstance(self.path, str) or not self.path.startswith("/"):
-            raise TestbedError(f"host {host} answered rundir with {self.path!r}")
-        self.sftp = self.remote.client().open_sftp()
-        self._seen: dict[str, tuple[int, float]] = {}
-        self._local: dict[str, str] = {str(self.run_dir): self.path}
-        self.mounts: list[Path] = []
-        self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
-        self._uploaded = {"placement.json"}
-        for m in mounts:
-            m = Path(m).resolve()
-            if m != self.run_dir:
-                self.mounts.append(m)
-
-    def rewrite(self, arg: str) -> str:
-        """A rank's argument or variable as that host sees it: the run directory is its own,
-        and a file of a mounted directory (a checkpoint) is uploaded into it first."""
-        if arg.startswith(str(self.run_dir)):
-            return self.path + arg[len(str(self.run_dir)):]
-        p = Path(arg)
-        if p.is_absolute() and p.is_file() and any(m in p.parents for m in self.mounts):
-            name = f"input-{len(self._uploaded)}-{p.name}"
-            self.sftp.put(str(p), f"{self.path}/{name}")
-            self._uploaded.add(name)
-            return f"{self.path}/{name}"
-        return arg
-
-    def collect(self) -> None:
-        import stat as st
-
-        for a in self.sftp.listdir_attr(self.path):
-            if a.filename in self._uploaded or not st.S_ISREG(a.st_mode or 0) or a.filename.endswith(".tmp"):
-                continue
-            local = self.run_dir / a.filename
-            key = (a.st_size or 0, a.st_mtime or 0)
-            if self._seen.get(a.filename) == key:
-                continue
-            have = local.stat().st_size if local.exists() else 0
-            growing = a.filename.endswith((".jsonl", ".log")) and (a.st_size or 0) >= have
-            with self.sftp.open(f"{self.path}/{a.filename}", "rb") as src:
-                if growing:
-                    src.seek(have)
-                    data = src.read()
-                    with open(local, "ab") as f:
-                        f.write(data)
-                else:
-                    data = src.read()
-                    tmp = local.with_name(local.name + ".part")
-                    tmp.write_bytes(data)
-                    os.replace(tmp, local)
-            self._seen[a.filename] = key

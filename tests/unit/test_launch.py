@@ -34,7 +34,7 @@ def _rank(tmp_path: Path, rank: int, code: str) -> RankProc:
 
 def test_the_rank_that_died_first_is_named_even_when_a_lower_rank_died_of_it(tmp_path):
     launcher = Launcher.__new__(Launcher)
-    launcher.tb, launcher.timeout, launcher.remote_runs, launcher._collected = _Testbed(), 300.0, {}, 0.0
+    launcher.tb, launcher.timeout, launcher.places, launcher._collected = _Testbed(), 300.0, {}, 0.0
     launcher.ranks = [
         # rank 0 fails a moment after its peer, as gloo's "connection reset" makes it do
         _rank(tmp_path, 0, "import time, sys; time.sleep(0.8); sys.exit(1)"),
