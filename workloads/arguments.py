@@ -15,6 +15,9 @@ from pathlib import Path
 from workloads import data, schemes
 from workloads.models import MODELS
 
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+"""torch.distributed backends a run may ask for (auto: nccl when CUDA is available, else gloo)."""
+
 DESCRIPTION = """Distributed data-parallel training with a choice of gradient-communication scheme.
 
     torchrun --nproc-per-node 2 -m workloads.train --scheme pactrain --dataset digits --out runs/x
@@ -70,7 +73,7 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
                    help="paper-scale traffic: replace forward and backward by this many seconds per iteration "
                         "(e.g. measured on your GPU); the real model's parameters, DDP buckets, hooks and "
                         "collectives, synthetic gradients; no accuracy. Needs --max-iters")
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+    p.add_argument("--backend", choices=DIST_BACKENDS, default="auto",
                    help="auto: nccl when CUDA is available, else gloo")
     p.add_argument("--iface", default=None,
                    help="interface whose tx/rx counters are recorded (default: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME)")

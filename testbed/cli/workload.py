@@ -37,7 +37,14 @@ def _datasets():
     return DATASETS
 
 
+def _dist_backends():
+    from workloads.arguments import DIST_BACKENDS
+
+    return DIST_BACKENDS
+
+
 MODELS = Choices("model", _models, metavar="MODEL")
+DIST_BACKENDS = Choices("backend", _dist_backends, metavar="auto|gloo|nccl")
 DATASETS = Choices("dataset", _datasets, metavar="DATASET")
 
 _GENERAL = [  # (name, type, typer option), in --help order
@@ -60,8 +67,8 @@ _GENERAL = [  # (name, type, typer option), in --help order
     ("seed", int, typer.Option(0, "--seed", metavar="INT")),
     ("init", Optional[Path], typer.Option(None, "--init", metavar="FILE",
                                           help="Checkpoint from python -m workloads.pretrain.")),
-    ("backend", str, typer.Option("auto", "--backend", metavar="BACKEND", help="The workload's torch.distributed "
-                                  "backend (auto: nccl when CUDA is available, else gloo).")),
+    ("backend", str, choice("auto", "--backend", choices=DIST_BACKENDS, help="The workload's torch.distributed "
+                            "backend (auto: nccl when CUDA is available, else gloo).")),
     ("eval_every", Optional[int], typer.Option(None, "--eval-every", metavar="INT",
                                                help="Iterations between evaluations (default: each epoch).")),
     ("compute_time", Optional[float], typer.Option(None, "--compute-time", metavar="SECONDS", help="Paper-scale "

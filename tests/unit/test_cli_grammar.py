@@ -117,6 +117,8 @@ def test_an_unknown_scheme_is_a_usage_error_naming_the_choices(state):
     assert r.returncode == 2 and "unknown scheme 'topk2'" in r.stderr
     r = cli("run", "topk:frob=1", state=state)  # a variant naming a parameter topk does not have
     assert r.returncode == 2 and "topk has no parameter 'frob'" in r.stderr
+    r = cli("run", "allreduce", "--backend", "mpi", state=state)  # the workload's own list, checked up front
+    assert r.returncode == 2 and "unknown backend 'mpi'; choose one of: auto, gloo, nccl" in r.stderr, r.stderr
 
 
 def test_other_choices_come_from_their_registries():
