@@ -26,7 +26,10 @@ import typer
 from testbed.cli import doctor, host, images, links, monitor, reports, runs, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
+from testbed.common import rootless
+from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
+from testbed.plan.ledger import Ledger
 
 __all__ = ["app", "main"]
 
@@ -61,18 +64,38 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in (argv[:list(argv).index("--")] if "--" in argv else argv)
 
 
+KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor"}
+"""What an ordinary user's command does in their rootless namespaces (the others, e.g.
+``validate``, ``report``, ``--help``, never start the holder)."""
+
+
+def _needs_namespaces(argv: Sequence[str]) -> bool:
+    own = argv[:list(argv).index("--")] if "--" in argv else argv
+    first = next((a for a in own if not a.startswith("-")), None)
+    return first in KERNEL_COMMANDS and not {"--help", "-h"} & set(own)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host.dispatch(argv)  # `testbed _host OP ...` over SSH: never parsed here
     as_json = _wants_json(argv)
+    entered = False
     try:
+        if rootless.needed() and _needs_namespaces(argv):
+            rootless.enter()  # before any thread starts; from here on, a child inside them
+            entered = True
         code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)
     except Fail as f:
         code = failure(f.error, f.as_json)
+    except TestbedError as e:  # entering the rootless namespaces failed
+        code = failure(e, as_json)
     except ClickException as e:
         code = refusal(e, as_json)
     except KeyboardInterrupt:
         code = interrupted()
+    finally:
+        if entered:
+            rootless.release(busy=bool(Ledger.all_names()))
     sys.exit(interrupted() if code == 130 else code if isinstance(code, int) else 0)
 
 

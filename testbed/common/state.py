@@ -1,7 +1,8 @@
 """Where testbed keeps its state: the state directory, private directories, the global lock.
 
-The state dir is ``$TESTBED_STATE_DIR`` or ``/run/testbed``: on tmpfs, like ``/run/netns``,
-so it vanishes at reboot together with the namespaces it describes.
+The state dir is ``$TESTBED_STATE_DIR`` or ``/run/testbed`` (rootless: on the user's private
+tmpfs): on tmpfs, like the namespace handles, so it vanishes at reboot (or with the
+rootless holder) together with the namespaces it describes.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from testbed.common import rootless
 from testbed.common.errors import StateError, TestbedError
 
 
 def state_root() -> Path:
-    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+    """``$TESTBED_STATE_DIR``, else ``/run/testbed`` as root, else (rootless) the state
+    directory on the user's private tmpfs, which only the user's own commands see."""
+    if os.environ.get("TESTBED_STATE_DIR"):
+        return Path(os.environ["TESTBED_STATE_DIR"])
+    return rootless.private_root() / "state" if rootless.active() else Path("/run/testbed")
 
 
 def private_dir(path: Path) -> Path:
@@ -41,7 +47,8 @@ def global_lock(timeout: float = 120.0) -> Iterator[None]:
         private_dir(root)
         fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except PermissionError:
-        raise TestbedError(f"cannot write the state directory {root}", "run as root (sudo testbed ...)") from None
+        raise TestbedError(f"cannot write the state directory {root}",
+                           "set TESTBED_STATE_DIR to a directory of yours, or run as root") from None
     deadline = time.monotonic() + timeout
     try:
         while True:

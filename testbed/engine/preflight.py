@@ -7,6 +7,7 @@ import ipaddress
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
+from testbed.common import rootless
 from testbed.common.errors import StateError, TopologyError
 from testbed.common.version import __version__
 from testbed.engine.planner import make_plan
@@ -30,6 +31,7 @@ from testbed.plan.plan import Plan, choose_subnet
 def preflight(topology: Topology, exporter: str | None = None) -> Plan:
     """Every check that needs the kernel, before anything is created. Returns the plan."""
     require_root()
+    check_rootless(topology)
     if exporter is not None:
         sd.check_listen(exporter, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
     check_share(topology, LOCAL)
@@ -39,6 +41,22 @@ def preflight(topology: Topology, exporter: str | None = None) -> Plan:
         probe_hosts(topology, plan, underlays)
     check_free(plan.namespaces)
     return plan
+
+
+def check_rootless(topology: Topology) -> None:
+    """In an ordinary user's rootless namespaces, refuse what needs root (before anything is made)."""
+    if not rootless.active():
+        return
+    if topology.multi_host:
+        raise rootless.RootlessError(
+            f"testbed '{topology.name}' spans several hosts (hosts: {', '.join(h.name for h in topology.hosts)}), "
+            "which needs root (namespaces and tunnels are made there over SSH as root)",
+            "run it as root (sudo testbed up ...), or drop hosts: to build it on this machine rootless")
+    for w in topology.workers:
+        why = BACKENDS[w.backend].needs_root
+        if why:
+            raise rootless.RootlessError(f"worker {w.name} has backend {w.backend}, which needs root: {why}",
+                                         "run it as root (sudo testbed up ...), or use backend: netns rootless")
 
 
 def check_share(topology: Topology, host: str) -> None:

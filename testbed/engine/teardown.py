@@ -31,7 +31,10 @@ def require_root() -> None:
     import os
 
     if os.geteuid() != 0:
-        raise TestbedError("building a testbed needs root (network namespaces, veth, tc)", "run with sudo")
+        raise TestbedError("building a testbed needs root, or an ordinary user's rootless namespaces "
+                           "(network namespaces, veth, tc)",
+                           "run it through the `testbed` command, which enters them; in Python, call "
+                           "testbed.common.rootless.enter() first")
 
 
 def _namespaces_of(action) -> list[str]:

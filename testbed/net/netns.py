@@ -18,9 +18,12 @@ from pathlib import Path
 
 from pyroute2 import netns as _pr_netns
 
+from testbed.common import rootless
 from testbed.common.errors import KernelError
 
 NETNS_DIR = Path("/run/netns")
+"""Where namespace handles live as root; rootless, under the user's private tmpfs
+(:mod:`testbed.common.rootless`), seen only inside the user's mount namespace."""
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
@@ -37,8 +40,12 @@ def _oserror(what: str, name: str, err: int) -> KernelError:
     return KernelError(f"{what} '{name}' failed: {os.strerror(err)}", hint)
 
 
+def netns_dir() -> Path:
+    return rootless.private_root() / "netns" if rootless.active() else NETNS_DIR
+
+
 def path(name: str) -> Path:
-    return NETNS_DIR / name
+    return netns_dir() / name
 
 
 def exists(name: str) -> bool:
@@ -47,7 +54,7 @@ def exists(name: str) -> bool:
 
 def list_all() -> list[str]:
     try:
-        return sorted(p.name for p in NETNS_DIR.iterdir())
+        return sorted(p.name for p in netns_dir().iterdir())
     except FileNotFoundError:
         return []
 
@@ -65,9 +72,9 @@ def _create_in_thread(name: str) -> int:
 
 
 def _bind(name: str, pid, what: str) -> None:
-    """Bind-mount the network namespace of ``pid`` at /run/netns/NAME (pyroute2's attach)."""
+    """Bind-mount the network namespace of ``pid`` at DIR/NAME (pyroute2's attach)."""
     try:
-        _pr_netns.attach(name, pid)
+        _pr_netns.attach(str(path(name)), pid)
     except FileExistsError:
         raise KernelError(f"network namespace '{name}' already exists",
                           f"something else created it; remove it with `ip netns del {name}` if it is stale") from None

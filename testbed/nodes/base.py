@@ -39,6 +39,10 @@ class Check:
 
 class Backend(abc.ABC):
     name: str = ""
+    needs_root: str | None = None
+    """Why this backend cannot build its nodes in an ordinary user's rootless namespaces
+    (None: it can); a rootless ``up`` refuses it with this reason."""
+
     def preflight(self, nodes) -> None:
         """Checks before anything is created (e.g. an engine reachable, images present)."""
 

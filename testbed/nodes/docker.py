@@ -120,6 +120,7 @@ def remove_container(dc, name: str, labels: dict[str, str]) -> bool:
 
 class DockerBackend(Backend):
     name = "docker"
+    needs_root = "its containers are made by the Docker engine, a daemon of root's (rootless Docker is not supported)"
 
 
     # ------------------------------------------------------------- host-wide duties

@@ -60,7 +60,9 @@ def _die_with_parent() -> int | None:
     if want is None:
         return None
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if str(os.getppid()) != want:  # it died before prctl took effect (or we were re-parented)
+    # it died before prctl took effect (we were re-parented); a parent outside our PID
+    # namespace (a rootless command's child starts in the holder's) reads as 0
+    if os.getppid() != 0 and str(os.getppid()) != want:
         return _fail(f"the process that started this one ({want}) is gone", 137)
     return None
 

@@ -1,0 +1,316 @@
+"""Rootless mode: an ordinary user's testbeds, in namespaces the user owns.
+
+One holder process per user (:mod:`testbed.common.holder`) owns
+
+- a **user namespace** with the user mapped to root inside (so namespaces, veths, bridges
+  and qdiscs can be made, as rootlesskit and podman do);
+- a **mount namespace** with a private tmpfs on ``BASE/ns``, holding the state directory
+  (``BASE/ns/state``) and the network namespace handles (``BASE/ns/netns``);
+- a **PID namespace** whose init it is.
+
+``BASE`` is ``$XDG_RUNTIME_DIR/testbed`` (or ``~/.local/state/testbed`` where that is
+missing). Each command of the user enters the user and mount namespaces and has its
+children start in the PID namespace (:func:`enter`, before any thread starts); it stays in
+the host's network namespace, so an exporter it starts is reachable by a Prometheus on the
+host. Hence:
+
+- another user, and root, see none of it: different state, different handles, and the
+  namespaces are owned by the user's user namespace;
+- when the holder dies (even ``kill -9``), the kernel kills every process started inside;
+  once the last command has exited the mount namespace goes, with it the tmpfs and every
+  namespace handle, and with those every namespace, veth and qdisc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import select
+import signal
+import subprocess
+from pathlib import Path
+
+from testbed.common import procs
+from testbed.common.errors import StateError, TestbedError
+
+ENV = "TESTBED_ROOTLESS_DIR"
+"""Set by :func:`enter` to BASE; inherited by what the command starts."""
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+HOLDER_MODULE = "testbed.common.holder"
+START_TIMEOUT_S = 15.0
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class RootlessError(TestbedError):
+    """Rootless mode cannot work here (or not for this request); the message says why."""
+
+
+def base_dir() -> Path:
+    """BASE: ``$TESTBED_ROOTLESS_DIR`` once entered, else ``$XDG_RUNTIME_DIR/testbed`` when that
+    is a directory of ours, else ``~/.local/state/testbed``."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        try:
+            st = os.stat(xdg)
+            if st.st_uid == os.geteuid() and os.path.isdir(xdg):
+                return Path(xdg) / "testbed"
+        except OSError:
+            pass
+    return Path.home() / ".local" / "state" / "testbed"
+
+
+def private_root() -> Path:
+    """The holder's tmpfs (seen only inside its mount namespace)."""
+    return base_dir() / "ns"
+
+
+def in_user_namespace() -> bool:
+    """True when this process is not in the initial user namespace (its uid map is not the
+    identity over all ids)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            first = f.read(4096).split(b"\n", 1)[0].split()
+    except OSError:
+        return False
+    return first != [b"0", b"0", b"4294967295"]
+
+
+def active() -> bool:
+    """This process works in a user's rootless namespaces (entered by it or an ancestor)."""
+    return bool(os.environ.get(ENV)) and in_user_namespace()
+
+
+def needed() -> bool:
+    """An ordinary user's command that has not entered its rootless namespaces yet."""
+    return os.geteuid() != 0 and not active()
+
+
+def mode() -> str:
+    return "rootless" if active() or needed() else "root"
+
+
+# --------------------------------------------------------------------------- the holder
+def _pid_file(base: Path) -> Path:
+    return base / "holder.pid"
+
+
+def holder_pid(base: Path | None = None) -> int | None:
+    """The running holder's pid (as this host sees it), or None. The pid file is checked
+    against the process: ours, alive, a testbed holder for this BASE."""
+    base = base or base_dir()
+    try:
+        with open(_pid_file(base), "rb") as f:
+            text = f.read(32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read(65536).split(b"\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read(4096).rsplit(b")", 1)[1].split()[0] == b"Z":
+                return None
+    except (OSError, IndexError):
+        return None
+    if HOLDER_MODULE.encode() not in argv or str(base).encode() not in argv:
+        return None
+    return pid
+
+
+def _own_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise StateError(f"{path} is not a directory of ours", f"remove it, or set {ENV} elsewhere")
+    os.chmod(path, 0o700)
+    return path
+
+
+_stop_w: int | None = None
+"""Inside: the pipe end on which :func:`release` asks the parent to stop the holder."""
+_session_fd: int | None = None
+"""This command's shared lock on BASE/holder.lock, held while it works inside: the holder
+is stopped only by a command that finds no other inside (:func:`release`)."""
+
+
+def ensure_holder(base: Path) -> int:
+    """The holder's pid, starting one when none runs (one per user and BASE)."""
+    global _session_fd
+    _own_dir(base)
+    _own_dir(base / "ns")
+    if _session_fd is None:
+        _session_fd = os.open(base / "holder.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(_session_fd, fcntl.LOCK_EX)
+    try:
+        return _holder(base)
+    finally:
+        fcntl.flock(_session_fd, fcntl.LOCK_SH)  # other commands may enter beside this one
+
+
+def _holder(base: Path) -> int:
+    pid = holder_pid(base)
+    if pid is not None:
+        return pid
+    proc = subprocess.Popen(procs.python_argv(HOLDER_MODULE, str(base)), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd="/")
+    try:
+        out, err = proc.communicate(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RootlessError("the rootless namespace holder did not start in time") from None
+    line = out.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    if proc.returncode != 0 or not line[0].startswith("ready "):
+        why = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RootlessError(f"cannot make a user namespace for rootless testbeds: {why[0]}",
+                            "`testbed doctor` says what this machine lacks (or run as root)")
+    return int(line[0].split()[1])
+
+
+def enter() -> None:
+    """Join the user's rootless namespaces, starting the holder when none runs. Call before
+    any thread starts.
+
+    The user and mount namespaces are entered here; the PID namespace only by a child (a
+    process cannot start threads once its children's PID namespace differs from its own),
+    so this process forks: the child returns and does the command, inside all three; this
+    process waits for it, passes on SIGTERM/SIGHUP, exits with its status, and stops the
+    holder when the child found nothing left inside (:func:`release`). The child gets
+    SIGTERM if its parent dies (``kill -9`` of the command the user started)."""
+    global _stop_w
+    base = base_dir()
+    pid = ensure_holder(base)
+    pidfd = os.pidfd_open(pid)  # the holder itself, whatever its pid is later
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = "/"
+    _setns(pid, ("user", "mnt", "pid"))
+    os.environ[ENV] = str(base)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        os.close(r)
+        os.close(pidfd)
+        _stop_w = w
+        try:
+            os.chdir(cwd)
+        except OSError:
+            os.chdir("/")
+        return
+    os.close(w)
+    code = _wait_for(child)
+    if os.read(r, 1) == b"s":  # the lock stays exclusive (the child's, on our shared file) until we exit
+        _stop(pidfd)
+    os._exit(code)
+
+
+def _setns(pid: int, kinds: tuple[str, ...]) -> None:
+    fds = []
+    try:
+        for kind in kinds:
+            fds.append((kind, os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)))
+        for kind, fd in fds:
+            if _libc.setns(fd, 0) != 0:
+                err = ctypes.get_errno()
+                raise RootlessError(f"cannot enter the rootless {kind} namespace of holder {pid}: {os.strerror(err)}",
+                                    "run the command again; `testbed doctor` says what this machine lacks")
+    except FileNotFoundError:
+        raise RootlessError(f"the rootless namespace holder {pid} exited", "run the command again") from None
+    finally:
+        for _, fd in fds:
+            os.close(fd)
+
+
+def _wait_for(child: int) -> int:
+    """The parent's part: forward termination, keep Ctrl-C for the child (the terminal sends
+    it to both), return the child's exit status as a shell would."""
+    def forward(signum, frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _stop(pidfd: int, timeout: float = 5.0) -> None:
+    """Stop the holder (the kernel then kills what is left in its PID namespace)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            signal.pidfd_send_signal(pidfd, sig)
+        except ProcessLookupError:
+            break
+        poll = select.poll()
+        poll.register(pidfd, select.POLLIN)
+        if poll.poll(timeout * 1000):
+            break
+    os.close(pidfd)
+
+
+def release(busy: bool) -> bool:
+    """At the end of a command inside: ask for the holder to be stopped when nothing is left
+    (``busy`` False: no testbed is up; no other command inside; no process in the PID
+    namespace but the holder and this one), so an idle user leaves nothing behind."""
+    global _stop_w
+    if _stop_w is None or _session_fd is None:
+        return False
+    w, _stop_w = _stop_w, None
+    try:
+        try:
+            fcntl.flock(_session_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # another command works inside
+        if busy or _others_inside():
+            fcntl.flock(_session_fd, fcntl.LOCK_SH)
+            return False
+        os.write(w, b"s")
+        return True
+    finally:
+        os.close(w)
+
+
+def _others_inside() -> list[int]:
+    """Live processes of the PID namespace (its /proc) but its init and this one."""
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit() and int(e.name) not in (1, os.getpid()):
+            try:
+                with open(f"/proc/{e.name}/stat", "rb") as f:
+                    if f.read(4096).rsplit(b")", 1)[1].split()[0] != b"Z":
+                        out.append(int(e.name))
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def stop_holder(base: Path | None = None, timeout: float = 5.0) -> bool:
+    """From outside the namespaces (as the user): stop the holder, and with it every process
+    in its PID namespace; True if one ran."""
+    pid = holder_pid(base or base_dir())
+    if pid is None:
+        return False
+    try:
+        _stop(os.pidfd_open(pid), timeout)
+    except ProcessLookupError:
+        return False
+    return True
