@@ -82,8 +82,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     entered = False
     try:
         if rootless.needed() and _needs_namespaces(argv):
-            rootless.enter()  # before any thread starts; from here on, a child inside them
-            entered = True
+            try:
+                rootless.enter()  # before any thread starts; from here on, a child inside them
+                entered = True
+            except rootless.RootlessError as e:
+                if "doctor" not in argv:
+                    raise
+                rootless.enter_failure = e  # doctor says why, among the rest
         code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)
     except Fail as f:
         code = failure(f.error, f.as_json)

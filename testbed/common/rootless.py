@@ -95,6 +95,16 @@ def mode() -> str:
     return "rootless" if active() or needed() else "root"
 
 
+def outer_uid() -> int:
+    """This user's uid as the host knows it (inside the user namespace, getuid() says 0)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            fields = f.read(4096).split()
+        return int(fields[1]) if fields[:1] == [b"0"] else os.getuid()
+    except (OSError, IndexError, ValueError):
+        return os.getuid()
+
+
 # --------------------------------------------------------------------------- the holder
 def _pid_file(base: Path) -> Path:
     return base / "holder.pid"
@@ -136,6 +146,8 @@ def _own_dir(path: Path) -> Path:
     return path
 
 
+enter_failure: TestbedError | None = None
+"""Why :func:`enter` failed, for `testbed doctor` (which goes on without the namespaces)."""
 _stop_w: int | None = None
 """Inside: the pipe end on which :func:`release` asks the parent to stop the holder."""
 _session_fd: int | None = None
@@ -171,9 +183,39 @@ def _holder(base: Path) -> int:
     line = out.decode(errors="replace").strip().splitlines()[-1:] or [""]
     if proc.returncode != 0 or not line[0].startswith("ready "):
         why = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise RootlessError(f"cannot make a user namespace for rootless testbeds: {why[0]}",
-                            "`testbed doctor` says what this machine lacks (or run as root)")
+        blockers = userns_blockers()
+        hint = "; ".join(f"{b[0]}: {b[1]}" for b in blockers) if blockers else \
+            "this machine refuses user namespaces to ordinary users (a chroot, a container or a security policy)"
+        raise RootlessError(f"cannot make a user namespace for rootless testbeds ({why[0][:300]})",
+                            f"{hint}; or run as root (sudo testbed ...)")
     return int(line[0].split()[1])
+
+
+USERNS_SYSCTLS = (
+    ("user.max_user_namespaces", lambda v: v.isdigit() and int(v) > 0,
+     "an administrator runs `sysctl -w user.max_user_namespaces=15000`"),
+    ("kernel.unprivileged_userns_clone", lambda v: v == "1",
+     "an administrator runs `sysctl -w kernel.unprivileged_userns_clone=1` (Debian's switch)"),
+    ("kernel.apparmor_restrict_unprivileged_userns", lambda v: v == "0",
+     "an administrator runs `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or gives the testbed "
+     "python an AppArmor profile with `userns,` (Ubuntu 24.04)"),
+)
+"""The switches that keep ordinary users from making user namespaces: (sysctl, fine, fix)."""
+
+
+def userns_blockers() -> list[tuple[str, str]]:
+    """(``sysctl = value``, how to lift it) for each switch set against unprivileged user
+    namespaces here; a switch this kernel does not have is no blocker."""
+    out = []
+    for key, fine, fix in USERNS_SYSCTLS:
+        try:
+            with open("/proc/sys/" + key.replace(".", "/"), "rb") as f:
+                value = f.read(64).decode(errors="replace").strip()
+        except OSError:
+            continue
+        if not fine(value):
+            out.append((f"{key} = {value}", fix))
+    return out
 
 
 def enter() -> None:
@@ -188,8 +230,13 @@ def enter() -> None:
     SIGTERM if its parent dies (``kill -9`` of the command the user started)."""
     global _stop_w
     base = base_dir()
-    pid = ensure_holder(base)
-    pidfd = os.pidfd_open(pid)  # the holder itself, whatever its pid is later
+    try:
+        pid = ensure_holder(base)
+        pidfd = os.pidfd_open(pid)  # the holder itself, whatever its pid is later
+    except OSError as e:
+        raise RootlessError(f"cannot start the rootless namespaces in {base}: {e.strerror or e}",
+                            f"check that {base} is a directory of yours, or set XDG_RUNTIME_DIR; or run as root") \
+            from None
     try:
         cwd = os.getcwd()
     except OSError:
@@ -283,6 +330,8 @@ def release(busy: bool) -> bool:
         if busy or _others_inside():
             fcntl.flock(_session_fd, fcntl.LOCK_SH)
             return False
+        if os.getppid() == 1:  # orphaned (our parent was killed): nobody is left to stop it but us
+            os.kill(1, signal.SIGTERM)  # the kernel then ends this process too: nothing is left to do
         os.write(w, b"s")
         return True
     finally:

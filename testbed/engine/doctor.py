@@ -6,6 +6,7 @@ import os
 import shutil
 from dataclasses import asdict
 
+from testbed.common import rootless
 from testbed.common.errors import TestbedError
 from testbed.net.probe import probe
 from testbed.nodes import BACKENDS
@@ -23,19 +24,35 @@ def _cap_net_admin() -> bool:
     return False
 
 
+def _privileges() -> list[Check]:
+    """Root, or an ordinary user's rootless namespaces (and whether those can be made here)."""
+    blockers = rootless.userns_blockers()
+    userns = Check("unprivileged user namespaces", not blockers,
+                   "; ".join(b[0] for b in blockers) if blockers else "ordinary users can make them (rootless mode)",
+                   "; ".join(b[1] for b in blockers) or None)
+    if rootless.active():
+        return [Check("privileges", True, f"rootless: uid {rootless.outer_uid()} mapped to root in its own user "
+                      f"namespace (state in {rootless.private_root()}, seen only inside)", required=True), userns]
+    if os.geteuid() == 0:
+        return [Check("privileges", True, "running as root", required=True), userns]
+    failure = rootless.enter_failure
+    why = failure.message if failure is not None else "not probed"
+    return [Check("privileges", False, f"not root, and rootless mode is unavailable: {why}",
+                  (failure.hint if failure is not None else None) or "run testbed with sudo", required=True), userns]
+
+
 def run_checks() -> list[Check]:
-    checks: list[Check] = []
+    checks: list[Check] = _privileges()
     root = os.geteuid() == 0
     cap = _cap_net_admin()
-    checks.append(Check("root / CAP_NET_ADMIN", root or cap,
-                        "running as root" if root else ("CAP_NET_ADMIN held" if cap else "neither root nor CAP_NET_ADMIN"),
-                        None if (root or cap) else "run testbed with sudo", required=True))
+    module_fix = ("an administrator loads it once: sudo modprobe sch_{}" + (" (a user namespace cannot load kernel "
+                  "modules)" if rootless.active() else ""))
     kernel_hints = {
         "netns": ("kernel built without network namespaces (CONFIG_NET_NS)", True),
         "veth": ("load the veth module: modprobe veth", True),
         "bridge": ("load the bridge module: modprobe bridge", True),
-        "htb": ("load sch_htb: modprobe sch_htb", True),
-        "tbf": ("load sch_tbf: modprobe sch_tbf (not needed by testbed itself)", False),
+        "htb": (module_fix.format("htb"), True),
+        "tbf": (module_fix.format("tbf") + " (not needed by testbed itself)", False),
         "netem": ("delay, jitter and loss need sch_netem: modprobe sch_netem (package linux-modules-extra-$(uname -r) "
                   "on Ubuntu); bandwidth shaping works without it", False),
     }
@@ -52,7 +69,8 @@ def run_checks() -> list[Check]:
             checks.append(Check(k, ok, detail, None if ok else hint, required))
     else:
         for k, (hint, required) in kernel_hints.items():
-            checks.append(Check(k, False, "not probed (needs root)", "run `sudo testbed doctor`", required))
+            checks.append(Check(k, False, "not probed (needs root or rootless mode)", "run `sudo testbed doctor`",
+                            required))
 
     for backend in BACKENDS.values():  # each backend says what it needs (engine, images, tools)
         checks.extend(backend.checks())

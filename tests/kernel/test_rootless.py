@@ -1,0 +1,254 @@
+"""Rootless mode, with real users this test makes (useradd): no sudo, no capabilities.
+
+Each user's commands run through ``runuser`` with a clean environment, the same venv's
+``testbed`` and their own home. What must hold: the main job trains across shaped links;
+goodput across a 100mbit bottleneck; two users (and root) with testbeds of the same name
+do not see or touch each other's; ``down`` and ``kill -9`` (of the holder, of ``up``, of
+``run``) leave no process, namespace or file; what needs root is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import star
+
+from .conftest import cli, kernel_snapshot, run
+
+USERS = ("tbrootless1", "tbrootless2")
+TESTBED = str(Path(sys.executable).with_name("testbed"))
+THREE_SWITCH = Path(__file__).resolve().parents[2] / "topologies" / "three_switch.yaml"
+
+
+def _readable_by_others(path: str) -> bool:
+    """Every directory on the way to ``path`` lets others in (the venv's python, e.g. not under /root)."""
+    p = Path(os.path.realpath(path))
+    return all(os.stat(d).st_mode & 0o001 for d in [*reversed(p.parents)]) and os.stat(p).st_mode & 0o005
+
+
+@pytest.fixture(scope="module")
+def users():
+    if shutil.which("runuser") is None or shutil.which("useradd") is None:
+        pytest.skip("runuser/useradd missing: cannot act as an ordinary user here")
+    import testbed
+
+    for path in (sys.executable, testbed.__file__):
+        if not _readable_by_others(path):
+            pytest.skip(f"{os.path.realpath(path)} is not reachable by other users (make the venv from a system "
+                        "python, as .ci/run does, in a checkout others may read)")
+    made = []
+    for u in USERS:
+        try:
+            pwd.getpwnam(u)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", u], check=True)
+            made.append(u)
+    yield {u: Path(pwd.getpwnam(u).pw_dir) for u in USERS}
+    for u in USERS:
+        _kill_all(u)
+    for u in made:
+        subprocess.run(["userdel", "--remove", u], capture_output=True)
+
+
+def as_user(user: str, *args: str, timeout: float = 300, popen: bool = False):
+    """``testbed ARGS`` as ``user``: no shell, a clean environment, their home as working directory."""
+    home = pwd.getpwnam(user).pw_dir
+    argv = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", f"USER={user}", "LANG=C.UTF-8",
+            f"PATH={Path(TESTBED).parent}:/usr/sbin:/usr/bin:/sbin:/bin", TESTBED, *args]
+    if popen:
+        return subprocess.Popen(argv, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, cwd=home, capture_output=True, text=True, timeout=timeout)
+
+
+def _processes(user: str) -> list[str]:
+    """The user's live processes (zombies excluded: they hold nothing), as ``pid args``."""
+    uid = pwd.getpwnam(user).pw_uid
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                if os.stat(e.path).st_uid != uid:
+                    continue
+                with open(f"{e.path}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+                with open(f"{e.path}/cmdline", "rb") as f:
+                    out.append(f"{e.name} {f.read().replace(b'\0', b' ').decode(errors='replace')}")
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def _kill_all(user: str) -> None:
+    subprocess.run(["pkill", "-9", "-u", user], capture_output=True)
+
+
+def _await_nothing_left(user: str, home: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _processes(user) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes(user), _processes(user)
+    base = home / ".local" / "state" / "testbed"
+    left = sorted(p.name for p in (base / "ns").iterdir()) if (base / "ns").exists() else []
+    assert left == [], f"files left on the host side of {base / 'ns'}: {left}"  # the tmpfs went with the holder
+
+
+def _write(home: Path, user: str, name: str, doc: dict) -> str:
+    path = home / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    shutil.chown(path, user)
+    return str(path)
+
+
+def _ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def _goodput(user: str, name: str, server: str, client: str, address: str) -> float:
+    srv = as_user(user, "exec", "-t", name, server, "--", "iperf3", "-s", "-1", popen=True)
+    try:
+        for _ in range(50):
+            r = as_user(user, "exec", "-t", name, client, "--", "iperf3", "-c", address, "-t", "3", "-J")
+            if r.returncode == 0:
+                return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
+            time.sleep(0.2)  # the server is not listening yet
+        raise AssertionError(r.stdout + r.stderr)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def test_a_user_builds_shapes_measures_and_takes_down_three_switch(users):
+    user, home = USERS[0], users[USERS[0]]
+    before = kernel_snapshot()
+    up = json.loads(_ok(as_user(user, "up", str(THREE_SWITCH), "--json")).stdout)
+    try:
+        nodes = {n["name"]: n for n in up["nodes"]}
+        _ok(as_user(user, "link", "set", "-t", "three_switch", "--bottleneck", "--bw", "100mbit"))
+        g = _goodput(user, "three_switch", "w4", "w0", nodes["w4"]["address"].split("/")[0])  # s1 -> s0 -> s2
+        print(f"rootless goodput across the 100mbit bottleneck: {g / 1e6:.1f} Mbit/s")
+        assert 0.93 * 100e6 <= g <= 1.0 * 100e6, g
+        assert kernel_snapshot() == before  # root's view: none of it is in the host's namespaces
+    finally:
+        r = as_user(user, "down", "three_switch")
+    _ok(r)
+    _await_nothing_left(user, home)
+
+
+def test_the_main_job_trains_rootless_with_the_bottleneck_proof(users, tmp_path):
+    user, home = USERS[0], users[USERS[0]]
+    r = as_user(user, "run", "pactrain", "--bw", "100mbit", "--max-iters", "12", "--eval-every", "6",
+                "--out", str(home / "runs"), "--json", timeout=600)
+    _ok(r)
+    summary = json.loads(r.stdout)
+    assert summary["iterations"] == 12 and summary["bw"] == "100mbit", summary
+    assert summary["bottleneck"]["bytes"] > 0
+    _await_nothing_left(user, home)
+
+
+def test_two_users_and_root_each_have_their_own_testbed_of_the_same_name(users, clean_kernel, tmp_path):
+    (a, home_a), (b, home_b) = users.items()
+    doc = star(2, name="twin", rate="1gbit")
+    root_topo = tmp_path / "twin.yaml"
+    root_topo.write_text(yaml.safe_dump(doc))
+    assert cli("up", str(root_topo)).returncode == 0
+    try:
+        _ok(as_user(a, "up", _write(home_a, a, "twin", doc)))
+        _ok(as_user(b, "up", _write(home_b, b, "twin", doc)))
+        for u in (a, b):
+            listed = json.loads(_ok(as_user(u, "status", "--json")).stdout)["testbeds"]
+            assert [t["name"] for t in listed] == ["twin"] and listed[0]["source"].startswith(str(users[u]))
+            _ok(as_user(u, "exec", "-t", "twin", "w0", "--", "ping", "-c1", "-W2", "10.200.0.2"))
+        _ok(as_user(b, "down", "twin"))  # b's only: a's and root's stay up and working
+        _ok(as_user(a, "exec", "-t", "twin", "w0", "--", "ping", "-c1", "-W2", "10.200.0.2"))
+        assert cli("exec", "-t", "twin", "w0", "--", "ping", "-c1", "-W2", "10.200.0.2").returncode == 0
+        r = as_user(b, "down", "twin")
+        assert "not up" in r.stdout + r.stderr
+        _await_nothing_left(b, home_b)
+        # a's holder, namespaces and state are a's: b can neither enter nor read them
+        holder = (home_a / ".local/state/testbed/holder.pid").read_text().strip()
+        r = subprocess.run(["runuser", "-u", b, "--", "nsenter", "-U", "-m", "-t", holder, "true"],
+                           capture_output=True, text=True)
+        assert r.returncode != 0, r.stdout + r.stderr
+    finally:
+        as_user(a, "down", "twin")
+        as_user(b, "down", "twin")
+        cli("down", "twin")
+    _await_nothing_left(a, home_a)
+
+
+def _holder(home: Path) -> int:
+    return int((home / ".local/state/testbed/holder.pid").read_text())
+
+
+def test_kill_9_of_the_holder_of_up_and_of_run_leaves_nothing(users):
+    user, home = USERS[0], users[USERS[0]]
+    # the holder, with a testbed up (exporter running): the kernel takes everything
+    _ok(as_user(user, "up", _write(home, user, "k9", star(4, name="k9"))))
+    os.kill(_holder(home), signal.SIGKILL)
+    _await_nothing_left(user, home)
+    assert json.loads(_ok(as_user(user, "status", "--json")).stdout)["testbeds"] == []
+    _await_nothing_left(user, home)
+    # `up` itself, half-way through 64 workers: its child inside is told and removes what it made
+    up = as_user(user, "up", _write(home, user, "k9big", star(64, name="k9big")), popen=True)
+    base = home / ".local/state/testbed"
+    deadline = time.monotonic() + 30
+    while not (base / "holder.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.kill(up.pid, signal.SIGKILL)  # runuser's child is the command the user started
+    up.wait()
+    _await_nothing_left(user, home, timeout=60)
+    # `run` on its own testbed, mid-training
+    out = home / "runs-k9"
+    r = as_user(user, "run", "allreduce", "--max-iters", "100000", "--out", str(out), popen=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/rank0.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(out.glob("*/rank0.jsonl")), "training never started"
+    os.kill(r.pid, signal.SIGKILL)
+    r.wait()
+    _await_nothing_left(user, home, timeout=60)
+
+
+def test_what_needs_root_is_refused_in_one_line(users, tmp_path):
+    user, home = USERS[1], users[USERS[1]]
+    docker = star(2, name="needsroot")
+    docker["defaults"] = {"backend": "docker"}
+    multi = {"name": "needsroot2", "hosts": [{"name": "h1", "address": "192.0.2.11"}],
+             "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch", "host": "h1"}, "w0": {"kind": "worker"},
+                       "w1": {"kind": "worker"}},
+             "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]}, {"endpoints": ["s1", "s0"]}]}
+    for doc, words in ((docker, "backend docker, which needs root"), (multi, "spans several hosts")):
+        r = as_user(user, "up", _write(home, user, doc["name"], doc))
+        assert r.returncode == 1, r.stdout + r.stderr
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        assert lines[0].startswith("error: ") and words in lines[0] and "Traceback" not in r.stderr, r.stderr
+        assert lines[1].strip().startswith("hint: ") and "root" in lines[1], r.stderr
+        _await_nothing_left(user, home)
+    # user namespaces refused (a chroot may not make them): one line, the way out, nothing made
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    subprocess.run(["mount", "--rbind", "/", str(jail)], check=True)
+    try:
+        r = subprocess.run(["chroot", str(jail), "runuser", "-u", user, "--", "env", "-i", f"HOME={home}",
+                            f"PATH={Path(TESTBED).parent}:/usr/bin:/bin", TESTBED, "up",
+                            str(home / "needsroot.yaml")], capture_output=True, text=True, cwd="/", timeout=120)
+    finally:
+        subprocess.run(["umount", "-R", str(jail)], check=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: cannot make a user namespace for rootless testbeds"), r.stderr
+    assert "run as root" in r.stderr
+    _await_nothing_left(user, home)
