@@ -29,6 +29,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from testbed.common import procs
@@ -42,6 +43,7 @@ CLONE_NEWPID = 0x20000000
 HOLDER_MODULE = "testbed.common.holder"
 START_TIMEOUT_S = 15.0
 PR_SET_PDEATHSIG = 1
+ORPHAN_WAIT_S = 5.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -162,11 +164,15 @@ def ensure_holder(base: Path) -> int:
     _own_dir(base / "ns")
     if _session_fd is None:
         _session_fd = os.open(base / "holder.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    fcntl.flock(_session_fd, fcntl.LOCK_EX)
+    fcntl.flock(_session_fd, fcntl.LOCK_SH)  # held while this command works inside, beside others
+    pid = holder_pid(base)
+    if pid is not None:
+        return pid
+    fcntl.flock(_session_fd, fcntl.LOCK_EX)  # none runs: one command starts it, the others wait
     try:
         return _holder(base)
     finally:
-        fcntl.flock(_session_fd, fcntl.LOCK_SH)  # other commands may enter beside this one
+        fcntl.flock(_session_fd, fcntl.LOCK_SH)
 
 
 def _holder(base: Path) -> int:
@@ -327,15 +333,27 @@ def release(busy: bool) -> bool:
             fcntl.flock(_session_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # another command works inside
+        orphaned = _reader_gone(w)  # our parent, the command the user started, was killed
+        deadline = time.monotonic() + (ORPHAN_WAIT_S if orphaned else 0.0)
+        while not busy and _others_inside() and time.monotonic() < deadline:
+            time.sleep(0.05)  # orphaned: what it stopped on the way out (an exporter) is still exiting
         if busy or _others_inside():
             fcntl.flock(_session_fd, fcntl.LOCK_SH)
             return False
-        if os.getppid() == 1:  # orphaned (our parent was killed): nobody is left to stop it but us
-            os.kill(1, signal.SIGTERM)  # the kernel then ends this process too: nothing is left to do
+        if orphaned:  # nobody is left to stop it but us
+            os.kill(1, signal.SIGTERM)  # the holder; the kernel then ends this process too: nothing is left to do
+            time.sleep(ORPHAN_WAIT_S)
         os.write(w, b"s")
         return True
     finally:
         os.close(w)
+
+
+def _reader_gone(w: int) -> bool:
+    """The read end of pipe ``w`` is closed (its reader, our parent, died)."""
+    poll = select.poll()
+    poll.register(w, select.POLLOUT)
+    return any(ev & select.POLLERR for _, ev in poll.poll(0))
 
 
 def _others_inside() -> list[int]:

@@ -84,7 +84,8 @@ def _processes(user: str) -> list[str]:
                     if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                         continue
                 with open(f"{e.path}/cmdline", "rb") as f:
-                    out.append(f"{e.name} {f.read().replace(b'\0', b' ').decode(errors='replace')}")
+                    args = f.read().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{e.name} {args}")
             except (OSError, IndexError):
                 continue
     return out
@@ -193,6 +194,28 @@ def _holder(home: Path) -> int:
     return int((home / ".local/state/testbed/holder.pid").read_text())
 
 
+def _holder_or_none(home: Path) -> int | None:
+    try:
+        return _holder(home)
+    except (OSError, ValueError):
+        return None
+
+
+def _command(runuser: int) -> int:
+    """The pid of the command runuser started (what a user's `kill` would name)."""
+    for _ in range(100):
+        for e in os.scandir("/proc"):
+            if e.name.isdigit():
+                try:
+                    with open(f"{e.path}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == runuser:
+                            return int(e.name)
+                except (OSError, IndexError, ValueError):
+                    continue
+        time.sleep(0.05)
+    raise AssertionError(f"runuser {runuser} started nothing")
+
+
 def test_kill_9_of_the_holder_of_up_and_of_run_leaves_nothing(users):
     user, home = USERS[0], users[USERS[0]]
     # the holder, with a testbed up (exporter running): the kernel takes everything
@@ -203,12 +226,17 @@ def test_kill_9_of_the_holder_of_up_and_of_run_leaves_nothing(users):
     _await_nothing_left(user, home)
     # `up` itself, half-way through 64 workers: its child inside is told and removes what it made
     up = as_user(user, "up", _write(home, user, "k9big", star(64, name="k9big")), popen=True)
-    base = home / ".local/state/testbed"
-    deadline = time.monotonic() + 30
-    while not (base / "holder.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    os.kill(up.pid, signal.SIGKILL)  # runuser's child is the command the user started
+    ledger = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # root looks into the holder's mount namespace for the ledger
+        holder = _holder_or_none(home)
+        if holder and (p := Path(f"/proc/{holder}/root{home}/.local/state/testbed/ns/state/k9big/ledger.jsonl")).exists():
+            ledger = p
+            if len(p.read_text().splitlines()) > 20:
+                break
+        time.sleep(0.02)
+    assert ledger is not None, "up never started"
+    os.kill(_command(up.pid), signal.SIGKILL)  # the `testbed` the user started (runuser's child)
     up.wait()
     _await_nothing_left(user, home, timeout=60)
     # `run` on its own testbed, mid-training
@@ -218,7 +246,7 @@ def test_kill_9_of_the_holder_of_up_and_of_run_leaves_nothing(users):
     while not list(out.glob("*/rank0.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(out.glob("*/rank0.jsonl")), "training never started"
-    os.kill(r.pid, signal.SIGKILL)
+    os.kill(_command(r.pid), signal.SIGKILL)
     r.wait()
     _await_nothing_left(user, home, timeout=60)
 
