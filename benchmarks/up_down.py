@@ -16,7 +16,13 @@ A VM row (``--vm-sizes``, default 1,4; needs qemu-system-x86 and `testbed image 
 booting in parallel, next to the guest kernel alone booting to its initramfs (the
 ``tb.probe`` path: no root overlay, no agent) with the same accelerator.
 
+A rootless row (``--rootless-user USER``, an ordinary user who can run this venv's
+python; ``--rootless-sizes``, default 8,64,256): the ``testbed up``/``down`` commands as that
+user (rootless mode) next to the same commands as root, alternating, both timed as whole
+commands (process start included).
+
     sudo python -m benchmarks.up_down [--sizes 8,64,256,1024] [--docker-sizes 8,32] [--vm-sizes 1,4]
+                                      [--rootless-user alice --rootless-sizes 8,64,256]
 """
 
 from __future__ import annotations
@@ -169,11 +175,42 @@ def vm_times(n: int) -> tuple[float, float, str]:
     return t_up, time.perf_counter() - t0, accel
 
 
+def _timed(argv: list[str], cwd: str) -> float:
+    t = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()[-500:]}")
+    return time.perf_counter() - t
+
+
+def rootless_times(n: int, user: str) -> tuple[float, float, float, float]:
+    """(root up, root down, rootless up, rootless down) of the same star, as commands."""
+    import pwd
+    import yaml
+
+    home = pwd.getpwnam(user).pw_dir
+    exe = str(Path(sys.executable).with_name("testbed"))
+    d = tempfile.mkdtemp(prefix="testbed-bench-rl-")
+    os.chmod(d, 0o755)
+    f = Path(d) / f"rl{n}.yaml"
+    f.write_text(yaml.safe_dump(topology(n, f"rl{n}")))
+    f.chmod(0o644)
+    as_user = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", exe]
+    ru = _timed([exe, "up", str(f)], d)
+    rd = _timed([exe, "down", f"rl{n}"], d)
+    time.sleep(1.0)
+    uu = _timed([*as_user, "up", str(f)], home)
+    ud = _timed([*as_user, "down", f"rl{n}"], home)
+    return ru, rd, uu, ud
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256,1024")
     ap.add_argument("--docker-sizes", default="8,32", help="container workers ('' to skip)")
     ap.add_argument("--vm-sizes", default="1,4", help="VM workers booting in parallel ('' to skip)")
+    ap.add_argument("--rootless-user", default=None, help="an ordinary user for the rootless row (none: skipped)")
+    ap.add_argument("--rootless-sizes", default="8,64,256")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -198,6 +235,13 @@ def main() -> None:
         tu, td, accel = vm_times(n)
         fk = vm_floor(accel)
         print(f"{n:7d} {tu:8.3f} {tu / n:9.3f} {fk:9.3f} {tu / fk:10.2f} {td:9.3f}  {accel}", flush=True)
+    if args.rootless_user:
+        print(f"{'rootless':>8} {'root up':>8} {'user up':>8} {'user/root':>9} {'root down':>10} {'user down':>10} "
+              f"{'user/root':>9}")
+        for n in [int(x) for x in args.rootless_sizes.split(",") if x.strip()]:
+            ru, rd, uu, ud = rootless_times(n, args.rootless_user)
+            print(f"{n:8d} {ru:8.3f} {uu:8.3f} {uu / ru:9.2f} {rd:10.3f} {ud:10.3f} {ud / rd:9.2f}", flush=True)
+            time.sleep(1.0)
 
 
 if __name__ == "__main__":
