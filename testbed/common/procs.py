@@ -95,3 +95,21 @@ def run_tool(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
         raise TestbedError(f"{what} failed (exit {r.returncode}): {tail}",
                            "see the message above; `testbed doctor` checks the tools")
     return r
+
+
+def wait_forwarding(child: int, signals) -> int:
+    """Wait for ``child`` (a pid this process forked), passing on each of ``signals`` that
+    reaches this process meanwhile; returns its wait status."""
+    def forward(signum, frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in signals:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            return os.waitpid(child, 0)[1]
+        except InterruptedError:
+            continue

@@ -288,21 +288,8 @@ def _setns(pid: int, kinds: tuple[str, ...]) -> None:
 def _wait_for(child: int) -> int:
     """The parent's part: forward termination, keep Ctrl-C for the child (the terminal sends
     it to both), return the child's exit status as a shell would."""
-    def forward(signum, frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, forward)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
+    status = procs.wait_forwarding(child, (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 

@@ -25,6 +25,8 @@ import os
 import signal
 import sys
 
+from testbed.common.procs import wait_forwarding
+
 _libc = ctypes.CDLL(None, use_errno=True)
 SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429  # x86_64 and aarch64 share these (new syscall table)
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, AT_RECURSIVE = 1, os.O_CLOEXEC, 0x8000
@@ -128,20 +130,7 @@ def container(pid: int, netns_name: str, mounts: list[str], cwd: str | None, arg
             signal.signal(s, signal.SIG_DFL)
         os._exit(_exec(argv))
 
-    def forward(signum, frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCONT):
-        signal.signal(s, forward)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
+    status = wait_forwarding(child, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCONT))
     if os.WIFSIGNALED(status):
         return die_like(os.WTERMSIG(status))
     return os.WEXITSTATUS(status)
