@@ -1,4 +1,4 @@
-"""Files testbed reads and writes: one atomic writer, one JSONL reader, one JSONL tail.
+"""Files testbed reads and writes: private directories, one atomic writer, one JSONL reader, one JSONL tail.
 
 Records are appended by other processes (ranks) and may end in a line still being
 written, or cut short by a crash: readers take complete lines only. State, summaries and
@@ -10,7 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
+
+from testbed.common.errors import StateError
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) readable by its owner only; refuse a symlink or a
+    directory someone else owns, where the state of a tool run as root must not live."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"{path} is not a directory (a symlink?)", "remove it; testbed makes its own")
+    if st.st_uid != os.geteuid():
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to us", "remove it, or set TESTBED_STATE_DIR")
+    return path
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from testbed.common.files import atomic_write
 from testbed.common.rootless import CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 1 << 18
@@ -102,9 +103,7 @@ def main(argv: list[str]) -> int:
     if answer != "ok":
         print(answer or "the namespace's init died", file=sys.stderr)
         return 1
-    tmp = base / f".holder.pid.{os.getpid()}"
-    tmp.write_text(f"{child}\n")
-    os.replace(tmp, base / "holder.pid")
+    atomic_write(base / "holder.pid", f"{child}\n")
     print(f"ready {child}", flush=True)
     return 0
 

@@ -67,9 +67,9 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
             pass
     deadline = time.monotonic() + grace
     for pid in sent:
-        while _running(pid) and time.monotonic() < deadline:
+        while running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _running(pid):
+        if running(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -77,7 +77,7 @@ def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
     return sent
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Alive and not a zombie. Our own children are not reaped here: their Popen keeps
     the exit status (a zombie already counts as stopped)."""
     try:

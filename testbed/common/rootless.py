@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from testbed.common import procs
-from testbed.common.errors import StateError, TestbedError
+from testbed.common.errors import TestbedError
+from testbed.common.files import private_dir
 
 ENV = "TESTBED_ROOTLESS_DIR"
 """Set by :func:`enter` to BASE; inherited by what the command starts."""
@@ -93,10 +94,6 @@ def needed() -> bool:
     return os.geteuid() != 0 and not active()
 
 
-def mode() -> str:
-    return "rootless" if active() or needed() else "root"
-
-
 def outer_uid() -> int:
     """This user's uid as the host knows it (inside the user namespace, getuid() says 0)."""
     try:
@@ -127,25 +124,10 @@ def holder_pid(base: Path | None = None) -> int | None:
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.getuid():
             return None
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read(65536).split(b"\0")
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            if f.read(4096).rsplit(b")", 1)[1].split()[0] == b"Z":
-                return None
-    except (OSError, IndexError):
+    except OSError:
         return None
-    if HOLDER_MODULE.encode() not in argv or str(base).encode() not in argv:
-        return None
-    return pid
-
-
-def _own_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
-        raise StateError(f"{path} is not a directory of ours", f"remove it, or set {ENV} elsewhere")
-    os.chmod(path, 0o700)
-    return path
+    argv = procs.argv_of(pid)
+    return pid if procs.running(pid) and HOLDER_MODULE in argv and str(base) in argv else None
 
 
 enter_failure: TestbedError | None = None
@@ -160,8 +142,8 @@ is stopped only by a command that finds no other inside (:func:`release`)."""
 def ensure_holder(base: Path) -> int:
     """The holder's pid, starting one when none runs (one per user and BASE)."""
     global _session_fd
-    _own_dir(base)
-    _own_dir(base / "ns")
+    private_dir(base)
+    private_dir(base / "ns")
     if _session_fd is None:
         _session_fd = os.open(base / "holder.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     fcntl.flock(_session_fd, fcntl.LOCK_SH)  # held while this command works inside, beside others
@@ -345,26 +327,5 @@ def _reader_gone(w: int) -> bool:
 
 def _others_inside() -> list[int]:
     """Live processes of the PID namespace (its /proc) but its init and this one."""
-    out = []
-    for e in os.scandir("/proc"):
-        if e.name.isdigit() and int(e.name) not in (1, os.getpid()):
-            try:
-                with open(f"/proc/{e.name}/stat", "rb") as f:
-                    if f.read(4096).rsplit(b")", 1)[1].split()[0] != b"Z":
-                        out.append(int(e.name))
-            except (OSError, IndexError):
-                continue
-    return out
-
-
-def stop_holder(base: Path | None = None, timeout: float = 5.0) -> bool:
-    """From outside the namespaces (as the user): stop the holder, and with it every process
-    in its PID namespace; True if one ran."""
-    pid = holder_pid(base or base_dir())
-    if pid is None:
-        return False
-    try:
-        _stop(os.pidfd_open(pid), timeout)
-    except ProcessLookupError:
-        return False
-    return True
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and int(e.name) not in (1, os.getpid()) and procs.running(int(e.name))]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Iterator
 
 from testbed.common import rootless
 from testbed.common.errors import StateError, TestbedError
+from testbed.common.files import private_dir
 
 
 def state_root() -> Path:
@@ -25,18 +25,6 @@ def state_root() -> Path:
     if os.environ.get("TESTBED_STATE_DIR"):
         return Path(os.environ["TESTBED_STATE_DIR"])
     return rootless.private_root() / "state" if rootless.active() else Path("/run/testbed")
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) readable by root only; refuse a symlink or a
-    directory someone else owns, where the state of a root tool must not live."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise StateError(f"{path} is not a directory (a symlink?)", "remove it; testbed makes its own")
-    if st.st_uid != os.geteuid():
-        raise StateError(f"{path} belongs to uid {st.st_uid}, not to us", "remove it, or set TESTBED_STATE_DIR")
-    return path
 
 
 @contextlib.contextmanager

@@ -182,7 +182,7 @@ RUN_ID_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 def run_dir(name: str, run: str, create: bool = False):
     """This host's directory for run ``run`` of testbed ``name`` (inside its state
     directory: ``down`` removes it; the controller collects what ranks write there)."""
-    from testbed.common.state import private_dir
+    from testbed.common.files import private_dir
     from testbed.plan.ledger import Ledger
 
     if not RUN_ID_RE.fullmatch(run) or run in (".", ".."):

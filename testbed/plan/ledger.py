@@ -20,7 +20,8 @@ import os
 import shutil
 
 from testbed.common.errors import StateError
-from testbed.common.state import private_dir, state_root
+from testbed.common.files import private_dir
+from testbed.common.state import state_root
 
 
 class Ledger:
