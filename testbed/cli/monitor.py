@@ -15,13 +15,13 @@ app = typer.Typer(cls=Group, no_args_is_help=True, rich_markup_mode=None,
                   help="A real Prometheus scraping testbed's links and runs.")
 
 MonitorDir = typer.Option(None, "--dir", metavar="DIR", help="Monitor directory: config, targets, TSDB "
-                          "(default $TESTBED_MONITOR_DIR or /var/lib/testbed/monitor).")
+                          "(default $TESTBED_MONITOR_DIR, else /var/lib/testbed/monitor, or ~/.local/state/testbed/monitor for an ordinary user).")
 
 
 def _dir(mdir: Optional[Path]) -> Path:
     from testbed.monitor import prometheus
 
-    return mdir or prometheus.DEFAULT_DIR
+    return mdir or prometheus.default_dir()
 
 
 @app.command("up")

@@ -35,13 +35,26 @@ from pathlib import Path
 
 import yaml
 
-from testbed.common import procs
+from testbed.common import procs, rootless
 from testbed.monitor import sd
 from testbed.common.files import write_json
 from testbed.monitor.sd import hostport, read_target, targets_dir, watchers_dir
 from testbed.common.errors import StateError, TestbedError
 
-DEFAULT_DIR = Path(os.environ.get("TESTBED_MONITOR_DIR", "/var/lib/testbed/monitor"))
+ROOT_DIR = Path("/var/lib/testbed/monitor")
+
+
+def default_dir() -> Path:
+    """``$TESTBED_MONITOR_DIR``; else root's /var/lib/testbed/monitor, or for an ordinary user
+    (rootless) ``$XDG_STATE_HOME/testbed/monitor`` (``~/.local/state/testbed/monitor``): it
+    must outlive the holder, so it is not on the holder's tmpfs."""
+    if os.environ.get("TESTBED_MONITOR_DIR"):
+        return Path(os.environ["TESTBED_MONITOR_DIR"])
+    if not rootless.active():
+        return ROOT_DIR
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    state = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return state / "testbed" / "monitor"
 JOB = "testbed"
 
 
@@ -74,7 +87,7 @@ def _write_state(d: Path, st: dict) -> None:
     write_json(d / "state.json", st)
 
 
-def up(d: Path = DEFAULT_DIR, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
+def up(d: Path, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
        exporter_listen: str = "127.0.0.1:0", scrape_interval: str = "2s", retention: str = "15d",
        say=lambda m: None) -> dict:
     prom = shutil.which("prometheus")
@@ -175,7 +188,7 @@ def _wait_ready(st: dict, d: Path, started: dict[str, subprocess.Popen], timeout
                        f"see {d / 'prometheus.log'}")
 
 
-def down(d: Path = DEFAULT_DIR) -> list[str]:
+def down(d: Path) -> list[str]:
     """Stop this directory's Prometheus and exporter (found by the argument naming its files)."""
     d = d.resolve()
     stopped = []
@@ -203,7 +216,7 @@ def _seconds(interval: str) -> float:
     return sum(int(n) * units[u] for n, u in parts) or 5.0
 
 
-def status(d: Path = DEFAULT_DIR) -> dict:
+def status(d: Path) -> dict:
     d = d.resolve()
     st = read_state(d)
     if st is None:

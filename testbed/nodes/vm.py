@@ -275,8 +275,8 @@ def console_tail(d: Path, n: int = 3) -> str:
 
 class VmBackend(Backend):
     name = "vm"
-    needs_root = ("QEMU workers are not built rootless yet (their bridges to the guests, guest images and 9p "
-                  "share are made as root)")
+    needs_root = ("QEMU workers are not built rootless (their NICs are taps, made through /dev/net/tun, and "
+                  "their guest kernel cache is root's)")
     host_address = False  # the guest's eth0 carries the address
     node_master = BRIDGE  # the link's end joins the bridge with the VM's tap
     shares_host_gpus = False  # a VM sees only a GPU passed through to it

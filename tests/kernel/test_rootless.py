@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import star
+from tests.helpers import dumbbell, star
 
 from .conftest import cli, kernel_snapshot, run
 
@@ -280,4 +280,59 @@ def test_what_needs_root_is_refused_in_one_line(users, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("error: cannot make a user namespace for rootless testbeds"), r.stderr
     assert "run as root" in r.stderr
+    _await_nothing_left(user, home)
+
+
+def _bottleneck_rate(user: str, name: str) -> str:
+    shown = json.loads(_ok(as_user(user, "link", "show", "-t", name, "--json")).stdout)
+    return {l["name"]: l["forward"]["shape"]["rate"] for l in shown["links"]}["s0-s1"]
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (apt-get install prometheus)")
+def test_replay_sweep_report_and_monitor_work_as_a_user(users):
+    """The rest of the workflow, as an ordinary user: a Prometheus of their own (its history in
+    their home), a trace replayed in the foreground and in the background, a run following a
+    trace, a sweep on the running testbed, the report; then nothing left."""
+    from .test_monitor import _free_ports, _query
+
+    user, home = USERS[1], users[USERS[1]]
+    (port,) = _free_ports(1)
+    prom = f"http://127.0.0.1:{port}"
+    trace = home / "steps.csv"
+    trace.write_text("time_s,rate\n0,200mbit\n0.5,100mbit\n1,200mbit\n")
+    shutil.chown(trace, user)
+    _ok(as_user(user, "monitor", "up", "--listen", f"127.0.0.1:{port}"))
+    try:
+        _ok(as_user(user, "up", _write(home, user, "flow", dumbbell(name="flow", rate="1gbit"))))
+        _ok(as_user(user, "link", "replay", "-t", "flow", "--bottleneck", str(trace), "--restore",
+                    "--log", str(home / "r.jsonl")))
+        steps = [json.loads(l) for l in (home / "r.jsonl").read_text().splitlines()]
+        assert [s["rate"] for s in steps if s["event"] == "step"] == ["200mbit", "100mbit", "200mbit"], steps
+        assert _bottleneck_rate(user, "flow") == "1gbit"  # --restore
+        _ok(as_user(user, "link", "replay", "-t", "flow", "--bottleneck", str(trace), "--loop", "--background"))
+        assert any("link replay" in p for p in _processes(user))
+        assert "stopped 1 background replay" in _ok(as_user(user, "link", "replay", "-t", "flow", "--stop")).stdout
+        assert _bottleneck_rate(user, "flow") == "1gbit"  # put back
+        assert not any("link replay" in p for p in _processes(user))
+
+        run = json.loads(_ok(as_user(user, "run", "allreduce", "-t", "flow", "--bw-trace", str(trace),
+                                     "--max-iters", "4", "--out", str(home / "runs"), "--json")).stdout)
+        assert run["iterations"] == 4 and run["bottleneck"]["bytes"] > 0, run
+        iters = _query(prom, f'max(max_over_time(testbed_train_iterations_total{{run_id="{run["run_id"]}"}}[10m]))')
+        links = _query(prom, 'count(max_over_time(testbed_link_transmit_bytes_total{testbed="flow"}[10m]))')
+        assert iters and float(iters[0]["value"][1]) == 4, iters  # the run's exporter reached the user's Prometheus
+        assert links and float(links[0]["value"][1]) > 0, links
+
+        _ok(as_user(user, "sweep", "-t", "flow", "--schemes", "allreduce,topk:0.1", "--bw", "100mbit",
+                    "--pretrain-epochs", "0.05", "--max-iters", "3", "--eval-every", "3", "--out", str(home / "sw")))
+        (sweep,) = (home / "sw").glob("sweep-*")
+        _ok(as_user(user, "report", str(sweep)))
+        rows = json.loads((sweep / "report" / "report.json").read_text())
+        assert sorted(r["base_scheme"] for r in rows["rows"]) == ["allreduce", "topk"], rows
+        assert (sweep / "report" / "tta.png").stat().st_uid == pwd.getpwnam(user).pw_uid
+    finally:
+        as_user(user, "down", "flow")
+        r = as_user(user, "monitor", "down")
+    _ok(r)
+    assert (home / ".local/state/testbed/monitor/data").is_dir()  # the history outlives the holder
     _await_nothing_left(user, home)
