@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.sd_file:
             args.sd_file.unlink(missing_ok=True)
-        server.shutdown()
+        server.server_close()  # not shutdown(): that waits out serve_forever's 0.5 s poll; the thread is a daemon
     return 0
 
 
