@@ -70,6 +70,8 @@ class _Run:
                 if rec.get("tx_bytes") is not None:
                     st.tx_bytes = rec["tx_bytes"]
                 st.compute_s += rec.get("compute_s") or 0.0
+                if r == 0 and isinstance(rec.get("accuracy"), (int, float)):
+                    self.accuracy = rec["accuracy"]  # the records contract: a user's script evaluates in place
                 s = rec.get("iter_s")
                 if s is not None:
                     st.iter_sum += s

@@ -8,13 +8,29 @@ Layout of ``--out DIR``::
     rank{R}.jsonl        one record per iteration of rank R (ITER_FIELDS)
     eval.jsonl           one record per evaluation (EVAL_FIELDS, rank 0)
     summary.json         the run's outcome (SUMMARY_FIELDS, rank 0, at the end)
+
+The records contract (docs/workloads.md, "Your own script"): testbed tells every rank where
+its records go in ``$TESTBED_RECORDS`` (``RECORDS_ENV``); one JSON object per line, any
+subset of ``CONTRACT_FIELDS``. The built-in trainer's rank{R}.jsonl is that file and those
+are its field names. :func:`record` is the optional helper a user's script may call.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+
+RECORDS_ENV = "TESTBED_RECORDS"
+CONTRACT_FIELDS = {
+    "iter": "the step the record ends, from 1 (without it, records count in order)",
+    "time": "Unix seconds at the end of the step (record() adds it)",
+    "loss": "training loss of the step",
+    "accuracy": "test accuracy (0-1) when the script evaluated; rank 0's are the run's",
+    "payload_bytes": "bytes this rank handed to collectives in the step (the tc-counter proof uses them)",
+    "iter_s": "seconds the step took",
+}
 
 ITER_FIELDS = {
     "rank": "this process's rank",
@@ -54,6 +70,17 @@ SUMMARY_FIELDS = {
     "kept_fraction": "prunex: fraction of the pruned layers' weights kept at the end (else null)",
     "placement": "domains of ranks (groups, names, hosts): switches under testbed, machines under torchrun",
 }
+
+
+def record(**fields) -> None:
+    """Append one record to this rank's ``$TESTBED_RECORDS`` (nothing when it is unset, e.g.
+    under plain torchrun): ``record(iter=i, loss=l, payload_bytes=n)``."""
+    path = os.environ.get(RECORDS_ENV)
+    if not path:
+        return
+    fields.setdefault("time", time.time())
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(fields, separators=(",", ":")) + "\n")
 
 
 class JsonlWriter:

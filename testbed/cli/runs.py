@@ -12,8 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
-    scheme_variant, split_list, testbed_name, testbed_option
+    split_list, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer
+from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ScriptOpt, user_code
 from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
     with_prune_ratios, with_workload_options, workload_args
 from testbed.common.errors import TestbedError
@@ -36,8 +37,12 @@ def register(app: typer.Typer) -> None:
 @with_workload_options
 def run(
     ctx: typer.Context,
-    scheme: str = typer.Argument(..., metavar="SCHEME", parser=scheme_variant, autocompletion=complete_scheme,
-                                 help=scheme_help()),
+    scheme: Optional[str] = typer.Argument(None, metavar="[SCHEME]", autocompletion=complete_scheme,
+                                           help=scheme_help() + " With --script/-m, positional arguments go to "
+                                           "your code."),
+    script: Optional[Path] = ScriptOpt,
+    module: Optional[str] = ModuleOpt,
+    expect_bytes: Optional[int] = ExpectBytesOpt,
     bw: Optional[str] = typer.Option(None, "--bw", metavar="RATE", help="Rate of the bottleneck links for this "
                                      "run, e.g. 100mbit."),
     bw_trace: Optional[Path] = typer.Option(None, "--bw-trace", metavar="FILE", help="The bottleneck links follow "
@@ -64,35 +69,42 @@ def run(
     as_json: bool = JsonOpt,
     workload: dict = None,
 ):
-    """Train SCHEME across the emulated network, one rank per worker, and record everything.
+    """Train SCHEME (or your own --script/-m) across the emulated network, one rank per
+    worker, and record everything.
 
     Without --testbed, brings up --topology (three_switch by default) and removes it after.
-    Arguments after `--` go to `python -m workloads.train` unchanged.
+    Arguments after `--` go to `python -m workloads.train` (or to your script) unchanged.
     """
     with guard(as_json):
         from testbed.model.flows import parse_spec
         from testbed.runs.experiment import RunRequest
 
+        code = user_code(ctx, scheme, script, module, expect_bytes)  # SCHEME checked there when it is one
         rate = _rate(bw) if bw is not None else None
         check_timeout(timeout)
         if not (math.isfinite(trace_window) and trace_window > 0):
             raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
+        flows = None
+        if cross_traffic:
+            flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
+        shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate, out=out_dir,
+                       timeout=timeout, exporter=exporter, bw_trace=bw_trace, trace_format=trace_format,
+                       trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows)
+        if code is not None:
+            args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
+            req = RunRequest(scheme=code.label, workload_args=args, code=code, expect_bytes=expect_bytes, **shaping)
+            summary = _with_display(_run_one, req, as_json)
+            emit(summary) if as_json else _render_summary(summary)
+            return
         wargs = workload_args(workload, ctx.args)
         check_workload(scheme, wargs)
         if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
             wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset, pretrain_epochs),
                                                 as_json))]
-        testbed = testbed_name(testbed) if testbed else None
         if not as_json:
             _announce(scheme, workload, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
-                      testbed or topology or "three_switch (default)")
-        flows = None
-        if cross_traffic:
-            flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
-        req = RunRequest(scheme=scheme, workload_args=wargs, topology=topology, testbed=testbed, bw=rate,
-                         out=out_dir, timeout=timeout, exporter=exporter, bw_trace=bw_trace,
-                         trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop,
-                         cross_traffic=flows)
+                      shaping["testbed"] or topology or "three_switch (default)")
+        req = RunRequest(scheme=scheme, workload_args=wargs, **shaping)
         summary = _with_display(_run_one, req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 
@@ -162,10 +174,11 @@ def _render_summary(s: dict) -> None:
          else f"not measured (--compute-time {s.get('compute_time_s')} s)"),
         ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
          ("-" if tta is None else f"{tta:.1f} s")),
-        ("mean iteration", f"{s.get('mean_iter_s', 0) * 1000:.0f} ms"),
-        ("payload / iteration", f"{s.get('mean_payload_bytes', 0):,.0f} B"),
+        ("mean iteration", f"{(s.get('mean_iter_s') or 0) * 1000:.0f} ms"),
+        ("payload / iteration", "-" if s.get("mean_payload_bytes") is None else f"{s['mean_payload_bytes']:,.0f} B"),
         ("bottleneck bytes / iteration", f"{b.get('bytes_per_iteration') or 0:,.0f} B"),
         ("bottleneck utilisation", f"mean {b.get('mean_utilisation') or 0:.0%}, max {b.get('max_utilisation') or 0:.0%}"),
+        ("tc-counter proof", str(s.get("proof", "-"))),
     ]
     for k, v in rows:
         t.add_row(*lit(k, v))

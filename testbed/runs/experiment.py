@@ -42,9 +42,11 @@ from testbed.runs.launch import Launcher, RankFailed
 from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
 from testbed.runs.sampling import LinkSampler, Progress
-from testbed.runs.summary import MIN_WIRE_FRACTION, TrafficBypassed, mark, summarise, verify_crossed
+from testbed.runs.summary import MIN_WIRE_FRACTION, TrafficBypassed, access_links, mark, rank_tx_bytes, summarise, \
+    verify_crossed
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
 from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
+from testbed.runs.userrecords import summary_from_records, write_config
 
 __all__ = [  # the names callers import from here (the CLI, sweep, benchmarks, tests)
     "DEFAULT_TOPOLOGY", "MIN_WIRE_FRACTION", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest",
@@ -72,7 +74,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         r.watch(on_status)
         r.collect()
         summary = r.write_summary()
-        verify_crossed(summary, r.run_dir)  # the tc-counter proof
+        verify_crossed(summary, r.run_dir, req.expect_bytes, say)  # the tc-counter proof
         return summary
     except KeyboardInterrupt:
         ignore_interrupts()  # from here on nothing interrupts the cleanup (restored at the end)
@@ -115,6 +117,9 @@ class _Run:
         self.launcher: Launcher | None = None
         self.start_counters: dict = {}
         self.end_counters: dict = {}
+        self.start_access: dict = {}
+        self.end_access: dict = {}
+        """Counters of the workers' own links: what each rank put on the wire."""
         self.t_start, self.duration = 0.0, 0.0
 
     def get_testbed(self) -> None:
@@ -144,6 +149,11 @@ class _Run:
         self.shapes = bottleneck_shapes(self.bottlenecks)
         self.request = request_record(req, self.tb, self.created, self.flows, trace)
         self.seats = write_run_files(self.run_dir, self.run_id, self.request, self.shapes, self.tb)
+        if req.code is not None:  # the user's own code: its arguments as given, its directory reachable
+            self.argv = ["workloads.userscript", *req.code.argv(), *req.workload_args]
+            self.mounts = [req.code.path]
+            write_config(self.run_dir, req, len(self.tb.workers))
+            return
         scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
         wargs, self.mounts = host_paths(req.workload_args)
         self.argv = [req.module, *scheme_arg, *wargs, "--out", str(self.run_dir.resolve())]
@@ -174,6 +184,7 @@ class _Run:
         """The counters at the start, then one rank per worker."""
         req, tb = self.req, self.tb
         self.start_counters = self.sampler.sample()
+        self.start_access = tb.link_counters(access_links(tb))
         self.t_start = time.time()
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus)
@@ -189,6 +200,7 @@ class _Run:
         """The counters at the end; the trace replay (shapes from before put back) and the
         cross-traffic stopped, the flows' last reports written."""
         self.end_counters = self.sampler.sample()
+        self.end_access = self.tb.link_counters(access_links(self.tb))
         self.duration = time.time() - self.t_start
         if self.replayer is not None:
             self.replayer.stop()  # the shapes from before are put back
@@ -199,8 +211,12 @@ class _Run:
     def write_summary(self) -> dict:
         """summary.json; the exporter's last scrape; with a trace, each record's link rate."""
         run_dir, trace = self.run_dir, self.trace
+        if self.req.code is not None:  # testbed writes its summary, from the records
+            write_json(run_dir / "summary.json", summary_from_records(run_dir, self.req, len(self.tb.workers),
+                                                                      self.t_start, self.duration))
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
                             self.end_counters, self.duration, self.shapes)
+        summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_access, self.end_access)
         if trace is not None:
             rates, late = RateTimeline.from_run(run_dir, self.shapes)
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)

@@ -204,6 +204,8 @@ class Launcher:
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
                            gpu=gpu, threads=threads, base=base, seat=seat, cuda_visible=cuda_visible)
             env["TESTBED_PLACEMENT"] = str(where.resolve())
+            env["TESTBED_RUN_DIR"] = str(self.run_dir.resolve())  # the records contract (workloads.records)
+            env["TESTBED_RECORDS"] = str(self.run_dir.resolve() / f"rank{w.rank}.jsonl")
             env.update(self.extra_env)
             cmd, env = place.command(backend, w, self.argv, env)
             # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
@@ -272,8 +274,11 @@ class Launcher:
             if stalled and len(stalled) == running:
                 first = min(stalled, key=lambda r: r.last_progress)
                 self.stop()
+                done = [r for r in self.ranks if r.proc.returncode == 0]
+                early = (f" Rank {done[0].rank} (node {done[0].node}) exited 0 while the others waited: a rank that "
+                         "never joins the process group, or leaves it early, holds the others up." if done else "")
                 raise RankFailed(f"no progress from any rank for {self.timeout:.0f} s (--timeout); rank "
-                                 f"{first.rank} (node {first.node}) went quiet first; all ranks were stopped. "
+                                 f"{first.rank} (node {first.node}) went quiet first; all ranks were stopped.{early} "
                                  f"Last lines of {first.log}:\n{tail(first.log)}")
             if tick:
                 tick()

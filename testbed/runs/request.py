@@ -1,6 +1,7 @@
 """What `testbed run` is asked to do, what it shows while it runs, and how runs are named.
 
     RunRequest   the run's inputs (scheme, workload arguments, testbed, --bw / --bw-trace, ...)
+    UserCode     a user's own script (--script FILE) or module (-m MOD) the ranks run instead
     Status       what the progress display shows, refreshed about twice a second
     new_run_id   runs/<time>-<scheme variant>-<bw>, unique in the output directory
     host_paths   workload arguments naming host files, made absolute (and the directories to mount)
@@ -14,6 +15,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.model.units import Rate
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """The user's own training code each rank runs (``python -m workloads.userscript``), as
+    torchrun would: a script file, or a module importable from ``path``."""
+
+    kind: str
+    """"script" or "module"."""
+    target: str
+    """The script's absolute path, or the module's dotted name."""
+    path: Path
+    """The script's directory; for a module, the directory `testbed run` was started from."""
+
+    @classmethod
+    def script(cls, file: Path) -> "UserCode":
+        f = file.resolve()
+        return cls("script", str(f), f.parent)
+
+    @classmethod
+    def module(cls, name: str, cwd: Path) -> "UserCode":
+        return cls("module", name, cwd.resolve())
+
+    def argv(self) -> list[str]:
+        """workloads.userscript's arguments before the user's own."""
+        if self.kind == "script":
+            return [self.target]
+        return ["--module", self.target, "--path", str(self.path)]
+
+    @property
+    def label(self) -> str:
+        """How runs of it are named in run ids, summaries and reports."""
+        return f"script:{Path(self.target).name}" if self.kind == "script" else f"module:{self.target}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "target": self.target, "path": str(self.path)}
 
 
 @dataclass
@@ -39,6 +76,12 @@ class RunRequest:
     cross_traffic: list | None = None
     """Cross-traffic flows (:class:`testbed.runs.traffic.Flow`) during the run; None: the
     topology's ``traffic:``, [] none."""
+    code: UserCode | None = None
+    """The user's own script or module instead of a built-in scheme (``scheme`` is its label;
+    ``workload_args`` are its arguments)."""
+    expect_bytes: int | None = None
+    """Bytes each rank hands to collectives over the whole run, for the tc-counter proof of a
+    user's code whose records carry no payload_bytes."""
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""

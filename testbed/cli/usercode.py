@@ -1,0 +1,73 @@
+"""`testbed run --script FILE` / `-m MODULE`: the user's own training code instead of a
+built-in scheme; its checks, made before anything is built."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from testbed.cli.params import scheme_variant
+from testbed.cli.render import usage
+from testbed.common.errors import TestbedError
+
+ScriptOpt = typer.Option(None, "--script", metavar="FILE", help="Run your own training script on every worker "
+                         "instead of SCHEME, started as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR, ...); "
+                         "arguments after `--` go to it. Its records: see $TESTBED_RECORDS in docs/workloads.md.")
+ModuleOpt = typer.Option(None, "-m", "--module", metavar="MODULE", help="Like --script, for a module (python -m "
+                         "MODULE), importable by the workers' Python or from the current directory.")
+ExpectBytesOpt = typer.Option(None, "--expect-bytes", metavar="BYTES", min=1, help="With --script/-m: bytes each "
+                              "rank hands to collectives over the whole run, for the tc-counter proof when the "
+                              "records carry no payload_bytes.")
+
+ALLOWED = {"scheme", "script", "module", "expect_bytes", "bw", "bw_trace", "trace_format", "trace_window",
+           "trace_loop", "cross_traffic", "topology", "testbed", "out_dir", "timeout", "exporter", "as_json"}
+"""`run`'s options that apply to the user's own code; the others configure the built-in trainer."""
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path], module: Optional[str],
+              expect_bytes: Optional[int]):
+    """The UserCode to run (None: the built-in SCHEME, checked), after checking that the command
+    line asks for one of them and, for the user's code, nothing that only the built-in trainer
+    takes (a SCHEME given with --script/-m is the code's first argument)."""
+    from testbed.runs.request import UserCode
+
+    if script is None and module is None:
+        if scheme is None:
+            raise usage("give a SCHEME (e.g. `testbed run pactrain`), or your own code with --script FILE or -m MODULE")
+        if expect_bytes is not None:
+            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
+        try:
+            scheme_variant(scheme)
+        except typer.BadParameter as e:
+            raise usage(f"Invalid value for '[SCHEME]': {e}") from None
+        return None
+    if script is not None and module is not None:
+        raise usage("give --script FILE or -m MODULE, not both")
+    given = [p for p in ctx.command.params if p.name not in ALLOWED
+             and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]  # typer vendors click
+    if given:
+        flag = given[0].opts[0]
+        raise usage(f"{flag} configures the built-in trainer; your code takes its own arguments: put them after `--`")
+    if module is not None:
+        if not MODULE_NAME.fullmatch(module):
+            raise TestbedError(f"-m {module!r} is not a module name", "e.g. -m mypkg.train")
+        return UserCode.module(module, Path.cwd())
+    return UserCode.script(_script_file(script))
+
+
+def _script_file(script: Path) -> Path:
+    try:
+        st = os.stat(script)
+    except OSError as e:
+        raise TestbedError(f"--script {script}: {e.strerror}", "give the path of your training script") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TestbedError(f"--script {script} is not a regular file", "give the path of your training script")
+    if not os.access(script, os.R_OK):
+        raise TestbedError(f"--script {script} cannot be read", "check its permissions")
+    return script

@@ -1,0 +1,88 @@
+"""What a run of the user's own code (``testbed run --script`` / ``-m``) leaves for reports
+and Prometheus: its config.json at the start, and at the end, from the records its ranks
+appended to ``$TESTBED_RECORDS`` (``workloads.records.CONTRACT_FIELDS``), a summary.json
+and an eval.jsonl.
+
+The records come from code testbed does not control: every field is taken only when it has
+the contract's type (a finite number; ``iter`` an integer), anything else is ignored, and a
+file with no usable record is a run without records (the summary says so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from testbed.common.files import atomic_write, read_jsonl, write_json
+from testbed.runs.request import RunRequest
+
+NUMERIC = ("time", "loss", "accuracy", "payload_bytes", "iter_s")
+
+
+def write_config(run_dir: Path, req: RunRequest, world: int) -> None:
+    """config.json as the built-in trainer writes it: what the exporter discovers a run by."""
+    write_json(run_dir / "config.json", {"args": {"scheme": req.scheme, "variant": req.scheme, "model": "",
+                                                  "dataset": ""},
+                                         "world_size": world, "code": req.code.to_dict(), "time": time.time()})
+
+
+def clean(rec) -> dict | None:
+    """A record reduced to the contract's fields with the contract's types (None: not a record)."""
+    if not isinstance(rec, dict):
+        return None
+    out = {}
+    it = rec.get("iter")
+    if isinstance(it, int) and not isinstance(it, bool) and it >= 0:
+        out["iter"] = it
+    for k in NUMERIC:
+        v = rec.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+def rank_records(run_dir: Path, rank: int) -> list[dict]:
+    return [r for r in map(clean, read_jsonl(run_dir / f"rank{rank}.jsonl")) if r is not None]
+
+
+def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: float, duration: float) -> dict:
+    """summary.json's workload part (the keys a built-in run's rank 0 writes), from the records;
+    eval.jsonl written from rank 0's records that carry an accuracy."""
+    per_rank = [rank_records(run_dir, r) for r in range(world)]
+    r0 = per_rank[0] if per_rank else []
+    iterations = max((r.get("iter", i + 1) for i, r in enumerate(r0)), default=0)
+    if r0 and "time" in r0[0]:  # training starts with the first step, not with the ranks' Python
+        t_start = r0[0]["time"] - r0[0].get("iter_s", 0.0)
+    evals = [{"iter": r.get("iter", i + 1), "time": r["time"], "train_s": r["time"] - t_start,
+              "accuracy": r["accuracy"]}
+             for i, r in enumerate(r0) if "accuracy" in r and "time" in r]
+    _write_jsonl(run_dir / "eval.jsonl", evals)
+    steps = [r["iter_s"] for r in r0 if "iter_s" in r] or _gaps([r["time"] for r in r0 if "time" in r])
+    payloads = [r["payload_bytes"] for recs in per_rank for r in recs if "payload_bytes" in r]
+    last = [recs[-1]["payload_bytes"] for recs in per_rank if recs and "payload_bytes" in recs[-1]]
+    accuracy = next((r["accuracy"] for r in reversed(r0) if "accuracy" in r), None)
+    return {
+        "scheme": req.scheme, "variant": req.scheme, "code": req.code.to_dict(),
+        "workload_args": req.workload_args, "model": None, "dataset": None, "world_size": world,
+        "backend": None, "iterations": iterations, "epochs": None, "wall_s": duration,
+        "train_s": max((r["time"] for r in r0 if "time" in r), default=t_start + duration) - t_start,
+        "final_accuracy": accuracy, "target_accuracy": None, "time_to_target_s": None,
+        "final_loss": next((r["loss"] for r in reversed(r0) if "loss" in r), None),
+        "mean_iter_s": statistics.fmean(steps) if steps else (duration / iterations if iterations else None),
+        "median_iter_s": statistics.median(steps) if steps else None,
+        "mean_payload_bytes": statistics.fmean(payloads) if payloads else None,
+        "final_payload_bytes": statistics.fmean(last) if last else None,
+        "records": {"ranks_with_records": sum(1 for recs in per_rank if recs),
+                    "records_rank0": len(r0), "evaluations": len(evals)},
+    }
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:]) if b >= a]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))

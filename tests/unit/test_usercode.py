@@ -1,0 +1,137 @@
+"""The user's own code (`testbed run --script` / `-m`): the rank-side runner, the records
+contract read back into a summary, the command line's refusals, and the per-rank proof.
+Real processes; no testbed needed (the kernel test runs them across one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.runs.request import RunRequest, UserCode
+from testbed.runs.summary import TrafficBypassed, verify_crossed
+from testbed.runs.userrecords import clean, summary_from_records
+
+from .test_cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _runner(tmp_path: Path, *args: str, env=None) -> subprocess.CompletedProcess:
+    """``python -P -m workloads.userscript ARGS`` from an unrelated directory, as a rank runs it."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-P", "-m", "workloads.userscript", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_script_runs_as_main_with_its_arguments_and_its_siblings_importable(tmp_path):
+    d = tmp_path / "code"
+    d.mkdir()
+    (d / "helper.py").write_text("VALUE = 41\n")
+    (d / "train.py").write_text("import sys, helper\nprint(__name__, sys.argv[1:], helper.VALUE + 1)\n")
+    r = _runner(tmp_path, str(d / "train.py"), "--lr", "0.1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "__main__ ['--lr', '0.1'] 42"
+
+
+def test_the_working_directory_is_not_importable(tmp_path):
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "helper.py").write_text("raise SystemExit('imported from the working directory')\n")
+    (tmp_path / "train.py").write_text("import importlib.util\nprint(importlib.util.find_spec('helper'))\n")
+    r = _runner(tmp_path, str(tmp_path / "train.py"))
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("body, status, err", [
+    ("import sys; sys.exit(3)", 3, ""),
+    ("import sys; sys.exit('bad input')", 1, "bad input"),
+    ("raise ValueError('boom')", 1, "ValueError: boom"),
+    ("pass", 0, ""),
+])
+def test_the_rank_exits_with_the_scripts_status(tmp_path, body, status, err):
+    (tmp_path / "s.py").write_text(body + "\n")
+    r = _runner(tmp_path, str(tmp_path / "s.py"))
+    assert r.returncode == status and err in r.stderr, r.stderr
+
+
+def test_a_module_runs_from_the_given_path(tmp_path):
+    pkg = tmp_path / "proj" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n")
+    r = _runner(tmp_path, "--module", "mypkg.train", "--path", str(tmp_path / "proj"), "x")
+    assert r.returncode == 0 and r.stdout.strip() == "__main__ ['x']", r.stderr
+    assert _runner(tmp_path, "--module", "mypkg.train").returncode == 2  # --path is required
+
+
+def test_records_are_taken_only_with_the_contracts_types():
+    assert clean({"iter": 3, "loss": 0.5, "payload_bytes": 10, "accuracy": 0.9, "extra": "kept out"}) == \
+        {"iter": 3, "loss": 0.5, "payload_bytes": 10.0, "accuracy": 0.9}
+    assert clean({"iter": True, "loss": "0.5", "time": float("nan"), "iter_s": float("inf")}) == {}
+    assert clean({"iter": -1}) == {} and clean([1, 2]) is None and clean("x") is None
+
+
+def _req(tmp_path) -> RunRequest:
+    return RunRequest(scheme="script:t.py", workload_args=["30"], code=UserCode.script(tmp_path / "t.py"))
+
+
+def test_a_summary_and_evaluations_come_from_the_records(tmp_path):
+    t0 = 1000.0
+    for rank in range(2):
+        lines = [json.dumps({"iter": i, "time": t0 + i, "iter_s": 1.0, "loss": 1.0 / i, "payload_bytes": 100 + rank,
+                             **({"accuracy": 0.1 * i} if rank == 0 and i % 2 == 0 else {})}) for i in range(1, 5)]
+        lines.insert(1, "not json at all" if rank else json.dumps(["a list"]))
+        (tmp_path / f"rank{rank}.jsonl").write_text("\n".join(lines[:3]) + "\n")  # rank 1: cut at the bad line
+    s = summary_from_records(tmp_path, _req(tmp_path), 2, t_start=t0 - 50, duration=60.0)
+    assert s["iterations"] == 2 and s["world_size"] == 2 and s["scheme"] == "script:t.py"
+    assert s["final_accuracy"] == pytest.approx(0.2) and s["final_loss"] == pytest.approx(0.5)
+    assert s["mean_iter_s"] == 1.0 and s["mean_payload_bytes"] == pytest.approx(301 / 3)  # rank 1 kept one record
+    evals = [json.loads(l) for l in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert evals == [{"iter": 2, "time": t0 + 2, "train_s": 2.0, "accuracy": pytest.approx(0.2)}]  # from step 1's start
+
+
+def test_no_records_at_all_is_a_summary_without_figures(tmp_path):
+    s = summary_from_records(tmp_path, _req(tmp_path), 3, t_start=0.0, duration=5.0)
+    assert s["iterations"] == 0 and s["mean_payload_bytes"] is None and s["final_accuracy"] is None
+    assert s["records"]["ranks_with_records"] == 0
+
+
+def _proof(tmp_path, rank_tx: dict, wire: int, expect=None, payload=None, code=True):
+    (tmp_path / "run.json").write_text(json.dumps({"workers": [{"rank": 0, "node": "w0"}, {"rank": 1, "node": "w1"}]}))
+    summary = {"code": {"kind": "script"} if code else None, "iterations": 10, "mean_payload_bytes": payload,
+               "bottleneck": {"bytes": wire}, "rank_tx_bytes": rank_tx}
+    verify_crossed(summary, tmp_path, expect)
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_the_proof_names_the_rank_whose_link_stayed_quiet(tmp_path):
+    assert _proof(tmp_path, {"0": 5000, "1": 5000}, 9000, expect=4000)["proof"] == "passed"
+    with pytest.raises(TrafficBypassed, match=r"rank 1 \(node w1\) put 20 bytes"):
+        _proof(tmp_path, {"0": 5000, "1": 20}, 9000, expect=4000)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "bypassed"
+    with pytest.raises(TrafficBypassed, match="did not cross the bottleneck"):
+        _proof(tmp_path, {"0": 5000, "1": 5000}, 100, payload=400.0)  # records' payload_bytes x iterations
+    assert "skipped" in _proof(tmp_path, {"0": 0, "1": 0}, 0)["proof"]  # nothing to compare with: said so
+
+
+@pytest.mark.parametrize("args, words, status", [
+    ((), "give a SCHEME", 2),
+    (("nosuchscheme",), "Invalid value for '[SCHEME]': unknown scheme 'nosuchscheme'", 2),
+    (("--script", "x.py", "-m", "m"), "not both", 2),
+    (("--script", "{ex}", "--model", "resnet18"), "--model configures the built-in trainer", 2),
+    (("--script", "{ex}", "--epochs", "3"), "--epochs configures the built-in trainer", 2),
+    (("allreduce", "--expect-bytes", "10"), "--expect-bytes goes with --script", 2),
+    (("--script", "/nonexistent/t.py"), "--script /nonexistent/t.py: No such file", 1),
+    (("--script", "/dev/null"), "is not a regular file", 1),
+    (("-m", "os; rm -rf /"), "is not a module name", 1),
+    (("--script", "{ex}", "--expect-bytes", "0"), "--expect-bytes", 2),
+])
+def test_bad_requests_for_your_own_code_are_refused_before_anything_is_built(args, words, status):
+    ex = str(ROOT / "examples" / "ddp_digits.py")
+    r = cli("run", *[a.replace("{ex}", ex) for a in args])
+    assert r.returncode == status and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
