@@ -47,6 +47,8 @@ def check(argv) -> argparse.Namespace:
     For launchers (``testbed run``) that must refuse bad input before building anything.
     """
     args = parse_args(argv, raise_errors=True)
+    if args.scheme == "hook" and not args.hook:
+        raise ValueError("scheme hook needs --hook package.module:factory (your DDP communication hook)")
     _, ds = prepare(args)
     model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
     if args.init:

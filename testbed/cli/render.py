@@ -24,8 +24,8 @@ from rich.text import Text
 
 from testbed.common.errors import TestbedError
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+out = Console(emoji=False)  # ":factory:" in a message stays text, not an emoji
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 _click = typer.BadParameter.__module__.rpartition(".")[0]  # click, or the copy typer vendors
 ClickException: type[Exception] = importlib.import_module(f"{_click}.exceptions").ClickException

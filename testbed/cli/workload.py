@@ -93,14 +93,17 @@ def _scheme_options() -> list[tuple]:
             opts.append((p.name, bool, typer.Option(False, p.flag, help=f"{where}: {p.help}.")))
             continue
         rule = f"{p.check}; " if p.check is not None else ""
-        text = f"{where}: {p.help} ({rule}default {p.default})."
+        text = f"{where}: {p.help} ({rule}default {p.default})." if p.default != "" else f"{where}: {p.help}."
         if isinstance(p.check, Choice):
             named = Choices(p.name.replace("_", " "), p.check.values)
             opts.append((p.name, Optional[str], choice(None, p.flag, choices=named, help=text)))
         else:
             opts.append((p.name, Optional[p.type], typer.Option(None, p.flag, parser=_checked(p), help=text,
-                                                                metavar="INT" if p.type is int else "NUMBER")))
+                                                                metavar=_METAVARS.get(p.type, "TEXT"))))
     return opts
+
+
+_METAVARS = {int: "INT", float: "NUMBER"}
 
 
 def _checked(p):

@@ -127,7 +127,7 @@ def new_run_id(out: Path, scheme: str, bw: Rate | str | None) -> str:
     return rid
 
 
-PATH_FLAGS = {"--init": "file", "--data-dir": "dir"}
+PATH_FLAGS = {"--init": "file", "--data-dir": "dir", "--hook-path": "dir"}
 """Workload arguments that name host files: made absolute, and their directories mounted
 into container workers at the same path."""
 

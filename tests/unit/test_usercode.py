@@ -129,6 +129,8 @@ def test_the_proof_names_the_rank_whose_link_stayed_quiet(tmp_path):
     (("--script", "/dev/null"), "is not a regular file", 1),
     (("-m", "os; rm -rf /"), "is not a module name", 1),
     (("--script", "{ex}", "--expect-bytes", "0"), "--expect-bytes", 2),
+    (("hook",), "scheme hook needs --hook package.module:factory", 1),
+    (("hook", "--hook", "os;rm -rf /"), "--hook must be package.module:factory", 2),
 ])
 def test_bad_requests_for_your_own_code_are_refused_before_anything_is_built(args, words, status):
     ex = str(ROOT / "examples" / "ddp_digits.py")

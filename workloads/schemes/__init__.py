@@ -73,6 +73,7 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("prunex", "PruneX: ADMM channel pruning + hierarchical compact all-reduce via switch leaders", "prunex"),
     Scheme("hier-allreduce", "dense hierarchical all-reduce via switch leaders (PruneX without pruning)", "prunex",
            function="attach_hier"),
+    Scheme("hook", "your own DDP communication hook, by import path (--hook package.module:factory)", "hook"),
 ]}
 
 _BY_NAME: dict[str, Param] = {p.name: p for p in PARAMETERS}

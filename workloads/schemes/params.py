@@ -19,6 +19,7 @@ scheme's ``attach``. The flag, its check, its place in ``hyper`` and in variants
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 
@@ -61,6 +62,18 @@ class Choice:
 
     def __str__(self) -> str:
         return ", ".join(self.values[:-1]) + " or " + self.values[-1] if len(self.values) > 1 else self.values[0]
+
+
+@dataclass(frozen=True)
+class ImportPath:
+    """``package.module:attribute`` (or empty: not set)."""
+
+    def accepts(self, value) -> bool:
+        return value == "" or (isinstance(value, str) and re.fullmatch(
+            r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value) is not None)
+
+    def __str__(self) -> str:
+        return "package.module:factory"
 
 
 @dataclass(frozen=True)
@@ -152,5 +165,11 @@ PARAMETERS: tuple[Param, ...] = (
     Param("prunex_admm_every", int, 10, "iterations between Z/U updates", ("prunex",), Range(1)),
     Param("prunex_prune_at", float, 0.3, "fraction of the run after which channel masks are fixed", ("prunex",),
           Range(0, 1)),
+    # hook: the user's own DDP communication hook
+    Param("hook", str, "", "your DDP communication hook's factory, by import path: factory(process_group) -> "
+          "(state, hook), registered as ddp.register_comm_hook(state, hook)", ("hook",), ImportPath(),
+          summary_key=True),
+    Param("hook_path", str, "", "a directory --hook's module is imported from (testbed run: where it was "
+          "started)", ("hook",), recorded=False),
 )
 """Every scheme hyper-parameter, in the order of the flags (and of ``hyper``)."""
