@@ -97,8 +97,6 @@ def run(
             emit(summary) if as_json else _render_summary(summary)
             return
         wargs = workload_args(workload, ctx.args)
-        if workload["hook"] and not workload["hook_path"]:  # --hook's module: from here, as python -m finds it
-            wargs += ["--hook-path", str(Path.cwd())]
         check_workload(scheme, wargs)
         if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
             wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset, pretrain_epochs),

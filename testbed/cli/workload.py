@@ -161,6 +161,8 @@ def workload_args(w: dict, extra=()) -> list[str]:
             args += [p.flag, str(w[p.name])]
     if w["stop_at_target"]:
         args.append("--stop-at-target")
+    if w["hook"] and not w["hook_path"]:  # --hook's module is found from here, as python -m would
+        args += ["--hook-path", str(Path.cwd())]
     return args + list(extra)
 
 
