@@ -14,7 +14,7 @@ import pytest
 from tests.workloads.launch import ROOT
 from workloads import pruning, schemes
 from workloads.schemes import SchemeOptions, parameter, parameters, parse_variant
-from workloads.schemes.params import PARAMETERS, Choice, Param, Range
+from workloads.schemes.params import PARAMETERS, Choice, ImportPath, Param, Range
 from workloads.train import check, hyper_params, parse_args
 
 TRAIN = {"model": "cnn", "dataset": "digits", "width": 1.0, "depth": None, "batch_size": 32, "lr": 0.05,
@@ -70,15 +70,15 @@ def test_a_parameter_that_needs_a_switch_is_recorded_only_with_it():
 
 @pytest.mark.parametrize("argv, want", [
     (["--scheme", "allreduce"], {"prune_ratio": None, "ternary": None, "topk_ratio": None, "spardl_density": None,
-                                 "prunex_sparsity": None}),
+                                 "prunex_sparsity": None, "hook": None}),
     (["--scheme", "pactrain:0.3:ternary"], {"prune_ratio": 0.3, "ternary": True, "topk_ratio": None,
-                                            "spardl_density": None, "prunex_sparsity": None}),
+                                            "spardl_density": None, "prunex_sparsity": None, "hook": None}),
     (["--scheme", "topk:0.1"], {"prune_ratio": None, "ternary": None, "topk_ratio": 0.1, "spardl_density": None,
-                                "prunex_sparsity": None}),
+                                "prunex_sparsity": None, "hook": None}),
     (["--scheme", "spardl"], {"prune_ratio": None, "ternary": None, "topk_ratio": None, "spardl_density": 0.01,
-                              "prunex_sparsity": None}),
+                              "prunex_sparsity": None, "hook": None}),
     (["--scheme", "prunex:0.7"], {"prune_ratio": None, "ternary": None, "topk_ratio": None, "spardl_density": None,
-                                  "prunex_sparsity": 0.7}),
+                                  "prunex_sparsity": 0.7, "hook": None}),
 ])
 def test_the_summarys_top_level_parameter_keys_are_what_they_were(argv, want):
     args = parse_args(argv, raise_errors=True)
@@ -100,13 +100,15 @@ def test_the_flags_keep_their_names_and_defaults():
         "--prune-ratio": 0.5, "--prune-method": "magnitude", "--grasp-batches": 2, "--ternary": False,
         "--stable-iters": 3, "--topk-ratio": 0.01, "--terngrad-clip": 2.5, "--powersgd-rank": 4,
         "--powersgd-start-iter": 10, "--spardl-density": 0.01, "--spardl-teams": "auto", "--prunex-sparsity": 0.5,
-        "--prunex-rho": 0.1, "--prunex-admm-every": 10, "--prunex-prune-at": 0.3}
+        "--prunex-rho": 0.1, "--prunex-admm-every": 10, "--prunex-prune-at": 0.3, "--hook": "", "--hook-path": ""}
 
 
 def _invalid(param: Param):
     c = param.check
     if isinstance(c, Choice):
         return "nope"
+    if isinstance(c, ImportPath):
+        return "not/a:path"
     if c.low is not None:
         return c.low if c.low_open else c.low - 1
     return c.high if c.high_open else c.high + 1
