@@ -93,18 +93,16 @@ def run(
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, expect_bytes=expect_bytes, **shaping)
-            summary = _with_display(_run_one, req, as_json)
-            emit(summary) if as_json else _render_summary(summary)
-            return
-        wargs = workload_args(workload, ctx.args)
-        check_workload(scheme, wargs)
-        if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
-            wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset, pretrain_epochs),
-                                                as_json))]
-        if not as_json:
-            _announce(scheme, workload, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
-                      shaping["testbed"] or topology or "three_switch (default)")
-        req = RunRequest(scheme=scheme, workload_args=wargs, **shaping)
+        else:
+            wargs = workload_args(workload, ctx.args)
+            check_workload(scheme, wargs)
+            if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
+                wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset,
+                                                                         pretrain_epochs), as_json))]
+            if not as_json:
+                _announce(scheme, workload, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
+                          shaping["testbed"] or topology or "three_switch (default)")
+            req = RunRequest(scheme=scheme, workload_args=wargs, **shaping)
         summary = _with_display(_run_one, req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 

@@ -13,6 +13,7 @@ import typer
 
 from testbed.cli.params import scheme_variant
 from testbed.cli.render import usage
+from testbed.cli.workload import WORKLOAD_OPTIONS
 from testbed.common.errors import TestbedError
 
 ScriptOpt = typer.Option(None, "--script", metavar="FILE", help="Run your own training script on every worker "
@@ -24,9 +25,8 @@ ExpectBytesOpt = typer.Option(None, "--expect-bytes", metavar="BYTES", min=1, he
                               "rank hands to collectives over the whole run, for the tc-counter proof when the "
                               "records carry no payload_bytes.")
 
-ALLOWED = {"scheme", "script", "module", "expect_bytes", "bw", "bw_trace", "trace_format", "trace_window",
-           "trace_loop", "cross_traffic", "topology", "testbed", "out_dir", "timeout", "exporter", "as_json"}
-"""`run`'s options that apply to the user's own code; the others configure the built-in trainer."""
+TRAINER_ONLY = {name for name, _, _ in WORKLOAD_OPTIONS} | {"pretrain", "pretrain_dataset", "pretrain_epochs"}
+"""`run`'s options that configure the built-in trainer (refused with the user's own code)."""
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -49,7 +49,7 @@ def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path],
         return None
     if script is not None and module is not None:
         raise usage("give --script FILE or -m MODULE, not both")
-    given = [p for p in ctx.command.params if p.name not in ALLOWED
+    given = [p for p in ctx.command.params if p.name in TRAINER_ONLY
              and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]  # typer vendors click
     if given:
         flag = given[0].opts[0]
