@@ -1,19 +1,23 @@
 """Plain PyTorch DDP on scikit-learn's digits: `torchrun --standalone --nproc-per-node 2
 examples/ddp_digits.py`, or unchanged across a testbed: `testbed run --script examples/ddp_digits.py`."""
-import json, os, sys, time
+import argparse, json, os, time
 import torch, torch.distributed as dist
 from sklearn.datasets import load_digits
 
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+ap = argparse.ArgumentParser()
+ap.add_argument("steps", type=int, nargs="?", default=60)
+ap.add_argument("--lr", type=float, default=0.1)
+args = ap.parse_args()
+steps, lr = args.steps, args.lr
 torch.manual_seed(0)
 x, y = load_digits(return_X_y=True)
 x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
 test_x, test_y, x, y = x[:300], y[:300], x[300 + rank::world], y[300 + rank::world]  # a shard per rank
 model = torch.nn.parallel.DistributedDataParallel(
     torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)))
-opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # one dense all-reduce a step
 out = open(os.environ["TESTBED_RECORDS"], "a") if "TESTBED_RECORDS" in os.environ else None
 for step in range(1, steps + 1):

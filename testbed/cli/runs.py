@@ -13,8 +13,8 @@ from rich.table import Table
 
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
     split_list, testbed_name, testbed_option
-from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer
-from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ScriptOpt, user_code
+from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer, usage
+from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
 from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
     with_prune_ratios, with_workload_options, workload_args
 from testbed.common.errors import TestbedError
@@ -192,8 +192,12 @@ def sweep(
                                 "allreduce,topk:0.1,pactrain:0.5:ternary."),
     bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", metavar="RATE,...", help="Comma-separated bottleneck "
                            "rates."),
-    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, help="Runs per scheme and rate; repeat k "
-                                "uses --seed + k. Report shows the median and min-max."),
+    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, help="Runs per scheme, rate and grid point; "
+                                "repeat k uses --seed + k. Report shows the median and min-max."),
+    param: Optional[List[str]] = ParamOpt,
+    script: Optional[Path] = ScriptOpt,
+    module: Optional[str] = ModuleOpt,
+    expect_bytes: Optional[int] = ExpectBytesOpt,
     pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", metavar="NUMBER",
                                           help="Epochs of the shared pre-training."),
     pretrain_dataset: Optional[str] = PretrainDatasetOpt,
@@ -209,26 +213,26 @@ def sweep(
     as_json: bool = JsonOpt,
     workload: dict = None,
 ):
-    """Run every scheme at every bandwidth from one shared pre-trained checkpoint."""
+    """Run every scheme (or your own --script/-m) at every bandwidth and grid point; the
+    built-in schemes from one shared pre-trained checkpoint."""
     with guard(as_json):
+        from testbed.runs import grid
         from testbed.runs.sweep import SweepRequest
 
-        names = split_list(schemes)
+        code = own_code(ctx, script, module)
+        if code is None and expect_bytes is not None:
+            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
+        params = grid.parse(param or [])
         rates = _rates(bw)
         check_timeout(timeout)
-        if prune_ratios is not None:
-            names = with_prune_ratios(names, prune_ratios)
-        wargs = workload_args({**workload, "init": None}, ctx.args)
-        for name in names:
-            check_workload(name, wargs)
-        pre = pretraining(workload, pretrain_dataset, pretrain_epochs)
-        if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
-            if pretrain_dataset is not None:
-                raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
-            pre = None
-        req = SweepRequest(schemes=names, bws=rates, workload_args=wargs, repeats=repeats, topology=topology,
-                           testbed=testbed_name(testbed) if testbed else None, out=out_dir, timeout=timeout,
-                           init=workload["init"], pretrain=pre, exporter=exporter)
+        shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir, timeout=timeout,
+                      testbed=testbed_name(testbed) if testbed else None, exporter=exporter)
+        if code is not None:
+            req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
+                               expect_bytes=expect_bytes, **shared)
+        else:
+            req = SweepRequest(**_builtin_sweep(ctx, schemes, prune_ratios, params, workload, pretrain_dataset,
+                                                pretrain_epochs), **shared)
         index = _with_display(_sweep_all, req, as_json)
         failed = [r for r in index["runs"] if r["status"] != "ok"]
         if as_json:
@@ -238,6 +242,29 @@ def sweep(
                   f"{len(failed)} failed); `testbed report {index['dir']}`")
         if failed:
             raise typer.Exit(1)
+
+
+def _builtin_sweep(ctx, schemes: str, prune_ratios, params: dict, workload: dict, pretrain_dataset,
+                   pretrain_epochs) -> dict:
+    """The built-in schemes' part of a SweepRequest: the schemes, their checked arguments
+    (every grid point each scheme runs checked too) and the shared checkpoint."""
+    from testbed.runs import grid
+
+    names = split_list(schemes)
+    if prune_ratios is not None:
+        names = with_prune_ratios(names, prune_ratios)
+    wargs = workload_args({**workload, "init": None}, ctx.args)
+    if "hook" in {k.replace("-", "_") for k in params} and not workload["hook_path"]:
+        wargs += ["--hook-path", str(Path.cwd())]  # as for --hook: its module is found from here
+    for name in names:
+        for point in grid.for_scheme(params, name):
+            check_workload(name, [*wargs, *grid.argv(point)])
+    pre = pretraining(workload, pretrain_dataset, pretrain_epochs)
+    if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
+        if pretrain_dataset is not None:
+            raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
+        pre = None
+    return dict(schemes=names, workload_args=wargs, init=workload["init"], pretrain=pre)
 
 
 def _sweep_all(req, on_status, on_message):

@@ -1,4 +1,4 @@
-"""`testbed run --script FILE` / `-m MODULE`: the user's own training code instead of a
+"""`testbed run|sweep --script FILE` / `-m MODULE`: the user's own training code instead of a
 built-in scheme; its checks, made before anything is built."""
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ ScriptOpt = typer.Option(None, "--script", metavar="FILE", help="Run your own tr
                          "arguments after `--` go to it. Its records: see $TESTBED_RECORDS in docs/workloads.md.")
 ModuleOpt = typer.Option(None, "-m", "--module", metavar="MODULE", help="Like --script, for a module (python -m "
                          "MODULE), importable by the workers' Python or from the current directory.")
+ParamOpt = typer.Option(None, "--param", metavar="KEY=V1,V2", help="A parameter grid: each run gets one value "
+                        "as --KEY VALUE after the arguments after `--` (repeatable: every combination runs); a "
+                        "scheme's own parameter (e.g. hook, topk-ratio) goes to the schemes that have it. Report "
+                        "groups runs by it.")
 ExpectBytesOpt = typer.Option(None, "--expect-bytes", metavar="BYTES", min=1, help="With --script/-m: bytes each "
                               "rank hands to collectives over the whole run, for the tc-counter proof when the "
                               "records carry no payload_bytes.")
 
-TRAINER_ONLY = {name for name, _, _ in WORKLOAD_OPTIONS} | {"pretrain", "pretrain_dataset", "pretrain_epochs"}
-"""`run`'s options that configure the built-in trainer (refused with the user's own code)."""
+TRAINER_ONLY = {name for name, _, _ in WORKLOAD_OPTIONS} | {"pretrain", "pretrain_dataset", "pretrain_epochs",
+                                                             "schemes", "prune_ratios"}
+"""`run`'s and `sweep`'s options that configure the built-in trainer (refused with the user's own code)."""
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -35,8 +40,6 @@ def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path],
     """The UserCode to run (None: the built-in SCHEME, checked), after checking that the command
     line asks for one of them and, for the user's code, nothing that only the built-in trainer
     takes (a SCHEME given with --script/-m is the code's first argument)."""
-    from testbed.runs.request import UserCode
-
     if script is None and module is None:
         if scheme is None:
             raise usage("give a SCHEME (e.g. `testbed run pactrain`), or your own code with --script FILE or -m MODULE")
@@ -46,6 +49,16 @@ def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path],
             scheme_variant(scheme)
         except typer.BadParameter as e:
             raise usage(f"Invalid value for '[SCHEME]': {e}") from None
+        return None
+    return own_code(ctx, script, module)
+
+
+def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
+    """The UserCode of --script/-m (None when neither is given), after checking that nothing
+    that only the built-in trainer takes is on the command line."""
+    from testbed.runs.request import UserCode
+
+    if script is None and module is None:
         return None
     if script is not None and module is not None:
         raise usage("give --script FILE or -m MODULE, not both")

@@ -150,12 +150,12 @@ class _Run:
         self.request = request_record(req, self.tb, self.created, self.flows, trace)
         self.seats = write_run_files(self.run_dir, self.run_id, self.request, self.shapes, self.tb)
         if req.code is not None:  # the user's own code: its arguments as given, its directory reachable
-            self.argv = ["workloads.userscript", *req.code.argv(), *req.workload_args]
+            self.argv = ["workloads.userscript", *req.code.argv(), *req.args]
             self.mounts = [req.code.path]
             write_config(self.run_dir, req, len(self.tb.workers))
             return
         scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
-        wargs, self.mounts = host_paths(req.workload_args)
+        wargs, self.mounts = host_paths(req.args)
         self.argv = [req.module, *scheme_arg, *wargs, "--out", str(self.run_dir.resolve())]
 
     def start_alongside(self) -> None:
@@ -187,7 +187,8 @@ class _Run:
         self.start_access = tb.link_counters(access_links(tb))
         self.t_start = time.time()
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
-                                 seats=self.seats, gpus=gpus)
+                                 seats=self.seats, gpus=gpus,
+                                 code=req.code.tree(req.out) if req.code is not None else None)
         self.say(f"run {self.run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {self.run_dir}")
         self.launcher.start()
 

@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.hosts.runplace import CodeTree
 from testbed.model.units import Rate
+from testbed.runs import grid
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class UserCode:
         """How runs of it are named in run ids, summaries and reports."""
         return f"script:{Path(self.target).name}" if self.kind == "script" else f"module:{self.target}"
 
+    def tree(self, out: Path) -> CodeTree:
+        """What another host needs of this code: a script's whole directory (it may import its
+        siblings), a module's top-level package or file when it lies in ``path`` (else the
+        workers' Python has it); never the runs' output directory ``out``."""
+        if self.kind == "script":
+            return CodeTree(self.path, (self.path,), (out.resolve(),))
+        top = self.target.split(".")[0]
+        found = [p for p in (self.path / top, self.path / f"{top}.py") if p.exists()]
+        return CodeTree(self.path, tuple(found[:1]), (out.resolve(),))
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "target": self.target, "path": str(self.path)}
 
@@ -82,17 +94,26 @@ class RunRequest:
     expect_bytes: int | None = None
     """Bytes each rank hands to collectives over the whole run, for the tc-counter proof of a
     user's code whose records carry no payload_bytes."""
+    params: dict[str, str] = field(default_factory=dict)
+    """A sweep's grid point (:mod:`testbed.runs.grid`): passed as ``--KEY VALUE`` after
+    ``workload_args``, kept in the summary's ``params`` and grouped by in reports."""
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
 
     @property
+    def args(self) -> list[str]:
+        """The code's arguments: ``workload_args``, then the grid point's ``--KEY VALUE``."""
+        return [*self.workload_args, *grid.argv(self.params)]
+
+    @property
     def compute_backend(self) -> str:
         """The workload's ``--backend`` (auto, gloo or nccl; the last one given wins, as in argparse)."""
         value = "auto"
-        for i, a in enumerate(self.workload_args):
-            if a == "--backend" and i + 1 < len(self.workload_args):
-                value = self.workload_args[i + 1]
+        args = self.args
+        for i, a in enumerate(args):
+            if a == "--backend" and i + 1 < len(args):
+                value = args[i + 1]
             elif a.startswith("--backend="):
                 value = a.partition("=")[2]
         return value

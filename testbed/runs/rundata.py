@@ -37,6 +37,8 @@ class RunData:
             name += f" {s['spardl_density']:g}"
         if name == "prunex" and s.get("prunex_sparsity") is not None:
             name += f" {s['prunex_sparsity']:g}"
+        if name == "hook" and isinstance(s.get("hook"), str):
+            name += f" {s['hook']}"
         if name == "pactrain":
             if s.get("prune_ratio") is not None:
                 name += f" {s['prune_ratio']:g}"

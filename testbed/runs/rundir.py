@@ -41,6 +41,8 @@ def request_record(req: RunRequest, tb: Testbed, created: bool, flows: list, tra
     """The request as run.json and summary.json keep it (with the sweep's ``extra``)."""
     request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
                "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
+    if req.params:
+        request["params"] = req.params
     if req.code is not None:
         request["code"] = req.code.to_dict()
         request["expect_bytes"] = req.expect_bytes

@@ -40,7 +40,7 @@ def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], star
     summary.update({
         "run_id": run_id, "run_dir": str(run_dir), "status": "ok", "request": request,
         "bw": request["bw"] or (rates[0] if len(rates) == 1 else ",".join(rates)),
-        "topology": request["testbed"], "bottleneck_shapes": shapes,
+        "topology": request["testbed"], "params": request.get("params", {}), "bottleneck_shapes": shapes,
         "bottleneck": _bottleneck(links, start, end, duration, iters),
         "run_s": duration, "testbed_version": __version__, "code_version": code_version(),
     })

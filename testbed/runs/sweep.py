@@ -1,4 +1,5 @@
-"""`testbed sweep`: every scheme x bandwidth (x repeats) from one pre-trained checkpoint.
+"""`testbed sweep`: every scheme (or the user's own code) x bandwidth x parameter-grid point
+(x repeats), the built-in schemes from one pre-trained checkpoint.
 
 Repeat k of a run uses the workload's seed + k (data order, augmentation, stochastic
 rounding), so the spread over repeats is training's, not only the clock's.
@@ -15,13 +16,15 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common import procs
 from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
+from testbed.runs import grid
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
+from testbed.runs.request import UserCode
 from testbed.model.units import Rate
 
 
@@ -40,6 +43,11 @@ class SweepRequest:
     """The shared checkpoint to make (or reuse) when ``init`` is None (None: none, as for
     ``--compute-time`` runs, which measure traffic only)."""
     exporter: bool = True
+    params: dict[str, list[str]] = field(default_factory=dict)
+    """The parameter grid (:mod:`testbed.runs.grid`): every run gets one of its points."""
+    code: UserCode | None = None
+    """The user's own script or module instead of ``schemes`` (its label is the one scheme)."""
+    expect_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,42 +107,51 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
     say = on_message or (lambda m: None)
     check_out(req.out)
     init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
-    sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    n = 1
-    while sweep_dir.exists():
-        n += 1
-        sweep_dir = req.out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-    sweep_dir.mkdir(parents=True)
+    sweep_dir = _new_dir(req.out)
     tb, created = None, False
     index = {"checkpoint": str(init) if init else None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
-             "repeats": req.repeats, "runs": []}
+             "params": req.params, "repeats": req.repeats, "runs": []}
+    if req.code is not None:
+        index["code"] = req.code.to_dict()
+    plan = [(bw, scheme, point, rep) for bw in req.bws for scheme in req.schemes
+            for point in grid.for_scheme(req.params, None if req.code else scheme) for rep in range(req.repeats)]
     try:
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
-        total = len(req.bws) * len(req.schemes) * req.repeats
-        k = 0
-        for bw in req.bws:
-            for scheme in req.schemes:
-                for rep in range(req.repeats):
-                    k += 1
-                    run_id = f"{variant_slug(scheme)}-{bw}-r{rep}"
-                    say(f"[{k}/{total}] {scheme} at {bw}, repeat {rep + 1}/{req.repeats}")
-                    entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "repeat": rep}
-                    try:
-                        run(RunRequest(scheme=scheme,
-                                       workload_args=[*with_seed(req.workload_args, rep),
-                                                      *(["--init", str(init)] if init else [])],
-                                       testbed=tb.name, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
-                                       extra={"repeat": rep, "sweep": sweep_dir.name},
-                                       exporter=req.exporter),
-                            on_status=on_status, on_message=say)
-                        entry["status"] = "ok"
-                    except TestbedError as e:
-                        entry.update(status="failed", error=e.message)
-                        say(f"run {run_id} failed: {e.message.splitlines()[0]}")
-                    index["runs"].append(entry)
-                    write_json(sweep_dir / "sweep.json", index)
+        for k, (bw, scheme, point, rep) in enumerate(plan, 1):
+            run_id = "-".join(x for x in (variant_slug(scheme), str(bw), grid.slug(point), f"r{rep}") if x)
+            where = "".join(f", {key}={v}" for key, v in point.items())
+            say(f"[{k}/{len(plan)}] {scheme} at {bw}{where}, repeat {rep + 1}/{req.repeats}")
+            entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "params": point, "repeat": rep}
+            try:
+                run(_request(req, scheme, point, rep, init, tb.name, bw, sweep_dir, run_id),
+                    on_status=on_status, on_message=say)
+                entry["status"] = "ok"
+            except TestbedError as e:
+                entry.update(status="failed", error=e.message)
+                say(f"run {run_id} failed: {e.message.splitlines()[0]}")
+            index["runs"].append(entry)
+            write_json(sweep_dir / "sweep.json", index)
     finally:
         if created and tb is not None:
             tb.down()
     index["dir"] = str(sweep_dir)
     return index
+
+
+def _new_dir(out: Path) -> Path:
+    sweep_dir = out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while sweep_dir.exists():
+        n += 1
+        sweep_dir = out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    sweep_dir.mkdir(parents=True)
+    return sweep_dir
+
+
+def _request(req: SweepRequest, scheme: str, point: dict, rep: int, init: Path | None, testbed: str, bw: Rate,
+             sweep_dir: Path, run_id: str) -> RunRequest:
+    """One run of the sweep: repeat ``rep`` (seed + rep) of ``scheme`` at ``bw`` with grid ``point``."""
+    args = with_seed(req.workload_args, rep) + (["--init", str(init)] if init else [])
+    return RunRequest(scheme=scheme, workload_args=args, params=point, code=req.code, expect_bytes=req.expect_bytes,
+                      testbed=testbed, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
+                      extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter)

@@ -37,8 +37,15 @@ compared with the allreduce run that shares them."""
 
 
 def _hyper(r: RunData) -> dict:
+    """The run's hyper-parameters, with the sweep grid point's keys the trainer does not record
+    (a user's script records none: its grid point and arguments tell its runs apart)."""
     h = r.summary.get("hyper")
-    return h if isinstance(h, dict) else {}
+    h = dict(h) if isinstance(h, dict) else {}
+    params = r.summary.get("params")
+    for k, v in (params.items() if isinstance(params, dict) else ()):
+        if str(k).replace("-", "_") not in h:
+            h[str(k)] = v
+    return h
 
 
 def freeze(d: dict) -> str:

@@ -149,3 +149,46 @@ def test_a_hook_by_import_path_trains_like_the_builtin_allreduce(tmp_path, clean
     # measured on the wire: a 2-rank ring all-reduce sends about the gradients' bytes per rank
     assert 0.8 <= hooked["mean_payload_bytes"] / hooked["dense_bytes"] <= 1.5, hooked
     assert hooked["bottleneck"]["bytes"] >= hooked["mean_payload_bytes"] * hooked["iterations"]
+
+
+def test_sweeps_over_a_scripts_grid_and_over_hooks_are_grouped_in_the_report(tmp_path, clean_kernel):
+    """`sweep --script --param lr=...` runs the script once per value with `--lr V`; `sweep
+    --schemes allreduce,hook --param hook=A,B` runs the baseline once and each hook once; the
+    report has one row per grid point, and fp16 compression halves the measured payload."""
+    (tmp_path / "myhooks.py").write_text(
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "def plain(process_group):\n    return process_group, default_hooks.allreduce_hook\n"
+        "def half(process_group):\n    return process_group, default_hooks.fp16_compress_hook\n")
+    topo = tmp_path / "sw.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("sw", rate="1gbit")))
+    runs = tmp_path / "runs"
+    assert cli("up", str(topo)).returncode == 0
+    try:
+        r = cli("sweep", "--script", str(EXAMPLE), "--param", "lr=0.1,0.001", "--bw", "200mbit", "-t", "sw",
+                "--out", str(runs), "--json", "--", "40", timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        mine = json.loads(r.stdout)
+        r = subprocess.run([sys.executable, "-m", "testbed.cli", "sweep", "--schemes", "allreduce,hook", "--param",
+                            "hook=myhooks:plain,myhooks:half", "--bw", "200mbit", "--max-iters", "20",
+                            "--eval-every", "20", "-t", "sw", "--out", str(runs), "--json"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        hooks = json.loads(r.stdout)
+    finally:
+        cli("down", "sw")
+    assert [(x["params"], x["status"]) for x in mine["runs"]] == [({"lr": "0.1"}, "ok"), ({"lr": "0.001"}, "ok")]
+    assert [(x["scheme"], x["params"]) for x in hooks["runs"]] == [
+        ("allreduce", {}), ("hook", {"hook": "myhooks:plain"}), ("hook", {"hook": "myhooks:half"})]
+    for index in (mine, hooks):
+        for x in index["runs"]:
+            s = json.loads((Path(index["dir"]) / x["run_id"] / "summary.json").read_text())
+            assert s["proof"] == "passed" and s["params"] == x["params"], s
+    assert cli("report", mine["dir"], hooks["dir"], "--out", str(runs / "report")).returncode == 0
+    rows = {x["scheme"]: x for x in json.loads((runs / "report" / "report.json").read_text())["rows"]}
+    assert set(rows) == {"script:ddp_digits.py [lr=0.1]", "script:ddp_digits.py [lr=0.001]", "allreduce",
+                         "hook myhooks:plain", "hook myhooks:half"}, set(rows)
+    # the grid point reached the script: lr 0.001 barely moves in 40 steps, lr 0.1 learns
+    assert rows["script:ddp_digits.py [lr=0.1]"]["final_accuracy"] > \
+        rows["script:ddp_digits.py [lr=0.001]"]["final_accuracy"] + 0.2, rows
+    plain, half = rows["hook myhooks:plain"], rows["hook myhooks:half"]
+    assert 0.4 <= half["payload_bytes_per_iter"] / plain["payload_bytes_per_iter"] <= 0.6, (plain, half)

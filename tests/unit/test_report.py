@@ -120,3 +120,27 @@ def test_write_makes_the_table_files_and_one_figure_each(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["scheme"] for r in rows] == [r["scheme"] for r in got["rows"]] and list(rows[0])[-1] == "failed"
     assert {r["scheme"]: r["tta_s"] for r in got["rows"]}["pactrain 0.5"] == 4.0  # accuracy 0.7 at the 3rd eval
+
+
+def _urun(name, acc, params, args="40"):
+    s = {"scheme": "script:train.py", "world_size": 8, "bw": "100mbit", "status": "ok", "mean_iter_s": 1.0,
+         "final_accuracy": acc, "hyper": {"args": args}, "params": params}
+    return RunData(Path(f"/runs/{name}"), s)
+
+
+def test_runs_of_your_own_code_are_grouped_by_the_sweeps_grid_point_and_arguments():
+    rows = {r["scheme"]: r for r in table([
+        _urun("a0", 0.9, {"lr": "0.1"}), _urun("a1", 0.8, {"lr": "0.1"}), _urun("b0", 0.5, {"lr": "0.01"}),
+        _urun("c0", 0.7, {"lr": "0.01"}, args="80")])}
+    assert set(rows) == {"script:train.py [args=40, lr=0.1]", "script:train.py [args=40, lr=0.01]",
+                         "script:train.py [args=80, lr=0.01]"}
+    a = rows["script:train.py [args=40, lr=0.1]"]
+    assert (a["runs"], a["final_accuracy_min"], a["final_accuracy_max"]) == (2, 0.8, 0.9)
+
+
+def test_a_grid_key_the_trainer_records_itself_is_not_counted_twice_and_hooks_are_named():
+    hooked = _hrun("h", "hook", 0.9, hook="m:plain")
+    hooked.summary.update(hook="m:plain", params={"hook": "m:plain", "lr": "0.05"})
+    rows = table([hooked, _hrun("a", "allreduce", 0.9)])
+    assert {r["scheme"] for r in rows} == {"allreduce", "hook m:plain"}
+    assert [r["hyper"] for r in rows if r["base_scheme"] == "hook"][0]["lr"] == 0.05
