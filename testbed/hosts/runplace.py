@@ -5,6 +5,8 @@ at the same path), ranks started by the node's backend with the backend's enviro
 and GPU numbering. :class:`RemoteRun`: that host's own directory of the run (``testbed
 _host rundir``), its inputs uploaded and what the ranks write copied back, incrementally,
 over SFTP; ranks relayed over SSH, their environment set up by that host's testbed.
+:class:`CodeTree`: the user's own code (``testbed run --script`` / ``-m``), copied into that
+host's run directory as ``code/`` (bounded) and its paths in the ranks' arguments mapped there.
 """
 
 from __future__ import annotations
@@ -12,11 +14,51 @@ from __future__ import annotations
 import os
 import stat as st
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from testbed.common import procs
 from testbed.common.errors import TestbedError
+
+
+MAX_CODE_FILES = 2000
+MAX_CODE_BYTES = 256 << 20
+SKIPPED = ("__pycache__", ".git", ".venv", "venv", "node_modules")
+
+
+@dataclass(frozen=True)
+class CodeTree:
+    """What of the user's code another host needs: ``entries`` (files or directories) under
+    ``root``, copied with ``root``'s layout; ``skip``: directories never copied (the runs' own
+    output directory when it lies inside)."""
+
+    root: Path
+    entries: tuple[Path, ...]
+    skip: tuple[Path, ...] = ()
+
+    def files(self) -> list[tuple[Path, int]]:
+        """(file, size) of everything to copy, hidden names and outputs left out; bounded."""
+        out, total = [], 0
+        for entry in self.entries:
+            for f in ([entry] if entry.is_file() else sorted(self._walk(entry))):
+                size = f.stat().st_size
+                total += size
+                out.append((f, size))
+                if len(out) > MAX_CODE_FILES or total > MAX_CODE_BYTES:
+                    raise TestbedError(f"your code's directory {self.root} holds more than {MAX_CODE_FILES} files "
+                                       f"or {MAX_CODE_BYTES >> 20} MiB, too much to copy to every host",
+                                       "put the script in a directory of its own (data it reads belongs in "
+                                       "--data-dir-like arguments of your own, present on every host)")
+        return out
+
+    def _walk(self, top: Path):
+        for dirpath, dirs, names in os.walk(top):
+            d = Path(dirpath)
+            dirs[:] = [x for x in dirs if not x.startswith(".") and x not in SKIPPED and d / x not in self.skip
+                       and not (d / x / "run.json").exists() and not (d / x / "sweep.json").exists()]
+            yield from (d / n for n in names if not n.startswith(".") and (d / n).is_file()
+                        and not (d / n).is_symlink())  # a link may point anywhere: not copied
 
 
 class RunPlace(ABC):
@@ -61,7 +103,7 @@ class RemoteRun(RunPlace):
     """A run's directory on another host: growing files (records, logs) are copied by their
     appended bytes, replaced ones (summary.json) whole."""
 
-    def __init__(self, site, run_dir: Path, mounts: Sequence[Path]):
+    def __init__(self, site, run_dir: Path, mounts: Sequence[Path], code: CodeTree | None = None):
         self.site, self.host, self.run_dir = site, site.host, run_dir.resolve()
         self.where = f" on host {site.host}"
         self.path = site.remote.call("rundir", site.tb.name, run_dir.name)["path"]
@@ -72,6 +114,10 @@ class RemoteRun(RunPlace):
         self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
         self._uploaded = {"placement.json"}
         self.mounts = [m for m in (Path(m).resolve() for m in mounts) if m != self.run_dir]
+        self.code = code
+        if code is not None:
+            self.mounts = [m for m in self.mounts if m != code.root]
+            self._put_code(code)
 
     def host_gpus(self, backend, gpus):
         return ()
@@ -88,9 +134,13 @@ class RemoteRun(RunPlace):
 
     def rewrite(self, arg: str) -> str:
         """A rank's argument or variable as that host sees it: the run directory is its own,
-        and a file of a mounted directory (a checkpoint) is uploaded into it first."""
+        the user's code its copy, and a file of a mounted directory (a checkpoint) is uploaded
+        into it first."""
         if arg.startswith(str(self.run_dir)):
             return self.path + arg[len(str(self.run_dir)):]
+        root = str(self.code.root) if self.code is not None else None
+        if root is not None and (arg == root or arg.startswith(root + "/")):
+            return f"{self.path}/code" + arg[len(root):]
         p = Path(arg)
         if p.is_absolute() and p.is_file() and any(m in p.parents for m in self.mounts):
             name = f"input-{len(self._uploaded)}-{p.name}"
@@ -98,6 +148,19 @@ class RemoteRun(RunPlace):
             self._uploaded.add(name)
             return f"{self.path}/{name}"
         return arg
+
+    def _put_code(self, code: CodeTree) -> None:
+        """The code's files into ``code/`` of that host's run directory, with their layout."""
+        files = code.files()  # bounded before anything is copied
+        self.sftp.mkdir(f"{self.path}/code")
+        made = {"."}
+        for f, _ in files:
+            rel = f.relative_to(code.root)
+            for parent in reversed(rel.parents):
+                if str(parent) not in made:
+                    self.sftp.mkdir(f"{self.path}/code" + ("" if str(parent) == "." else f"/{parent}"))
+                    made.add(str(parent))
+            self.sftp.put(str(f), f"{self.path}/code/{rel}")
 
     def collect(self) -> None:
         for a in self.sftp.listdir_attr(self.path):

@@ -23,7 +23,7 @@ from typing import Sequence
 from testbed.common import procs
 from testbed.common.errors import StateError, TestbedError
 from testbed.hosts.local import LOCAL
-from testbed.hosts.runplace import LocalRun, RemoteRun, RunPlace
+from testbed.hosts.runplace import CodeTree, LocalRun, RemoteRun, RunPlace
 from testbed.model.topology import DIRECTIONS, Shape
 from testbed.net import netns, tc
 from testbed.net.rtnl import Rtnl
@@ -74,8 +74,9 @@ class Site(ABC):
         """Live egress counters of these link ends, per (link index, direction)."""
 
     @abstractmethod
-    def open_run(self, run_dir: Path, mounts: Sequence[Path]) -> RunPlace:
-        """The run directory as the ranks on this site see it."""
+    def open_run(self, run_dir: Path, mounts: Sequence[Path], code: CodeTree | None = None) -> RunPlace:
+        """The run directory as the ranks on this site see it (``code``: the user's code,
+        which another host gets a copy of)."""
 
     def close(self) -> None:
         pass
@@ -121,8 +122,8 @@ class LocalSite(Site):
                 out[(idx, d)] = stats.get(_IFINDEX[(ns, ino, ep.ifname)], {})
         return out
 
-    def open_run(self, run_dir, mounts):
-        return LocalRun(self.tb, run_dir, mounts)
+    def open_run(self, run_dir, mounts, code=None):
+        return LocalRun(self.tb, run_dir, mounts)  # the code's directory is among the mounts
 
 
 def _egress_stats(ns: str, ino: int, ifnames: list[str], pool) -> dict[int, dict]:
@@ -204,8 +205,8 @@ class SshSite(Site):
                 out[(int(i), d)] = {k: v for k, v in c.items() if isinstance(v, (int, float))}
         return out
 
-    def open_run(self, run_dir, mounts):
-        return RemoteRun(self, run_dir, mounts)
+    def open_run(self, run_dir, mounts, code=None):
+        return RemoteRun(self, run_dir, mounts, code)
 
     def close(self) -> None:
         if self._remote is not None:

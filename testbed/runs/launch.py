@@ -173,11 +173,12 @@ class Launcher:
 
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
                  extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
-                 seats: Sequence[Seat] | None = None, gpus: Sequence[int] = ()):
+                 seats: Sequence[Seat] | None = None, gpus: Sequence[int] = (), code=None):
         """``argv``: ``MODULE ARGS...`` run as ``python -m`` by the node's Python; ``mounts``:
         host directories the ranks read or write (a container sees them at the same path);
         ``gpus``: the host GPUs that workers without ``gpu:`` share, round-robin by rank
-        (empty: such workers see no GPU)."""
+        (empty: such workers see no GPU); ``code``: the user's code
+        (:class:`testbed.hosts.runplace.CodeTree`), copied to the other hosts."""
         self.gpus = list(gpus)
         self.tb, self.argv, self.run_dir, self.timeout = tb, list(argv), run_dir, timeout
         self.extra_env = extra_env or {}
@@ -185,6 +186,7 @@ class Launcher:
         self.ranks: list[RankProc] = []
         self.seats = list(seats) if seats is not None else placement(tb.topology)
         self.places: dict[str, RunPlace] = {}
+        self.code = code
         self._collected = 0.0
 
     def start(self) -> None:
@@ -221,7 +223,7 @@ class Launcher:
     def _place(self, host: str) -> RunPlace:
         """The run directory as ranks on ``host`` see it (opened once per host)."""
         if host not in self.places:
-            self.places[host] = self.tb.site(host).open_run(self.run_dir, self.mounts)
+            self.places[host] = self.tb.site(host).open_run(self.run_dir, self.mounts, self.code)
         return self.places[host]
 
     def collect(self) -> None:

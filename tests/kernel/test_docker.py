@@ -8,6 +8,7 @@ time: the switches live in the testbed's private namespace, so it must not matte
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -255,3 +256,28 @@ def test_node_interface_put_get_and_stop_on_namespace_and_container_workers(dock
         # stopping a container's processes leaves the container itself running
         assert tb.exec("w1", ["true"]).returncode == 0
         (Path("/tmp") / "put-w0.txt").unlink()
+
+
+def test_your_own_script_and_module_run_in_container_workers(docker_clean, tmp_path):
+    """`run --script` / `-m` on container workers: the code's directory is mounted, so the
+    script imports its sibling module; the proof passes and the records make the summary."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "sib.py").write_text("STEPS_SEEN = []\n")
+    (code / "train.py").write_text("import sib  # a sibling module, found as python FILE finds it\n"
+                                   + (ROOT / "examples" / "ddp_digits.py").read_text())
+    topo = _write(tmp_path, _docker_dumbbell("uc", "1gbit"))
+    runs = tmp_path / "runs"
+    assert cli("up", str(topo)).returncode == 0
+    try:
+        s = cli_json("run", "--script", str(code / "train.py"), "-t", "uc", "--bw", "200mbit", "--out", str(runs),
+                     "40")
+        r = subprocess.run([*cli_argv(), "run", "-m", "train", "-t", "uc", "--out", str(runs), "--json", "20"],
+                           cwd=code, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = json.loads(r.stdout)
+    finally:
+        cli("down", "uc")
+    assert s["status"] == "ok" and s["proof"] == "passed" and s["iterations"] == 40, s
+    assert s["final_accuracy"] > 0.5 and all(b > 0 for b in s["rank_tx_bytes"].values()), s
+    assert (m["scheme"], m["proof"], m["iterations"]) == ("module:train", "passed", 20), m

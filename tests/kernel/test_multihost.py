@@ -360,3 +360,42 @@ def test_a_rank_killed_on_another_host_ends_the_run_naming_the_host(clean_lab, t
         assert subprocess.run(["ip", "netns", "pids", "rmk.w1"], capture_output=True, text=True).stdout.split() == []
     finally:
         cli_json("down", "rmk")
+
+
+def test_your_own_code_runs_across_hosts_from_a_copy_of_its_directory(clean_lab, tmp_path):
+    """`run --script` / `-m` with a rank on another host: the script's directory (its sibling
+    module, not the runs kept inside it) and the module's package reach h1's run directory;
+    the proof passes and h1's records come back."""
+    lab = clean_lab
+    proj = tmp_path / "proj"
+    (proj / "mypkg").mkdir(parents=True)
+    (proj / "sib.py").write_text("STEPS = 30\n")
+    example = (Path(__file__).resolve().parents[2] / "examples" / "ddp_digits.py").read_text()
+    (proj / "train.py").write_text("import sib  # found beside the script, on every host\n" + example)
+    (proj / "mypkg" / "__init__.py").write_text("")
+    (proj / "mypkg" / "train.py").write_text(example)
+    topo = _write(tmp_path, _two_host_dumbbell(lab, "umh"))
+    runs = proj / "runs"  # inside the script's directory: never copied to h1
+    cli_json("up", str(topo))
+    try:
+        s = cli_json("run", "--script", str(proj / "train.py"), "--testbed", "umh", "--bw", "200mbit",
+                     "--out", str(runs), "30")
+        s2 = cli_json("run", "--script", str(proj / "train.py"), "--testbed", "umh", "--out", str(runs), "10")
+        r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "-m", "mypkg.train", "--testbed", "umh",
+                            "--out", str(runs), "--json", "20"], cwd=proj, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = json.loads(r.stdout)
+        h1 = next(h for h in lab.hosts if h.name == "h1")
+        copied = h1.in_mounts("find", "/run/testbed", "-path", "*/code/*").stdout.split()
+    finally:
+        cli_json("down", "umh")
+    for x, iters in ((s, 30), (s2, 10), (m, 20)):
+        assert x["status"] == "ok" and x["proof"] == "passed" and x["iterations"] == iters, x
+        d = Path(x["run_dir"])
+        assert [json.loads(line)["iter"] for line in (d / "rank0.jsonl").read_text().splitlines()][-1] == iters
+        assert json.loads((d / "placement.json").read_text())["ranks"][0]["host"] == "h1"
+    assert s["final_accuracy"] > 0.5 and m["scheme"] == "module:mypkg.train"
+    # each run's copy: the script's directory without its runs, then only the module's package
+    names = sorted({p.split("/code/", 1)[1] for p in copied if "__pycache__" not in p})  # theirs
+    assert names == ["mypkg", "mypkg/__init__.py", "mypkg/train.py", "sib.py", "train.py"], names

@@ -137,3 +137,26 @@ def test_bad_requests_for_your_own_code_are_refused_before_anything_is_built(arg
     r = cli("run", *[a.replace("{ex}", ex) for a in args])
     assert r.returncode == status and words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_what_another_host_gets_of_your_code_is_its_directory_without_outputs_bounded(tmp_path, monkeypatch):
+    from testbed.common.errors import TestbedError
+    from testbed.hosts import runplace
+
+    proj = tmp_path / "proj"
+    for d in ("pkg/sub", ".git", "__pycache__", "runs/r1", "out", "old"):
+        (proj / d).mkdir(parents=True)
+    for f in ("train.py", "sib.py", "pkg/__init__.py", "pkg/sub/m.py", ".git/HEAD", "__pycache__/x.pyc",
+              "runs/r1/rank0.jsonl", "out/a.txt", "old/run.json", "old/rank0.log", ".hidden"):
+        (proj / f).write_text("x")
+    (proj / "secret").symlink_to("/etc/hostname")
+    tree = UserCode.script(proj / "train.py").tree(proj / "out")
+    got = sorted(str(f.relative_to(proj)) for f, _ in tree.files())
+    assert got == ["pkg/__init__.py", "pkg/sub/m.py", "runs/r1/rank0.jsonl", "sib.py", "train.py"]
+    # a module: only its top-level package (or file) from the start directory
+    assert [p.name for p in UserCode.module("pkg.sub.m", proj).tree(proj / "out").entries] == ["pkg"]
+    assert [p.name for p in UserCode.module("sib", proj).tree(proj / "out").entries] == ["sib.py"]
+    assert UserCode.module("installed.elsewhere", proj).tree(proj / "out").entries == ()
+    monkeypatch.setattr(runplace, "MAX_CODE_FILES", 3)
+    with pytest.raises(TestbedError, match=f"your code's directory {proj} holds more than 3 files"):
+        tree.files()
