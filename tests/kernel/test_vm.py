@@ -104,6 +104,10 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
         assert s["bottleneck"]["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
         d = Path(s["run_dir"])
         assert (d / "rank1.jsonl").read_text().count("\n") == 4, "the guest wrote into the host's run dir"
+        # your own script, from its directory as the guest sees the host's (read-only) files
+        u = cli_json("run", "--script", str(ROOT / "examples" / "ddp_digits.py"), "--testbed", "vmr", "--out",
+                     str(runs), "10", timeout=600)
+        assert (u["status"], u["proof"], u["iterations"]) == ("ok", "passed", 10), u
 
         before = set(runs.glob("*/rank1.jsonl"))
         p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--testbed", "vmr",
