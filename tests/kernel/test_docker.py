@@ -1,8 +1,9 @@
 """Container workers on a real Docker engine: wiring, shaping, runs, failures, crash recovery.
 
 Needs a running engine (`.ci/run` starts dockerd) and builds `testbed/worker:cpu` offline
-once per session (cached by content). Dockerd's FORWARD DROP policy is in force the whole
-time: the switches live in the testbed's private namespace, so it must not matter.
+once per session (cached by content). The FORWARD DROP policy dockerd installs is in force
+the whole time (the forward_drop fixture makes it): the switches live in the testbed's
+private namespace, so it must not matter.
 """
 
 from __future__ import annotations
@@ -71,12 +72,22 @@ def _containers(engine, name: str) -> list:
     return engine.containers.list(all=True, filters={"label": f"testbed={name}"})
 
 
-def test_forward_drop_is_in_force_while_docker_runs(engine):
-    """The premise of the other tests: dockerd has set the host's FORWARD policy to DROP."""
+@pytest.fixture(scope="module", autouse=True)
+def forward_drop():
+    """What dockerd does to a host when it turns ip_forward on itself: FORWARD policy DROP.
+    Made here for this module, not assumed (an engine started where ip_forward was already
+    on leaves ACCEPT), so every test below meets the strict case; the policy from before is
+    put back after."""
     r = run(["iptables", "-S", "FORWARD"])
     if r.returncode != 0:
-        pytest.skip(f"iptables not usable here: {r.stderr.strip()}")
-    assert "-P FORWARD DROP" in r.stdout
+        yield None  # no iptables here: nothing can drop forwarded packets either
+        return
+    before = "DROP" if "-P FORWARD DROP" in r.stdout else "ACCEPT"
+    run(["iptables", "-P", "FORWARD", "DROP"])
+    try:
+        yield before
+    finally:
+        run(["iptables", "-P", "FORWARD", before])
 
 
 def test_three_switch_with_container_workers_all_pairs_ping(docker_clean, engine, tmp_path):
