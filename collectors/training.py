@@ -10,7 +10,6 @@ does not grow with the length of a run. Runs whose files have not changed for
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from testbed.common.files import JsonlTail
+from testbed.common.errors import TestbedError
+from testbed.common.files import JsonlTail, read_json
 
 LABELS = ["run_id", "scheme", "rank", "bw"]
 INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
@@ -92,12 +92,12 @@ class _Run:
 
 def _load(path: Path) -> _Run | None:
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(path / "config.json", "json", "config file")
+    except (OSError, ValueError, TestbedError):
         return None
     try:
-        run = json.loads((path / "run.json").read_text())
-    except (OSError, ValueError):
+        run = read_json(path / "run.json", "json", "run file")
+    except (OSError, ValueError, TestbedError):
         run = {}
     req = run.get("request") or {}
     args = config.get("args") or {}

@@ -3,9 +3,7 @@ built-in scheme; its checks, made before anything is built."""
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Optional
 
@@ -75,12 +73,10 @@ def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
 
 
 def _script_file(script: Path) -> Path:
+    from testbed.common.files import check_regular
+
     try:
-        st = os.stat(script)
+        check_regular(script, "script", "--script")
     except OSError as e:
         raise TestbedError(f"--script {script}: {e.strerror}", "give the path of your training script") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TestbedError(f"--script {script} is not a regular file", "give the path of your training script")
-    if not os.access(script, os.R_OK):
-        raise TestbedError(f"--script {script} cannot be read", "check its permissions")
     return script

@@ -167,7 +167,17 @@ def workload_args(w: dict, extra=()) -> list[str]:
 
 
 def check_workload(scheme: str, args: list[str]) -> None:
-    """The workload's own check of its command line (nothing runs)."""
+    """The workload's own check of its command line (nothing runs); a checkpoint (--init) must
+    be a regular file, which every rank can read without blocking."""
+    from testbed.common.files import check_regular
+
+    for flag, value in zip(args, args[1:]):
+        if flag == "--init":
+            try:
+                check_regular(Path(value), "checkpoint", "--init")
+            except FileNotFoundError:
+                raise TestbedError(f"--init {value}: no such file", "give a checkpoint made by workloads.pretrain "
+                                   "or torch.save") from None
     try:
         from workloads.train import check
     except ImportError as e:

@@ -1,4 +1,10 @@
-"""Files testbed reads and writes: private directories, one atomic writer, one JSONL reader, one JSONL tail.
+"""Files testbed reads and writes: private directories, one atomic writer, bounded readers
+(whole files, JSON, a log's tail, JSONL records and their live tail).
+
+Every file the tool reads may be hostile (a link to /dev/zero, a FIFO, a sparse file of a
+terabyte): readers open it without blocking, refuse anything but a regular file, and read
+at most a bound that fits the file's kind, failing with one line that names the file and
+the bound (:class:`InputError`).
 
 Records are appended by other processes (ranks) and may end in a line still being
 written, or cut short by a crash: readers take complete lines only. State, summaries and
@@ -13,7 +19,89 @@ import os
 import stat
 from pathlib import Path
 
-from testbed.common.errors import StateError
+from testbed.common.errors import StateError, TestbedError
+
+MiB = 1 << 20
+LIMITS = {"topology": 8 * MiB, "trace": 64 * MiB, "state": 64 * MiB, "json": 16 * MiB, "records": 64 * MiB,
+          "key": 1 * MiB, "script": 16 * MiB, "known_hosts": 16 * MiB, "checkpoint": 64 * 1024 * MiB}
+"""Bytes read at most, per kind of file (a 1024-worker topology is about 100 KB, its ledger
+and state a few MB; records hold a few hundred bytes per iteration)."""
+TAIL_BYTES = 64 * 1024
+MAX_LINE = 1 * MiB
+
+
+class InputError(TestbedError):
+    """A file the tool reads is not a regular file, or larger than its kind allows."""
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def open_regular(path: Path, what: str = "file") -> int:
+    """A read-only descriptor of ``path`` (not blocking on a FIFO, not taking a terminal),
+    refused unless it is a regular file. FileNotFoundError and other OSErrors pass."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputError(f"{what} {path} is a {_kind_of(st.st_mode)}, not a regular file",
+                         "give a regular file")
+    return fd
+
+
+def check_regular(path: Path, kind: str, what: str = "file") -> None:
+    """Refuse ``path`` unless it is a regular file of at most ``LIMITS[kind]`` bytes (for a
+    file another library or process reads: SSH keys, checkpoints)."""
+    fd = open_regular(path, what)
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > LIMITS[kind]:
+        raise InputError(f"{what} {path} is {size:,} bytes, more than the {LIMITS[kind] // MiB} MiB a {kind} file "
+                         "may be", "is it the right file?")
+
+
+def read_bounded(path: Path, kind: str, what: str = "file") -> bytes:
+    """The whole of a regular file of at most ``LIMITS[kind]`` bytes (InputError otherwise)."""
+    limit = LIMITS[kind]
+    fd = open_regular(path, what)
+    with os.fdopen(fd, "rb") as f:
+        if os.fstat(fd).st_size > limit:
+            raise InputError(f"{what} {path} is {os.fstat(fd).st_size:,} bytes, more than the "
+                             f"{limit // MiB} MiB a {kind} file may be", "is it the right file?")
+        data = f.read(limit + 1)  # it may grow while read
+    if len(data) > limit:
+        raise InputError(f"{what} {path} is more than the {limit // MiB} MiB a {kind} file may be",
+                         "is it the right file?")
+    return data
+
+
+def read_text(path: Path, kind: str, what: str = "file") -> str:
+    """``read_bounded`` as UTF-8 text (undecodable bytes replaced)."""
+    return read_bounded(path, kind, what).decode("utf-8", errors="replace")
+
+
+def read_json(path: Path, kind: str = "json", what: str = "file"):
+    """A bounded JSON file; ValueError (json.JSONDecodeError) when it is not JSON."""
+    return json.loads(read_bounded(path, kind, what))
+
+
+def tail_text(path: Path, nbytes: int = TAIL_BYTES) -> str:
+    """The last ``nbytes`` of a log ("" when it is missing or not a regular file)."""
+    try:
+        fd = open_regular(path)
+    except (OSError, InputError):
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - nbytes))
+        return f.read(nbytes).decode("utf-8", errors="replace")
 
 
 def private_dir(path: Path) -> Path:
@@ -53,14 +141,15 @@ def write_json(path: Path, obj, indent: int | None = 2) -> None:
     atomic_write(path, json.dumps(obj, indent=indent, default=str) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Complete records of a JSONL file; a line cut short by a crash ends the list."""
+def read_jsonl(path: Path, kind: str = "records") -> list[dict]:
+    """Complete records of a JSONL file (bounded by ``LIMITS[kind]``); a line cut short by a
+    crash ends the list."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = read_bounded(Path(path), kind, "records file")
     except FileNotFoundError:
         return []
     out = []
-    for line in text.splitlines():
+    for line in data.splitlines():
         if not line.strip():
             continue
         try:
@@ -80,12 +169,16 @@ class JsonlTail:
 
     def read(self) -> list[dict]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
+            fd = open_regular(self.path, "records file")
         except FileNotFoundError:
             return []
+        with os.fdopen(fd, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(8 * MiB)  # at most this much per call: the rest next time
         end = chunk.rfind(b"\n") + 1
+        if end == 0 and len(chunk) >= MAX_LINE:
+            raise InputError(f"records file {self.path} has a line longer than {MAX_LINE // MiB} MiB",
+                             "records are one JSON object per line")
         self.offset += end
         out = []
         for line in chunk[:end].splitlines():

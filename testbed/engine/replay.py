@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import math
 import secrets
 import signal
@@ -30,6 +31,7 @@ from typing import IO
 from testbed.common import procs
 from testbed.common.signals import ignore_interrupts, interrupt_on
 from testbed.common.errors import TestbedError
+from testbed.common.files import open_regular, tail_text
 from testbed.net.tcbatch import LinkChanger
 from testbed.model.topology import DIRECTIONS, Link, check_shape
 from testbed.plan.actions import StartReplay, recorded
@@ -285,7 +287,7 @@ class Background:
 
     def tail(self) -> str:
         try:
-            return self.output.read_text(errors="replace").strip()[-600:]
+            return tail_text(self.output).strip()[-600:]
         except OSError:
             return ""
 
@@ -332,10 +334,10 @@ def start_background(name: str, trace_path: Path | None, *, link: str | None = N
 
 def _started(log: Path, offset: int) -> bool:
     try:
-        with open(log, "rb") as f:
+        with os.fdopen(open_regular(log, "replay log"), "rb") as f:
             f.seek(offset)
             return b'"event": "ready"' in f.read(4096)
-    except OSError:
+    except (OSError, TestbedError):
         return False
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed.common.errors import StateError, TestbedError
+from testbed.common.files import check_regular
 from testbed.model.topology import Host
 
 CONNECT_TIMEOUT = 15.0
@@ -57,6 +58,12 @@ def connect(host: Host):
     kh = _known_hosts(host)
     client = paramiko.SSHClient()
     try:
+        for f, kind, what in ((kh, "known_hosts", "known_hosts file"),
+                              (Path("/etc/ssh/ssh_known_hosts"), "known_hosts", "known_hosts file")):
+            if f.exists():
+                check_regular(f, kind, f"{where}: {what}")
+        if host.key and os.path.exists(os.path.expanduser(host.key)):
+            check_regular(Path(os.path.expanduser(host.key)), "key", f"{where}: key file")
         if kh.exists():
             client.load_host_keys(str(kh))  # also where an accepted new key is saved
         elif host.known_hosts is not None and not host.accept_new_host_key:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.files import InputError, read_bounded
 from testbed.model.units import MIN_RATE_BPS, Duration, Loss, Rate, UnitError
 
-MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_STEPS = 100_000
 MAX_SPAN_S = 7 * 24 * 3600.0
 MAHIMAHI_PACKET_BYTES = 1500
@@ -173,12 +173,11 @@ def _ordered(steps: list[Step], at: float, where: str) -> None:
 
 def _read(path: Path) -> list[str]:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        raw = read_bounded(path, "trace", "trace")
+    except InputError as e:
+        raise TraceError(e.message, "use a coarser trace" if "more than" in e.message else e.hint) from None
     except OSError as e:
         raise TraceError(f"{path}: cannot read the trace ({e.strerror or e})") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise TraceError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB", "use a coarser trace")
     try:
         return raw.decode("utf-8").splitlines()
     except UnicodeDecodeError:

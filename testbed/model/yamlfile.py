@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from testbed.common.errors import TopologyError
+from testbed.common.files import InputError, read_text
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "topologies"
 """The topologies shipped inside the package (``topologies/`` in a checkout links here)."""
@@ -26,7 +27,9 @@ def read_topology_file(path: str | Path) -> tuple[Any, str]:
     if not p.exists() and p.name == str(path) and (SHIPPED_DIR / f"{p.name}.yaml").is_file():
         p = SHIPPED_DIR / f"{p.name}.yaml"
     try:
-        text = p.read_text()
+        text = read_text(p, "topology", "topology file")
+    except InputError as e:
+        raise TopologyError("", e.message, e.hint) from None
     except FileNotFoundError:
         raise TopologyError("", f"topology file '{path}' does not exist",
                             f"give the path of a YAML file, or a shipped topology: {', '.join(shipped())}") from None

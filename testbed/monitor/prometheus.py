@@ -37,7 +37,7 @@ import yaml
 
 from testbed.common import procs, rootless
 from testbed.monitor import sd
-from testbed.common.files import write_json
+from testbed.common.files import read_json, tail_text, write_json
 from testbed.monitor.sd import hostport, read_target, targets_dir, watchers_dir
 from testbed.common.errors import StateError, TestbedError
 
@@ -78,8 +78,8 @@ def config(scrape_interval: str, target_dirs: list[Path]) -> dict:
 
 def read_state(d: Path) -> dict | None:
     try:
-        return json.loads((d / "state.json").read_text())
-    except (OSError, ValueError):
+        return read_json(d / "state.json", "state", "monitor state")
+    except (OSError, ValueError, TestbedError):
         return None
 
 
@@ -170,7 +170,7 @@ def _wait_ready(st: dict, d: Path, started: dict[str, subprocess.Popen], timeout
             # for a moment (a cold binary widens that window), which looked like an exit
             if proc.poll() is not None:
                 log = d / f"{what}.log"
-                tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+                tail = tail_text(log)[-800:]
                 raise TestbedError(f"{what} exited at start; the end of {log}:\n{tail}")
         if st["exporter_pid"] and not st["exporter_url"]:
             addr = read_target(d / "targets" / "runs.json")

@@ -12,11 +12,11 @@ and at ``<monitor dir>/targets`` (for targets added by hand).
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.files import read_json
 from testbed.common.state import state_root
 
 
@@ -67,11 +67,11 @@ def watchers() -> list[dict]:
         return out
     for f in files:
         try:
-            w = json.loads(f.read_text())
+            w = read_json(f, "json", "watcher file")
             with open(f"/proc/{int(w['pid'])}/cmdline", "rb") as c:
                 if w["marker"].encode() in c.read().split(b"\0"):
                     out.append(w)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, TestbedError):
             continue
     return out
 
@@ -86,8 +86,8 @@ def write_target(path: Path, host: str, port: int, labels: dict[str, str]) -> No
 def read_target(path: Path) -> str | None:
     """The address a target file announces, or None when there is none (yet)."""
     try:
-        return json.loads(path.read_text())[0]["targets"][0]
-    except (OSError, ValueError, LookupError, TypeError):
+        return read_json(path, "json", "target file")[0]["targets"][0]
+    except (OSError, ValueError, LookupError, TypeError, TestbedError):
         return None
 
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.files import read_json
 from testbed.nodes.vmimage import cache_dir
 
 QEMU = "qemu-system-x86_64"
@@ -55,8 +56,8 @@ def _boot_id() -> str:
 def known_kvm(kernel: str | None = None) -> tuple[bool, str] | None:
     """What the KVM probe found during this host boot (with ``kernel``; None: any), or None."""
     try:
-        data = json.loads(_accel_cache().read_text())
-    except (OSError, ValueError):
+        data = read_json(_accel_cache(), "json", "KVM probe cache")
+    except (OSError, ValueError, TestbedError):
         return None
     if not isinstance(data, dict) or data.get("boot") != _boot_id() or \
             (kernel is not None and data.get("kernel") != kernel):

@@ -38,6 +38,7 @@ from typing import Sequence
 from testbed.common import procs
 from testbed.plan.actions import ApplyContext, Action, CreateNetns, Teardown, register
 from testbed.common.errors import TestbedError
+from testbed.common.files import tail_text
 from testbed.nodes.vmimage import AGENT_PORT
 from testbed.model.backend_options import DEFAULT_MEMORY, DEFAULT_VCPUS, mem_mb as _mem_mb
 from testbed.nodes import vmimage
@@ -264,7 +265,7 @@ def console_tail(d: Path, n: int = 3) -> str:
     lines = []
     for name in ("qemu.log", "console.log"):
         try:
-            lines += [x for x in (d / name).read_text(errors="replace").strip().splitlines() if x.strip()][-n:]
+            lines += [x for x in tail_text(d / name).strip().splitlines() if x.strip()][-n:]
         except OSError:
             pass
     return " | ".join(lines[-n:]) or "no output"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from testbed.nodes import vmagent as wire
 from testbed.common.errors import TestbedError
+from testbed.common.files import read_json, read_text
 from testbed.nodes.nsexec import _die_with_parent, die_like
 
 EXIT_LOST = 255
@@ -38,8 +39,8 @@ def connect(netns_name: str, vmdir: Path, timeout: float | None = 10.0) -> tuple
     """A connection to the agent (made inside NETNS, on the namespace thread) and the token."""
     from testbed.net import netns
 
-    cfg = json.loads((vmdir / "agent.json").read_text())
-    token = Path(cfg["token_file"]).read_text().strip()
+    cfg = read_json(vmdir / "agent.json", "json", "VM agent file")
+    token = read_text(Path(cfg["token_file"]), "key", "VM agent token").strip()
     return netns.call_in(netns_name, socket.create_connection, ("127.0.0.1", int(cfg["port"])), timeout), token
 
 

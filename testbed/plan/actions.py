@@ -33,6 +33,7 @@ from typing import ClassVar
 
 from testbed.common import procs
 from testbed.common.errors import StateError, TestbedError
+from testbed.common.files import tail_text
 from testbed.model.topology import Shape
 from testbed.plan.base import (  # noqa: F401  (the actions' API, one import path)
     Action, ApplyContext, Teardown, from_dict, register, registered,
@@ -223,7 +224,7 @@ class StartExporter(Action):
         deadline = time.monotonic() + 30.0
         while (addr := read_target(target)) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace").strip()[-600:]
+                tail = tail_text(log).strip()[-600:]
                 raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
             time.sleep(0.05)
         ctx.results["exporter"] = f"http://{addr}/metrics"

@@ -20,7 +20,7 @@ import os
 import shutil
 
 from testbed.common.errors import StateError
-from testbed.common.files import private_dir
+from testbed.common.files import private_dir, read_json, read_text
 from testbed.common.state import state_root
 
 
@@ -85,7 +85,7 @@ class Ledger:
         it cannot hide the entries after it."""
         out = []
         try:
-            text = self.path.read_text(errors="replace")
+            text = read_text(self.path, "state", "ledger")
         except FileNotFoundError:
             return []
         lines = text.split("\n")
@@ -102,7 +102,7 @@ class Ledger:
 
     def read_state(self) -> dict | None:
         try:
-            return json.loads(self.state_path.read_text())
+            return read_json(self.state_path, "state", "state file")
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from testbed.hosts.runplace import RunPlace
 from testbed.nodes.nsexec import DIE_WITH_PARENT
 from testbed.common.errors import TestbedError
+from testbed.common.files import tail_text
 
 COLLECT_EVERY_S = 2.0
 MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
@@ -84,10 +85,9 @@ def _size(p: Path) -> int:
 
 
 def tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
+    if not path.exists():
         return "(no log)"
+    text = tail_text(path)
     return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
 
 

@@ -4,12 +4,11 @@ its evaluations and its link samples. Torn files are skipped with a warning."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
-from testbed.common.files import read_jsonl
+from testbed.common.files import InputError, read_json, read_jsonl
 
 
 @dataclass
@@ -59,9 +58,12 @@ class RunData:
 def _json_file(path: Path, warn) -> dict | None:
     """A run's JSON file, or None (with a warning) when it is torn or not a JSON object."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = read_json(path, "json", path.name)
     except FileNotFoundError:
         return {}
+    except InputError as e:
+        warn(f"skipped {path.parent}: {e.message}")
+        return None
     except (OSError, ValueError) as e:
         warn(f"skipped {path.parent}: {path.name} is unreadable or torn ({e})")
         return None

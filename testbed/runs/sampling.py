@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.common.files import JsonlTail
+from testbed.common.errors import TestbedError
+from testbed.common.files import JsonlTail, read_json
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
@@ -101,6 +102,6 @@ class Progress:
             status.accuracy = e["accuracy"]
         if status.total is None and (self.run_dir / "config.json").exists():
             try:
-                status.total = json.loads((self.run_dir / "config.json").read_text())["iterations"]
-            except (ValueError, KeyError):
+                status.total = read_json(self.run_dir / "config.json", "json", "config file")["iterations"]
+            except (OSError, ValueError, KeyError, TypeError, TestbedError):
                 pass

@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
-from testbed.common.files import read_jsonl, write_json
+from testbed.common.files import read_json, read_jsonl, write_json
 from testbed.common.version import __version__
 from testbed.model.topology import DIRECTIONS
 from testbed.model.topology import Link
@@ -32,7 +31,7 @@ class TrafficBypassed(TestbedError):
 def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], start: dict, end: dict,
               duration: float, shapes: dict) -> dict:
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json(run_dir / "summary.json", "json", "summary")
     except FileNotFoundError:
         raise TestbedError(f"the ranks exited 0 but wrote no summary.json in {run_dir}") from None
     iters = summary.get("iterations") or 0
@@ -131,8 +130,8 @@ def verify_crossed(summary: dict, run_dir: Path, expect_bytes: int | None = None
 
 def _workers(run_dir: Path) -> list[dict]:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("workers") or []
-    except (OSError, ValueError, AttributeError):
+        return read_json(run_dir / "run.json", "json", "run file").get("workers") or []
+    except (OSError, ValueError, AttributeError, TestbedError):
         return []
 
 
@@ -141,10 +140,12 @@ def mark(run_dir: Path | None, status: str, error: str) -> None:
         return
     path = run_dir / "summary.json"
     try:
-        summary = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
+        summary = read_json(path, "json", "summary") if path.exists() else {}
+    except (ValueError, TestbedError):
         summary = {}
-    run = json.loads((run_dir / "run.json").read_text())
+    if not isinstance(summary, dict):
+        summary = {}
+    run = read_json(run_dir / "run.json", "json", "run file")
     summary.update(run_id=run["run_id"], status=status, error=error, request=run["request"],
                    bw=run["request"]["bw"], scheme=run["request"]["scheme"])
     write_json(path, summary)

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.files import read_text
 from testbed.model.flows import Flow
 
 BASE_PORT = 5301
@@ -193,8 +194,8 @@ class CrossTraffic:
         out = []
         for i, f in enumerate(self.flows):
             try:
-                text = self._log(i, "server").read_text(errors="replace")
-            except OSError:
+                text = read_text(self._log(i, "server"), "records", "cross-traffic log")
+            except (OSError, TestbedError):
                 continue
             for r in parse_server_log(text):
                 out.append({"flow": i, "label": f.label(), "from": f.src, "to": f.dst, **r})

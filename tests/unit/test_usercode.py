@@ -126,7 +126,7 @@ def test_the_proof_names_the_rank_whose_link_stayed_quiet(tmp_path):
     (("--script", "{ex}", "--epochs", "3"), "--epochs configures the built-in trainer", 2),
     (("allreduce", "--expect-bytes", "10"), "--expect-bytes goes with --script", 2),
     (("--script", "/nonexistent/t.py"), "--script /nonexistent/t.py: No such file", 1),
-    (("--script", "/dev/null"), "is not a regular file", 1),
+    (("--script", "/dev/null"), "--script /dev/null is a character device, not a regular file", 1),
     (("-m", "os; rm -rf /"), "is not a module name", 1),
     (("--script", "{ex}", "--expect-bytes", "0"), "--expect-bytes", 2),
     (("hook",), "scheme hook needs --hook package.module:factory", 1),
