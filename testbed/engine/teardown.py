@@ -60,6 +60,8 @@ def teardown(name: str) -> list[str]:
             continue
         todo.append(a)
     host = LocalHost()
+    if ledger.exists():
+        ledger.mark_going()
     td = actions.Teardown(name, {a.ns for a in todo if a.creates_namespace}, host)
     try:
         for a in reversed(todo):
@@ -76,6 +78,8 @@ def teardown(name: str) -> list[str]:
         _recover({name}, problems)
     if not problems:
         ledger.remove()
+    elif ledger.exists():
+        ledger.mark_going(False)  # still (partly) up: runs on it are not told it went
     return problems
 
 

@@ -50,6 +50,19 @@ class Ledger:
     def exists(self) -> bool:
         return self.path.exists()
 
+    def mark_going(self, going: bool = True) -> None:
+        """Say (or unsay) that `down` is taking this testbed away, for the runs on it to tell
+        their users why their ranks were stopped."""
+        marker = self.dir / "going-down"
+        if going:
+            marker.touch(mode=0o600)
+        else:
+            marker.unlink(missing_ok=True)
+
+    def going(self) -> bool:
+        """Whether this testbed is being, or has been, taken down."""
+        return not self.path.exists() or (self.dir / "going-down").exists()
+
     # ----------------------------------------------------------- writing
     def create(self) -> None:
         """Start a new ledger; refuses if one exists (the name is up or half up)."""

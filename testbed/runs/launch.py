@@ -33,6 +33,7 @@ from pathlib import Path
 
 from testbed.hosts.runplace import RunPlace
 from testbed.nodes.nsexec import DIE_WITH_PARENT
+from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text
 
@@ -265,6 +266,10 @@ class Launcher:
                 rc = r.proc.returncode
                 self.stop()
                 how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                if Ledger(self.tb.name).going():
+                    raise RankFailed(f"testbed '{self.tb.name}' was taken down during the run (`testbed down`): "
+                                     f"rank {r.rank} (node {r.node}{r.where}) {how} as its node went away; the other "
+                                     "ranks were stopped")
                 why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
                 if why:
                     how += f": {why}"

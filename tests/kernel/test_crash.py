@@ -104,3 +104,31 @@ def test_interrupt_during_up_rolls_back_by_itself(clean_kernel, tmp_path, sig):
     assert p.returncode == 1, err
     assert "interrupted" in err and "removed" in err and "Traceback" not in err
     assert not [n for n in os.listdir("/run/netns") if n.startswith("intr")]
+
+
+def test_down_during_a_run_says_the_testbed_was_taken_down(clean_kernel, tmp_path):
+    """`testbed down` of the testbed a run trains on: the run ends saying so (not only that a
+    rank was killed by signal 15), and nothing is left."""
+    from tests.helpers import dumbbell
+    import yaml
+
+    topo = tmp_path / "dr.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("dr", rate="1gbit")))
+    runs = tmp_path / "runs"
+    assert cli("up", str(topo)).returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "-t", "dr", "--out", str(runs),
+                          "--max-iters", "100000", "--eval-every", "100000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(f.stat().st_size > 0 for f in runs.glob("*/rank1.jsonl")):
+            assert time.monotonic() < deadline and p.poll() is None, "the run never started training"
+            time.sleep(0.2)
+        assert cli_json("down", "dr") == {"removed": ["dr"]}
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1, err
+    assert "testbed 'dr' was taken down during the run (`testbed down`)" in err, err
+    assert "Traceback" not in err
