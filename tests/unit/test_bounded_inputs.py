@@ -32,26 +32,28 @@ def hostile(request, tmp_path) -> Path:
     return p
 
 
+WRAP = ("import resource, subprocess, sys\n"
+        "try:\n"
+        "    rc = subprocess.run(sys.argv[2:], timeout=float(sys.argv[1])).returncode\n"
+        "except subprocess.TimeoutExpired:\n"
+        "    rc = 124  # killed by run(): a hang\n"
+        "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "sys.exit(rc)\n")
+"""Runs the command as its only child and prints that child's peak RSS (the test process's own
+children's figure would be the largest of every earlier test's)."""
+
+
 def _child(argv: list[str], env: dict | None = None, cwd: Path | None = None, timeout: float = 60):
     """(exit status, stdout+stderr, peak RSS in MB, seconds) of a child, killed after ``timeout``."""
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                         cwd=cwd, stdin=subprocess.DEVNULL)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
+    p = subprocess.run([sys.executable, "-c", WRAP, str(timeout), *argv], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL,
+                       timeout=timeout + 30)
+    if p.returncode == 124:
         pytest.fail(f"{argv} hung (killed after {timeout} s)")
-    _, status, ru = os.wait4(p.pid, 0) if p.returncode is None else (0, 0, None)
-    rss = (ru.ru_maxrss / 1024) if ru is not None else _last_rss()
-    return p.returncode, out.decode(errors="replace"), rss, time.monotonic() - t0
-
-
-def _last_rss() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
+    out = p.stdout.decode(errors="replace")
+    body, _, rss = out.rpartition("MAXRSS_KB ")
+    return p.returncode, body, int(rss) / 1024, time.monotonic() - t0
 
 
 def _cli(*args: str, **kw):
