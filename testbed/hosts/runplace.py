@@ -48,8 +48,8 @@ class CodeTree:
                 if len(out) > MAX_CODE_FILES or total > MAX_CODE_BYTES:
                     raise TestbedError(f"your code's directory {self.root} holds more than {MAX_CODE_FILES} files "
                                        f"or {MAX_CODE_BYTES >> 20} MiB, too much to copy to every host",
-                                       "put the script in a directory of its own (data it reads belongs in "
-                                       "--data-dir-like arguments of your own, present on every host)")
+                                       "put the script in a directory of its own, and its data at a path "
+                                       "present on every host")
         return out
 
     def _walk(self, top: Path):
@@ -138,9 +138,10 @@ class RemoteRun(RunPlace):
         into it first."""
         if arg.startswith(str(self.run_dir)):
             return self.path + arg[len(str(self.run_dir)):]
-        root = str(self.code.root) if self.code is not None else None
-        if root is not None and (arg == root or arg.startswith(root + "/")):
-            return f"{self.path}/code" + arg[len(root):]
+        code = self.code  # the code's directory, and paths inside what was copied of it
+        if code is not None and (arg == str(code.root) or any(arg == str(e) or arg.startswith(f"{e}/")
+                                                              for e in code.entries)):
+            return f"{self.path}/code" + arg[len(str(code.root)):]
         p = Path(arg)
         if p.is_absolute() and p.is_file() and any(m in p.parents for m in self.mounts):
             name = f"input-{len(self._uploaded)}-{p.name}"

@@ -17,6 +17,7 @@ class _Backend:
 
 class _Testbed:
     here = "local"
+    name = "unit"
 
     def backend(self, name):
         return _Backend()
@@ -32,7 +33,10 @@ def _rank(tmp_path: Path, rank: int, code: str) -> RankProc:
     return RankProc(rank, f"w{rank}", proc, log, tmp_path / f"rank{rank}.jsonl")
 
 
-def test_the_rank_that_died_first_is_named_even_when_a_lower_rank_died_of_it(tmp_path):
+def test_the_rank_that_died_first_is_named_even_when_a_lower_rank_died_of_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state" / "unit").mkdir(parents=True)
+    (tmp_path / "state" / "unit" / "ledger.jsonl").touch()  # the testbed is up, not going
     launcher = Launcher.__new__(Launcher)
     launcher.tb, launcher.timeout, launcher.places, launcher._collected = _Testbed(), 300.0, {}, 0.0
     launcher.ranks = [
