@@ -13,7 +13,7 @@ from rich.table import Table
 
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
     split_list, testbed_name, testbed_option
-from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer, usage
+from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer
 from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
 from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
     with_prune_ratios, with_workload_options, workload_args
@@ -219,9 +219,7 @@ def sweep(
         from testbed.runs import grid
         from testbed.runs.sweep import SweepRequest
 
-        code = own_code(ctx, script, module)
-        if code is None and expect_bytes is not None:
-            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
+        code = own_code(ctx, script, module, expect_bytes)
         params = grid.parse(param or [])
         rates = _rates(bw)
         check_timeout(timeout)
@@ -254,7 +252,7 @@ def _builtin_sweep(ctx, schemes: str, prune_ratios, params: dict, workload: dict
     if prune_ratios is not None:
         names = with_prune_ratios(names, prune_ratios)
     wargs = workload_args({**workload, "init": None}, ctx.args)
-    if "hook" in {k.replace("-", "_") for k in params} and not workload["hook_path"]:
+    if "hook" in {grid.norm(k) for k in params} and not workload["hook_path"]:
         wargs += ["--hook-path", str(Path.cwd())]  # as for --hook: its module is found from here
     for name in names:
         for point in grid.for_scheme(params, name):

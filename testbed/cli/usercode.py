@@ -38,25 +38,25 @@ def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path],
     """The UserCode to run (None: the built-in SCHEME, checked), after checking that the command
     line asks for one of them and, for the user's code, nothing that only the built-in trainer
     takes (a SCHEME given with --script/-m is the code's first argument)."""
-    if script is None and module is None:
+    code = own_code(ctx, script, module, expect_bytes)
+    if code is None:
         if scheme is None:
             raise usage("give a SCHEME (e.g. `testbed run pactrain`), or your own code with --script FILE or -m MODULE")
-        if expect_bytes is not None:
-            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
         try:
             scheme_variant(scheme)
         except typer.BadParameter as e:
             raise usage(f"Invalid value for '[SCHEME]': {e}") from None
-        return None
-    return own_code(ctx, script, module)
+    return code
 
 
-def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
+def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str], expect_bytes: Optional[int]):
     """The UserCode of --script/-m (None when neither is given), after checking that nothing
-    that only the built-in trainer takes is on the command line."""
+    that only the built-in trainer takes is on the command line, and --expect-bytes only with it."""
     from testbed.runs.request import UserCode
 
     if script is None and module is None:
+        if expect_bytes is not None:
+            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
         return None
     if script is not None and module is not None:
         raise usage("give --script FILE or -m MODULE, not both")

@@ -59,9 +59,12 @@ def check_regular(path: Path, kind: str, what: str = "file") -> None:
     file another library or process reads: SSH keys, checkpoints)."""
     fd = open_regular(path, what)
     try:
-        size = os.fstat(fd).st_size
+        _check_size(path, os.fstat(fd).st_size, kind, what)
     finally:
         os.close(fd)
+
+
+def _check_size(path: Path, size: int, kind: str, what: str) -> None:
     if size > LIMITS[kind]:
         raise InputError(f"{what} {path} is {size:,} bytes, more than the {LIMITS[kind] // MiB} MiB a {kind} file "
                          "may be", "is it the right file?")
@@ -72,9 +75,7 @@ def read_bounded(path: Path, kind: str, what: str = "file") -> bytes:
     limit = LIMITS[kind]
     fd = open_regular(path, what)
     with os.fdopen(fd, "rb") as f:
-        if os.fstat(fd).st_size > limit:
-            raise InputError(f"{what} {path} is {os.fstat(fd).st_size:,} bytes, more than the "
-                             f"{limit // MiB} MiB a {kind} file may be", "is it the right file?")
+        _check_size(path, os.fstat(fd).st_size, kind, what)
         data = f.read(limit + 1)  # it may grow while read
     if len(data) > limit:
         raise InputError(f"{what} {path} is more than the {limit // MiB} MiB a {kind} file may be",

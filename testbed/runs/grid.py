@@ -33,7 +33,7 @@ def parse(specs: list[str]) -> dict[str, list[str]]:
             raise TestbedError(f"--param {spec!r} has an empty value", "e.g. --param lr=0.1,0.05")
         if len(vals) > MAX_VALUES or len(set(vals)) != len(vals):
             raise TestbedError(f"--param {key}: give at most {MAX_VALUES} distinct values, got {len(vals)}")
-        if _norm(key) in {_norm(k) for k in grid}:
+        if norm(key) in {norm(k) for k in grid}:
             raise TestbedError(f"--param {key} is given twice", "list its values once: --param KEY=V1,V2")
         grid[key] = vals
     size = 1
@@ -60,7 +60,7 @@ def for_scheme(grid: dict[str, list[str]], scheme: str | None) -> list[dict[str,
 
     name = parse_variant(scheme)[0].name
     foreign = {p.name for p in parameters() if name not in p.schemes}
-    mine = {k: v for k, v in grid.items() if _norm(k) not in foreign}
+    mine = {k: v for k, v in grid.items() if norm(k) not in foreign}
     return points(mine)
 
 
@@ -74,5 +74,6 @@ def slug(point: dict[str, str]) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9_.]", "_", f"{k}{v}")[:40] for k, v in point.items())
 
 
-def _norm(key: str) -> str:
+def norm(key: str) -> str:
+    """A key as the trainer names the parameter (``topk-ratio`` -> ``topk_ratio``)."""
     return key.replace("-", "_")

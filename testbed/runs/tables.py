@@ -8,6 +8,7 @@ import json
 import statistics
 
 from testbed.model.units import Rate, UnitError
+from testbed.runs import grid
 from testbed.runs.rundata import RunData
 
 
@@ -43,7 +44,7 @@ def _hyper(r: RunData) -> dict:
     h = dict(h) if isinstance(h, dict) else {}
     params = r.summary.get("params")
     for k, v in (params.items() if isinstance(params, dict) else ()):
-        if str(k).replace("-", "_") not in h:
+        if grid.norm(str(k)) not in h:
             h[str(k)] = v
     return h
 

@@ -66,7 +66,8 @@ def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: fl
     accuracy = next((r["accuracy"] for r in reversed(r0) if "accuracy" in r), None)
     return {
         "scheme": req.scheme, "variant": req.scheme, "code": req.code.to_dict(),
-        "workload_args": req.args, "hyper": {"args": " ".join(req.workload_args)}, "model": None, "dataset": None, "world_size": world,
+        "workload_args": req.args, "hyper": {"args": " ".join(req.workload_args)},  # the grid point: params
+        "model": None, "dataset": None, "world_size": world,
         "backend": None, "iterations": iterations, "epochs": None, "wall_s": duration,
         "train_s": max((r["time"] for r in r0 if "time" in r), default=t_start + duration) - t_start,
         "final_accuracy": accuracy, "target_accuracy": None, "time_to_target_s": None,
