@@ -17,12 +17,15 @@ are its field names. :func:`record` is the optional helper a user's script may c
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
 RECORDS_ENV = "TESTBED_RECORDS"
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
+"""Write errors that are the disk's, not ours: a rank says which file and exits 3."""
 CONTRACT_FIELDS = {
     "iter": "the step the record ends, from 1 (without it, records count in order)",
     "time": "Unix seconds at the end of the step (record() adds it)",
@@ -79,17 +82,28 @@ def record(**fields) -> None:
     if not path:
         return
     fields.setdefault("time", time.time())
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(fields, separators=(",", ":")) + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(fields, separators=(",", ":")) + "\n")
+    except OSError as e:  # name the file (a write error alone does not)
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 class JsonlWriter:
+    """Appends records to ``path``, each flushed; a failed write (a full disk) raises an
+    OSError that names the file and how many records before it are kept."""
+
     def __init__(self, path: Path):
+        self.path, self.written = Path(path), 0
         self._f = open(path, "a", buffering=1, encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} ({self.written} records before are kept)", str(self.path)) from None
+        self.written += 1
 
     def close(self) -> None:
         self._f.close()
@@ -97,7 +111,11 @@ class JsonlWriter:
 
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:  # name the file (a write error alone does not)
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.replace(tmp, path)
 
 

@@ -16,6 +16,7 @@ One job per module: ``arguments`` (flags, variants, validation, ``hyper``),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -70,6 +71,12 @@ def main(argv=None) -> int:
     except (ValueError, CheckpointError) as e:
         print(f"error (rank {rank}): {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in records.DISK_ERRNOS:
+            raise
+        with contextlib.suppress(OSError):  # the log may be on that disk too
+            print(f"error (rank {rank}): could not write {e.filename}: {e.strerror}", file=sys.stderr)
+        return 3
     finally:
         dist.destroy_process_group()
 

@@ -29,6 +29,7 @@ from testbed.cli.render import ClickException, Fail, failure, interrupted, out, 
 from testbed.common import rootless
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
+from testbed.common.writes import disk_error, is_disk_error
 from testbed.plan.ledger import Ledger
 
 __all__ = ["app", "main"]
@@ -98,6 +99,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         code = refusal(e, as_json)
     except KeyboardInterrupt:
         code = interrupted()
+    except OSError as e:
+        if not is_disk_error(e):
+            raise
+        code = failure(disk_error(e), as_json)  # a full disk where no writer expected it
     finally:
         if entered:
             rootless.release(busy=bool(Ledger.all_names()))

@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 
 from testbed.common.errors import StateError, TestbedError
+from testbed.common.writes import writing
 
 MiB = 1 << 20
 LIMITS = {"topology": 8 * MiB, "trace": 64 * MiB, "state": 64 * MiB, "json": 16 * MiB, "records": 64 * MiB,
@@ -118,19 +119,22 @@ def private_dir(path: Path) -> Path:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically and durably."""
+    """Replace ``path`` with ``text`` atomically and durably; a full disk or an I/O error is a
+    :class:`~testbed.common.writes.WriteFailed` and leaves ``path`` as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    kept = f"{path.name} is as it was before" if path.exists() else f"{path.name} was not written"
+    with writing(path, kept):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)

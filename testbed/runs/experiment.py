@@ -32,11 +32,13 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import write_json
+from testbed.common.writes import WriteFailed
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link, Shape
 from testbed.runs.checks import check_out, check_testbed, gpus_for, load_trace
 from testbed.runs.exporter import start_run_exporter
+from testbed.runs.diskfull import as_disk_failure
 from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
 from testbed.runs.launch import Launcher, RankFailed
 from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
@@ -83,9 +85,15 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         mark(r.run_dir, "interrupted", "interrupted by a signal")
         raise RunInterrupted("interrupted: all ranks stopped, shaping restored, the testbed removed if the "
                              "run made it", f"records so far are in {r.run_dir}" if r.run_dir else None) from None
-    except RankFailed as e:
-        mark(r.run_dir, "failed", e.message)
-        raise
+    except (RankFailed, WriteFailed) as e:
+        failure = as_disk_failure(e, r.run_dir)
+        try:
+            mark(r.run_dir, "failed", failure.message)
+        except WriteFailed:
+            pass  # the disk is full: the error says what was kept
+        if failure is e:
+            raise
+        raise failure from None
     finally:
         # cleanup runs to the end: a second Ctrl-C or SIGTERM is ignored until it is done
         ignore_interrupts()
@@ -241,11 +249,13 @@ class _Run:
         if self.traffic is not None:
             self.traffic.stop()
             if self.run_dir is not None:
-                self.traffic.flush(self.run_dir / "traffic.jsonl")
+                with contextlib.suppress(WriteFailed):  # a full disk: the run's error says so
+                    self.traffic.flush(self.run_dir / "traffic.jsonl")
         if self.exporter is not None:
             self.exporter.close()
         if self.sampler:
-            self.sampler.close()
+            with contextlib.suppress(OSError):  # a line the full disk refused, flushed again
+                self.sampler.close()
         if self.tb is not None:
             if self.restore and not self.created:
                 self._restore_shapes()

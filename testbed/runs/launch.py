@@ -21,7 +21,6 @@ tail of its log.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -35,7 +34,8 @@ from testbed.hosts.runplace import RunPlace
 from testbed.nodes.nsexec import DIE_WITH_PARENT
 from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
-from testbed.common.files import tail_text
+from testbed.common.files import tail_text, write_json
+from testbed.common.writes import writing
 
 COLLECT_EVERY_S = 2.0
 MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
@@ -196,7 +196,7 @@ class Launcher:
         threads = max(1, (os.cpu_count() or 1) // world)
         master = workers[0].address
         where = self.run_dir / "placement.json"
-        where.write_text(json.dumps(placement_dict(self.seats), indent=1) + "\n")
+        write_json(where, placement_dict(self.seats), indent=1)
         for w in workers:
             backend = self.tb.backend(w.name)
             seat = self.seats[w.rank]
@@ -215,7 +215,7 @@ class Launcher:
             # testbed.hosts.sshexec dies and the connection with it)
             env[DIE_WITH_PARENT] = str(os.getpid())
             log = self.run_dir / f"rank{w.rank}.log"
-            with open(log, "wb") as f:
+            with writing(log), open(log, "wb") as f:
                 proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)  # Ctrl-C reaches us, not the ranks
             self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",

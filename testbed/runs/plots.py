@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from testbed.common.files import read_jsonl
+from testbed.common.writes import writing
 from testbed.model.units import Rate, UnitError
 from testbed.runs.rundata import RunData
 from testbed.runs.tables import bw_key
@@ -55,8 +56,11 @@ class _Figures:
 
     def save(self, fig, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(self.out / name, dpi=110)
-        self.plt.close(fig)
+        try:
+            with writing(self.out / name, f"the figures before it are written ({', '.join(self.files) or 'none'})"):
+                fig.savefig(self.out / name, dpi=110)
+        finally:
+            self.plt.close(fig)
         self.files.append(name)
 
 

@@ -25,6 +25,7 @@ import csv
 from pathlib import Path
 
 from testbed.common.files import write_json
+from testbed.common.writes import writing
 from testbed.runs.plots import plots
 from testbed.runs.rundata import RunData, find_runs
 from testbed.runs.tables import freeze, table
@@ -36,7 +37,8 @@ def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = table(runs, target)
     write_json(out / "report.json", {"rows": rows, "runs": [str(r.path) for r in runs]})
-    with open(out / "report.csv", "w", newline="") as f:
+    with writing(out / "report.csv", "report.json is written; the run records are untouched"), \
+            open(out / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
         w.writeheader()
         for row in rows:

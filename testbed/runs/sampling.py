@@ -15,6 +15,7 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import JsonlTail, read_json
+from testbed.common.writes import writing
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
@@ -26,7 +27,11 @@ class LinkSampler:
     """Samples the bottleneck counters into links.jsonl and the live utilisation."""
 
     def __init__(self, tb: Testbed, links: list[Link], path: Path, live_shapes: bool = False):
-        self.tb, self.links, self.f = tb, links, open(path, "a", buffering=1, encoding="utf-8")
+        self.tb, self.links, self.path = tb, links, path
+        with writing(path):
+            self.f = open(path, "a", buffering=1, encoding="utf-8")
+        self.written = 0
+        """Samples written to links.jsonl so far (one per link and direction)."""
         self.live_shapes = live_shapes
         """Read the shapes in force from the state file at every sample (a trace changes them)."""
         self.prev: dict | None = None
@@ -46,6 +51,7 @@ class LinkSampler:
         now = time.time()
         counters = self.tb.link_counters(self.links)
         links = self._current()
+        lines = []
         if self.prev is not None and now > self.prev_t:
             dt = now - self.prev_t
             for l in links:
@@ -55,10 +61,13 @@ class LinkSampler:
                     delta = c.get("bytes", 0) - p.get("bytes", 0)
                     util = delta * 8 / dt / rate
                     self.util[f"{l.name} {d}"] = util
-                    self.f.write(json.dumps({"time": now, "link": l.name, "direction": d,
+                    lines.append(json.dumps({"time": now, "link": l.name, "direction": d,
                                              "bytes": c.get("bytes", 0), "drops": c.get("drops", 0),
                                              "rate_bps": rate, "bytes_per_s": delta / dt,
                                              "utilisation": util}) + "\n")
+        with writing(self.path, lambda: f"the {self.written} link samples before are kept"):
+            self.f.write("".join(lines))
+        self.written += len(lines)
         self.prev, self.prev_t = counters, now
         return counters
 

@@ -145,7 +145,10 @@ def mark(run_dir: Path | None, status: str, error: str) -> None:
         summary = {}
     if not isinstance(summary, dict):
         summary = {}
-    run = read_json(run_dir / "run.json", "json", "run file")
+    try:
+        run = read_json(run_dir / "run.json", "json", "run file")
+    except (OSError, TestbedError):  # never written (a full disk): nothing to mark
+        return
     summary.update(run_id=run["run_id"], status=status, error=error, request=run["request"],
                    bw=run["request"]["bw"], scheme=run["request"]["scheme"])
     write_json(path, summary)

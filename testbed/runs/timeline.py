@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from pathlib import Path
 
-from testbed.common.files import read_jsonl
+from testbed.common.files import atomic_write, read_jsonl
 
 
 class RateTimeline:
@@ -79,9 +78,7 @@ def annotate_rates(run_dir: Path, world: int, rates: RateTimeline) -> None:
             t, dt = x.get("time"), x.get("iter_s")
             if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
                 x["link_rate_bps"] = rates.over(t - dt, t)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(x) + "\n" for x in recs))
-        os.replace(tmp, path)
+        atomic_write(path, "".join(json.dumps(x) + "\n" for x in recs))  # a full disk keeps the records as they were
 
 
 def trace_summary(summary: dict, run_dir: Path, trace_file: Path, rates: RateTimeline, late: list[float],

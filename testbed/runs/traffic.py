@@ -34,6 +34,7 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_text
+from testbed.common.writes import writing
 from testbed.model.flows import Flow
 
 BASE_PORT = 5301
@@ -171,10 +172,11 @@ class CrossTraffic:
             events, self._events_written = self.events[self._events_written:], len(self.events)
         if not new and not events:
             return
-        with open(path, "a", encoding="utf-8") as f:
-            for r in sorted(new + [{**e, "label": self.flows[e["flow"]].label()} for e in events],
-                            key=lambda r: r["time"]):
-                f.write(json.dumps(r) + "\n")
+        lines = "".join(json.dumps(r) + "\n" for r in sorted(
+            new + [{**e, "label": self.flows[e["flow"]].label()} for e in events], key=lambda r: r["time"]))
+        with writing(path, f"the {len(self._written)} cross-traffic reports before are kept"):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(lines)
         self._written.update((r["flow"], r["test"], r["offset_s"]) for r in new)
 
     def summary(self, t0: float, t1: float) -> list[dict]:
