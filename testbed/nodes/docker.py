@@ -14,6 +14,10 @@ checkpoint) are mounted into a private copy of the container's mount namespace a
 same path, so ranks write their records straight onto the host: a crash loses nothing,
 and nothing has to be copied back.
 
+A container changed behind testbed's back (removed, stopped, restarted into a new network
+namespace that lacks the node's links, or stopped with the engine) is refused before a
+process starts in it, and named when a rank in it dies (:mod:`testbed.nodes.docker_health`).
+
 The Docker engine is reached through the docker SDK (``pip install docker``), never the
 CLI. Images: ``testbed image build`` makes ``testbed/worker:cpu`` offline; see images/.
 """
@@ -35,6 +39,7 @@ from testbed.common.errors import TestbedError
 from testbed.model.backend_options import DEFAULT_IMAGE, DEFAULT_SHM
 from testbed.nodes.base import Backend, Check
 from testbed.nodes.dockerapi import client, docker_sdk
+from testbed.nodes import docker_health as health
 from testbed.nodes.dockerapi import not_found as _not_found
 from testbed.nodes import images
 
@@ -158,21 +163,20 @@ class DockerBackend(Backend):
 
     # ------------------------------------------------------------------ processes
     def _container(self, info):
-        try:
-            return client().containers.get(naming.container_name(info.netns))
-        except Exception as e:
-            if _not_found(e):
-                raise TestbedError(f"node {info.name}: its container {naming.container_name(info.netns)} is gone",
-                                   "`testbed down` removes the rest of the testbed") from None
-            raise
+        name = naming.container_name(info.netns)
+        c = health.inspect(name)
+        if c is None:
+            raise TestbedError(f"node {info.name}: {health.gone(name)}", health.redo(health.testbed_of(info.netns)))
+        return c
 
     def _pid(self, info) -> int:
+        """The pid of the container's init, once the container is the one `up` wired (running,
+        in the namespace that holds the node's links), else a TestbedError saying why not."""
         c = self._container(info)
-        pid = c.attrs["State"].get("Pid") or 0
-        if not c.attrs["State"].get("Running") or pid <= 0:
-            raise TestbedError(f"node {info.name}: container {c.name} is not running ({c.attrs['State'].get('Status')})",
-                               "`testbed down` then `testbed up` rebuilds it")
-        return pid
+        why = health.reason(c, info.netns)
+        if why:
+            raise TestbedError(f"node {info.name}: {why}", health.redo(health.testbed_of(info.netns)))
+        return c.attrs["State"]["Pid"]
 
     def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
         args = ["--container", str(self._pid(info)), "--netns", info.netns]
@@ -200,20 +204,19 @@ class DockerBackend(Backend):
         return env
 
     def why_stopped(self, info) -> str | None:
-        """Why a rank in this node may have died: its container is no longer running."""
-        try:
-            c = self._container(info)
-        except TestbedError as e:
-            return e.message
-        st = c.attrs["State"]
-        if st.get("Running"):
-            return None
-        return f"its container {c.name} is {st.get('Status')} (exit code {st.get('ExitCode')})"
+        """Why a rank in this node may have died: its container was removed, stopped (by hand,
+        or with the engine), or restarted into a new network namespace; or the engine is down."""
+        why = health.settled_reason(naming.container_name(info.netns), info.netns)
+        return None if why is None else f"{why}; {health.redo(health.testbed_of(info.netns))}"
 
     def stop(self, info) -> None:
         from testbed.net import netns
 
-        keep = {self._pid(info)}
+        c = self._container(info)
+        if not c.attrs["State"].get("Running"):
+            raise TestbedError(f"node {info.name}: container {c.name} is not running ({c.attrs['State'].get('Status')})",
+                               "`testbed down` then `testbed up` rebuilds it")
+        keep = {c.attrs["State"]["Pid"]}
         keep |= {p for p in netns.pids_in([info.netns]) if procs.parent_of(p) in keep}  # init's own child
         netns.kill_processes([info.netns], exclude=keep)
 

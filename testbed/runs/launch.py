@@ -197,6 +197,9 @@ class Launcher:
         master = workers[0].address
         where = self.run_dir / "placement.json"
         write_json(where, placement_dict(self.seats), indent=1)
+        # every rank's command first: a node that cannot take its rank (a container restarted
+        # or removed behind testbed's back) refuses the run before any rank starts
+        starts = []
         for w in workers:
             backend = self.tb.backend(w.name)
             seat = self.seats[w.rank]
@@ -211,6 +214,8 @@ class Launcher:
             env["TESTBED_RECORDS"] = str(self.run_dir.resolve() / f"rank{w.rank}.jsonl")
             env.update(self.extra_env)
             cmd, env = place.command(backend, w, self.argv, env)
+            starts.append((w, place, cmd, env))
+        for w, place, cmd, env in starts:
             # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
             # testbed.hosts.sshexec dies and the connection with it)
             env[DIE_WITH_PARENT] = str(os.getpid())
