@@ -241,8 +241,9 @@ class RunExporter:
         del self._scrapes[:-16]
         yield from metrics
 
-    def finish(self, max_wait: float = 30.0) -> bool:
-        """Wait for a scrape that began after now; False if none came (or nobody scrapes).
+    def finish(self, max_wait: float = 30.0) -> bool | None:
+        """Wait for a scrape that began after now; False if none came, None if nobody scrapes
+        (no scrape so far, no `testbed monitor` watching).
 
         A run shorter than Prometheus' discovery delay (file-SD refresh plus the scrape
         manager's 5 s reload) may end before its first scrape; when a `testbed monitor`
@@ -258,7 +259,7 @@ class RunExporter:
         else:
             ws = watchers()
             if not ws:
-                return False
+                return None
             wait = 12.0 + 2 * max(float(w.get("scrape_interval_s", 5.0)) for w in ws)
         deadline = now + min(max_wait, wait)
         while time.monotonic() < deadline:

@@ -40,7 +40,8 @@ from testbed.runs.checks import check_out, check_testbed, gpus_for, load_trace
 from testbed.runs.exporter import start_run_exporter
 from testbed.runs.diskfull import as_disk_failure
 from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
-from testbed.runs.launch import Launcher, RankFailed
+from testbed.runs.launch import Launcher
+from testbed.runs.monitoring import Every, ExporterWatch
 from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
 from testbed.runs.sampling import LinkSampler, Progress
@@ -85,7 +86,7 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         mark(r.run_dir, "interrupted", "interrupted by a signal")
         raise RunInterrupted("interrupted: all ranks stopped, shaping restored, the testbed removed if the "
                              "run made it", f"records so far are in {r.run_dir}" if r.run_dir else None) from None
-    except (RankFailed, WriteFailed) as e:
+    except TestbedError as e:  # a rank failed, a write failed, a node refused its rank
         failure = as_disk_failure(e, r.run_dir)
         try:
             mark(r.run_dir, "failed", failure.message)
@@ -123,6 +124,8 @@ class _Run:
         self.mounts: list[Path] = []
         self.exporter = self.sampler = self.replayer = self.traffic = None
         self.launcher: Launcher | None = None
+        self.monitor: ExporterWatch | None = None
+        """The testbed's link exporters, watched while the ranks run."""
         self.start_counters: dict = {}
         self.end_counters: dict = {}
         self.start_access: dict = {}
@@ -194,6 +197,7 @@ class _Run:
         self.start_counters = self.sampler.sample()
         self.start_access = tb.link_counters(access_links(tb))
         self.t_start = time.time()
+        self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,
                                  code=req.code.tree(req.out) if req.code is not None else None)
@@ -203,7 +207,12 @@ class _Run:
     def watch(self, on_status: Callable[[Status], None] | None) -> None:
         """Until every rank has exited 0 (RankFailed when one fails or the run times out)."""
         progress = Progress(self.run_dir, len(self.tb.workers), self.sampler, self.traffic, on_status)
-        self.launcher.wait(progress.tick)
+        every = Every(1.0, self.monitor.check)
+
+        def tick():
+            progress.tick()
+            every()
+        self.launcher.wait(tick)
 
     def collect(self) -> None:
         """The counters at the end; the trace replay (shapes from before put back) and the
@@ -232,10 +241,13 @@ class _Run:
         if self.traffic is not None:
             summary["cross_traffic"] = self.traffic.summary(self.t_start, self.t_start + self.duration)
         write_json(run_dir / "summary.json", summary)
+        final_scrape = None
         if self.exporter is not None:
-            self.exporter.finish()  # Prometheus gets the final records before the exporter goes
+            final_scrape = self.exporter.finish()  # Prometheus gets the final records before the exporter goes
             self.exporter.close()
             self.exporter = None
+        summary["monitoring"] = self.monitor.summary(self.duration, final_scrape)
+        write_json(run_dir / "summary.json", summary)
         if trace is not None:
             annotate_rates(run_dir, summary.get("world_size", 0), rates)
         return summary

@@ -246,7 +246,7 @@ def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypa
     try:
         assert json.loads(target.read_text())[0]["labels"] == {"exporter": "training"}
         t = time.monotonic()
-        assert e.finish() is False and time.monotonic() - t < 1  # nobody scrapes, nobody watches: no wait
+        assert e.finish() is None and time.monotonic() - t < 1  # nobody scrapes, nobody watches: no wait
 
         def scrape_every(period: float, n: int) -> None:
             for _ in range(n):
@@ -294,7 +294,7 @@ def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path
     e = RunExporter(_run_dir(tmp_path, run_id="r2"), tmp_path / "state" / "targets" / "run2.json")
     try:
         t = time.monotonic()
-        assert e.finish() is False and time.monotonic() - t < 1
+        assert e.finish() is None and time.monotonic() - t < 1
     finally:
         e.close()
 
