@@ -238,9 +238,14 @@ class Testbed:
                         ShapeChange(idx, d, f"{l.name} {d}", ep, l.shape(d), current.links[idx].shape(d)))
             own = changer is None
             changer = changer or LinkChanger()
+            # every other host keeps a copy of the state (`testbed status` typed there): the
+            # hosts changed get the new shapes with their change; on a one-off change (not a
+            # trace's steps, which go on at their pace) the others get them too
+            copies = {idx: {d: l.shape(d).to_dict() for d in DIRECTIONS} for idx, l in new_links.items()}
+            hosts = set(by_site) | ({h.name for h in current.hosts} if own else set())
             try:
-                for site in sorted((self.site(h) for h in by_site), key=lambda s: s.order):
-                    site.shape(by_site[site.host], changer)
+                for site in sorted((self.site(h) for h in hosts), key=lambda s: s.order):
+                    site.shape(by_site.get(site.host, []), changer, copies)
             finally:
                 if own:
                     changer.close()

@@ -173,7 +173,37 @@ def shape(name: str, req: dict) -> dict:
         tb.site(tb.here).shape(todo, changer)
     finally:
         changer.close()
-    return {"changed": len(todo)}
+    copies = req.get("copies") or {}
+    if copies:
+        _keep_copies(tb, _dict(copies, "copies"))
+    return {"changed": len(todo), "copied": len(copies)}
+
+
+def _keep_copies(tb, copies: dict) -> None:
+    """This host's copy of the state gets the shapes the controller now has in force, so
+    `testbed status` typed here shows them (each shape checked as a topology's would be)."""
+    from dataclasses import replace
+
+    from testbed.common.state import global_lock
+    from testbed.model.topology import DIRECTIONS, load_topology_dict, shape_from_dict
+    from testbed.plan.ledger import Ledger
+
+    with global_lock():
+        ledger = Ledger(tb.name)
+        state = ledger.read_state()
+        if state is None:
+            raise StateError(f"testbed '{tb.name}' is not up on this host")
+        topo = load_topology_dict(state["topology"], source=state.get("source"))
+        links = list(topo.links)
+        for key, shapes in copies.items():
+            shapes = _dict(shapes, "copy")
+            if not str(key).isdigit() or int(key) >= len(links) or set(shapes) - set(DIRECTIONS):
+                raise TestbedError(f"the request's copy names no link of this testbed: {str(key)[:40]!r}")
+            l = links[int(key)]
+            new = {d: shape_from_dict(_dict(shapes[d], "shape")) if d in shapes else l.shape(d) for d in DIRECTIONS}
+            links[int(key)] = replace(l, forward=new["forward"], reverse=new["reverse"])
+        state["topology"] = topo.with_links(links).to_dict()
+        ledger.write_state(state)
 
 
 RUN_ID_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

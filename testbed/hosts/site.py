@@ -66,8 +66,9 @@ class Site(ABC):
         """Argv for this process that runs ``argv`` inside node ``info`` (no shell)."""
 
     @abstractmethod
-    def shape(self, changes: list[ShapeChange], changer: LinkChanger) -> None:
-        """Change these link ends (all on this site) in place."""
+    def shape(self, changes: list[ShapeChange], changer: LinkChanger, copies: dict | None = None) -> None:
+        """Change these link ends (all on this site) in place; ``copies``: link index ->
+        direction -> the new shape, for a host that keeps its own copy of the state."""
 
     @abstractmethod
     def counters(self, ends: list[tuple[int, str, Endpoint]], pool=None) -> dict[tuple[int, str], dict]:
@@ -90,7 +91,9 @@ class LocalSite(Site):
     def command(self, info, argv, *, mounts=(), cwd=None):
         return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
 
-    def shape(self, changes, changer):
+    def shape(self, changes, changer, copies=None):
+        if not changes:
+            return
         try:
             changer.apply([(c.endpoint, c.new, f"{c.label}: changing the shape") for c in changes])
         except BaseException as e:
@@ -186,10 +189,11 @@ class SshSite(Site):
                                  "--testbed", self.tb.name, "--node", node,
                                  *(f"--remote-opt={o}" for o in opts), "--", *argv)
 
-    def shape(self, changes, changer):
+    def shape(self, changes, changer, copies=None):
         items = [{"link": c.link, "direction": c.direction, "shape": c.new.to_dict(), "old": c.old.to_dict()}
                  for c in changes]
-        self.remote.call("shape", self.tb.name, payload={"changes": items}, timeout=60)
+        self.remote.call("shape", self.tb.name, timeout=60, payload={
+            "changes": items, "copies": {str(i): v for i, v in (copies or {}).items()}})
 
     def counters(self, ends, pool=None):
         wanted = {(idx, d) for idx, d, _ in ends}

@@ -168,6 +168,13 @@ def test_three_hosts_come_up_ping_shape_count_and_go(clean_lab, tmp_path):
         cli_json("link", "set", "s1-s0", "--bw", "1gbit", "--testbed", "mh")
         tc = h1.in_mounts("tc", "-n", "mh", "class", "show", "dev", "l4a").stdout
         assert "rate 1Gbit" in tc, tc
+        # `testbed status` typed on each host shows the new shape (h2 holds no end of that link)
+        for h in (h1, h2):
+            st = h.in_mounts("env", "-u", "TESTBED_STATE_DIR", sys.executable, "-m", "testbed.cli", "status", "mh",
+                             "--json")
+            assert st.returncode == 0, st.stderr
+            there = {l["name"]: l for l in json.loads(st.stdout)["links"]}["s1-s0"]
+            assert there["forward"]["shape"]["rate"] == there["reverse"]["shape"]["rate"] == "1gbit", (h.name, there)
         g = _goodput("mh", "w0", "w2", addr["w0"])  # the other direction: shaped on h1
         print(f"cross-host goodput at 1gbit: {g / 1e6:.1f} Mbit/s")
         assert 0.90 * 1e9 <= g <= 1.0 * 1e9, g
