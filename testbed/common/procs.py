@@ -55,36 +55,102 @@ def with_arg(arg: str) -> list[int]:
     return out
 
 
-def terminate(pids: list[int], grace: float = 5.0) -> list[int]:
-    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; returns the pids signalled."""
-    sent = []
+KILL_WAIT_S = 3.0
+"""How long :func:`terminate` waits for processes to exit after SIGKILL."""
+
+
+def terminate(pids: list[int], grace: float = 5.0, kill_wait: float = KILL_WAIT_S) -> list[int]:
+    """SIGTERM (and SIGCONT: a stopped process must run to act on it), wait up to ``grace``
+    seconds, SIGKILL what still runs, then wait up to ``kill_wait`` seconds for that to exit.
+    Returns the pids signalled; :func:`stop` also fails naming any that still run."""
+    return _terminate(pids, grace, kill_wait)[0]
+
+
+def stop(pids: list[int], what: str, grace: float = 5.0, kill_wait: float = KILL_WAIT_S) -> list[int]:
+    """:func:`terminate`, then a TestbedError naming (pid, command, state) every process that
+    SIGKILL did not end within ``kill_wait`` (frozen by a cgroup freezer, stuck in the kernel):
+    a caller never reports stopped what still runs. ``what`` names them: "node w0's QEMU".
+    (One line, no hint: teardown gathers such errors into one message.)"""
+    sent, left = _terminate(pids, grace, kill_wait)
+    if left:
+        raise TestbedError(f"{what} did not exit: {'; '.join(describe(p) for p in left)} still running "
+                           f"{kill_wait:g} s after SIGKILL (frozen, or stuck in the kernel?)")
+    return sent
+
+
+def _terminate(pids: list[int], grace: float, kill_wait: float) -> tuple[list[int], list[int]]:
+    """(pids signalled, those still running ``kill_wait`` s after SIGKILL). A pid is followed
+    by its start time: one reused by a new process meanwhile does not count as running."""
+    sent: list[int] = []
+    started: dict[int, int] = {}
     for pid in pids:
+        t = start_time(pid)
         try:
             os.kill(pid, signal.SIGTERM)
             os.kill(pid, signal.SIGCONT)  # a stopped process must run to act on SIGTERM
-            sent.append(pid)
+        except ProcessLookupError:
+            continue
+        sent.append(pid)
+        if t is not None:
+            started[pid] = t
+    left = _wait_exit(started, grace)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + grace
-    for pid in sent:
-        while running(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if running(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return sent
+    return sent, list(_wait_exit(left, kill_wait))
+
+
+def _wait_exit(pids: dict[int, int], timeout: float) -> dict[int, int]:
+    """Wait up to ``timeout`` seconds for ``pids`` (pid: start time) to exit; those still running."""
+    deadline = time.monotonic() + timeout
+    left = {p: t for p, t in pids.items() if _same_running(p, t)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {p: t for p, t in left.items() if _same_running(p, t)}
+    return left
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, T, t, Z, ...), None when it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks after boot): with the pid, its identity."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _same_running(pid: int, started: int) -> bool:
+    return running(pid) and start_time(pid) == started
+
+
+def describe(pid: int) -> str:
+    """``pid N (COMMAND ARGS...; state S)`` for messages: which process, and what it is."""
+    cmd = " ".join(argv_of(pid)[:3])
+    cmd = cmd if len(cmd) <= 120 else cmd[:117] + "..."
+    return f"pid {pid} ({cmd or '?'}; state {state(pid) or 'gone'})"
 
 
 def running(pid: int) -> bool:
     """Alive and not a zombie. Our own children are not reaped here: their Popen keeps
     the exit status (a zombie already counts as stopped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return state(pid) not in (None, "Z")
 
 
 def run_tool(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:

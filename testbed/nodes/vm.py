@@ -19,6 +19,11 @@ works everywhere, slow: about 40 s to import torch), ``auto`` (default: KVM if a
 guest boots with it on this host, else TCG with a warning). ``gpu_pci:`` passes a host
 PCI device (bound to vfio-pci) through to the guest; checked at ``up``, never tested
 here (no GPU host with VFIO was available).
+
+Faults: a guest whose agent does not answer after boot fails ``up`` naming its node
+(:mod:`testbed.nodes.vmproc`); one that goes silent while a command runs there is given up
+after ``TESTBED_VM_HANG_TIMEOUT`` seconds (:mod:`testbed.nodes.vmexec`); ``down`` returns
+once QEMU has exited, or names the QEMU that SIGKILL did not end.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -38,49 +42,17 @@ from typing import Sequence
 from testbed.common import procs
 from testbed.plan.actions import ApplyContext, Action, CreateNetns, Teardown, register
 from testbed.common.errors import TestbedError
-from testbed.common.files import tail_text
 from testbed.nodes.vmimage import AGENT_PORT
 from testbed.model.backend_options import DEFAULT_MEMORY, DEFAULT_VCPUS, mem_mb as _mem_mb
 from testbed.nodes import vmimage
 from testbed.nodes.base import Backend, Check
 from testbed.nodes.qemu import QEMU, TCG_CPU, choose_accel, known_kvm, tcg_clock_args
+from testbed.nodes import vmproc
+from testbed.nodes.vmproc import AwaitVMs, forget_vms, remove_vm_dir, vm_dir  # noqa: F401  (AwaitVMs: registered)
+from testbed.nodes.vmqemu import hang_timeout, marker, qemu_pids  # noqa: F401  (qemu_pids: this backend's API)
 
 BRIDGE, TAP = "vmbr0", "vmtap0"
-READY_TIMEOUT = float(os.environ.get("TESTBED_VM_READY_TIMEOUT", "180"))
 TUNSETIFF, TUNSETPERSIST, IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x400454CA, 0x400454CB, 0x0002, 0x1000, 0x4000
-
-
-def vm_dir(ns: str) -> Path:
-    from testbed.common.state import state_root
-
-    return state_root() / "vm" / ns
-
-
-def marker(ns: str) -> str:
-    """QEMU's ``-name`` argument: how a VM's process is found again (and only that one)."""
-    return f"testbed-vm:{ns}"
-
-
-def qemu_pids(ns: str) -> list[int]:
-    return [p for p in procs.with_arg(marker(ns)) if Path(next(iter(procs.argv_of(p)), "")).name == QEMU]
-
-
-def _remove_vm_dir(d: Path) -> None:
-    """A VM's state directory, and ``vm/`` with it when it was the last."""
-    if d.is_dir() and not d.is_symlink():
-        shutil.rmtree(d, ignore_errors=True)
-    try:
-        d.parent.rmdir()
-    except OSError:
-        pass
-
-
-def forget_vms(namespaces) -> None:
-    """What VM workers in ``namespaces`` leave when their ledger is lost (``down --all``):
-    QEMU processes and their state directories."""
-    for ns in namespaces:
-        procs.terminate(qemu_pids(ns), grace=3.0)
-        _remove_vm_dir(vm_dir(ns))
 
 
 def create_tap(ns: str, ifname: str) -> None:
@@ -207,14 +179,14 @@ class StartVM(Action):
         except TestbedError as e:
             td.problems.append(e.message)
             return
-        procs.terminate(qemu_pids(self.ns), grace=3.0)
+        vmproc.stop_qemu(self.ns)  # returns once QEMU has exited, or names it
 
     def undo(self, td: Teardown) -> None:
         try:
             d = self._check()
         except TestbedError:
             return
-        _remove_vm_dir(d)
+        remove_vm_dir(d)
 
 
 def _mac(ns: str, nic: int) -> str:
@@ -222,53 +194,6 @@ def _mac(ns: str, nic: int) -> str:
 
     h = hashlib.sha256(f"{ns}/{nic}".encode()).digest()
     return "52:54:%02x:%02x:%02x:%02x" % (nic, h[0], h[1], h[2])
-
-
-@register
-@dataclass(frozen=True)
-class AwaitVMs(Action):
-    """Wait until the agent of every VM answers (they boot in parallel meanwhile)."""
-
-    nodes: tuple = ()
-    """Alternating (namespace, VM directory) pairs."""
-
-    def describe(self) -> str:
-        return f"wait for {len(self.nodes) // 2} VM(s) to boot"
-
-    def apply(self, ctx: ApplyContext) -> None:
-        from testbed.nodes.vmexec import request
-
-        pending = dict(zip(self.nodes[::2], self.nodes[1::2]))
-        started = time.monotonic()
-        deadline = started + READY_TIMEOUT
-        while pending:
-            for ns, d in list(pending.items()):
-                try:
-                    request(ns, Path(d), "ping", timeout=2.0)
-                    del pending[ns]
-                    continue
-                except (OSError, RuntimeError, ValueError, KeyError):
-                    pass
-                if not qemu_pids(ns) and time.monotonic() > started + 5:  # (a helper execs QEMU)
-                    raise TestbedError(f"the VM in {ns} stopped while booting: {console_tail(Path(d))}",
-                                       f"see {d}/console.log and {d}/qemu.log")
-            if pending and time.monotonic() > deadline:
-                ns, d = next(iter(pending.items()))
-                raise TestbedError(f"the VM in {ns} did not answer within {READY_TIMEOUT:.0f} s: "
-                                   f"{console_tail(Path(d))}",
-                                   f"see {d}/console.log; TESTBED_VM_READY_TIMEOUT=SECONDS allows longer")
-            if pending:
-                time.sleep(0.5)
-
-
-def console_tail(d: Path, n: int = 3) -> str:
-    lines = []
-    for name in ("qemu.log", "console.log"):
-        try:
-            lines += [x for x in tail_text(d / name).strip().splitlines() if x.strip()][-n:]
-        except OSError:
-            pass
-    return " | ".join(lines[-n:]) or "no output"
 
 
 # ---------------------------------------------------------------------- backend
@@ -334,7 +259,10 @@ class VmBackend(Backend):
 
     # ------------------------------------------------------------------ processes
     def _relay(self, info, *args: str) -> list[str]:
-        return procs.python_argv("testbed.nodes.vmexec", info.netns, "--dir", str(vm_dir(info.netns)), *args)
+        """The relay to the guest's agent, which takes the guest for hung after
+        ``TESTBED_VM_HANG_TIMEOUT`` s without a word from it (:mod:`testbed.nodes.vmexec`)."""
+        return procs.python_argv("testbed.nodes.vmexec", info.netns, "--dir", str(vm_dir(info.netns)),
+                                 "--node", info.name, "--hang-timeout", f"{hang_timeout():g}", *args)
 
     def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
         args: list[str] = []
@@ -355,9 +283,7 @@ class VmBackend(Backend):
         return env
 
     def why_stopped(self, info) -> str | None:
-        if qemu_pids(info.netns):
-            return None
-        return f"its VM is no longer running (QEMU exited): {console_tail(vm_dir(info.netns))}"
+        return vmproc.why_stopped(info.netns)
 
     def stop(self, info) -> None:
         from testbed.nodes.vmexec import request

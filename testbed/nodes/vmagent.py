@@ -17,6 +17,8 @@ A request is the first frame (:func:`send` / :func:`recv`), a JSON object
   :func:`recv`): stdin, stdin-EOF and signals from the host; stdout, stderr and the exit
   status from the guest. When the host's side goes away (the relay was killed), the
   command's process group is killed: a rank never outlives the run that started it.
+  With ``heartbeat: SECONDS`` the agent also sends a HEARTBEAT frame that often while the
+  command runs (the first at once), so the host tells a silent command from a hung guest.
 * ``stop``: SIGTERM, then SIGKILL after a grace period, to every process but init and the
   agent (``Backend.stop``).
 * ``ping``: the agent answers (readiness after boot).
@@ -30,6 +32,7 @@ import ctypes
 import hmac
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -38,7 +41,7 @@ import sys
 import threading
 import time
 
-STDIN, STDIN_EOF, SIGNAL, STDOUT, STDERR, EXIT, ERROR, REQUEST = range(8)
+STDIN, STDIN_EOF, SIGNAL, STDOUT, STDERR, EXIT, ERROR, REQUEST, HEARTBEAT = range(9)
 MAX_REQUEST = 1 << 20
 HOST_SHARE = "/run/testbed-host"
 """Where the guest mounts the host's root, writable (source of ``mounts``)."""
@@ -55,9 +58,11 @@ def send(sock: socket.socket, kind: int, data: bytes = b"", lock: threading.Lock
             sock.sendall(frame)
 
 
-def _exact(sock: socket.socket, n: int) -> bytes | None:
+def _exact(sock: socket.socket, n: int, idle: float | None = None) -> bytes | None:
     buf = b""
     while len(buf) < n:
+        if idle is not None and not select.select([sock], [], [], idle)[0]:
+            raise TimeoutError(f"nothing received for {idle:g} s")
         chunk = sock.recv(n - len(buf))
         if not chunk:
             return None
@@ -65,15 +70,16 @@ def _exact(sock: socket.socket, n: int) -> bytes | None:
     return buf
 
 
-def recv(sock: socket.socket) -> tuple[int, bytes] | None:
-    """The next frame, or None when the peer closed the connection."""
-    hdr = _exact(sock, 5)
+def recv(sock: socket.socket, idle: float | None = None) -> tuple[int, bytes] | None:
+    """The next frame, or None when the peer closed the connection; TimeoutError when
+    nothing at all arrives for ``idle`` seconds (None: wait for ever)."""
+    hdr = _exact(sock, 5, idle)
     if hdr is None:
         return None
     kind, n = struct.unpack(">BI", hdr)
     if n > (1 << 24):
         raise ValueError(f"frame of {n} bytes")
-    data = _exact(sock, n) if n else b""
+    data = _exact(sock, n, idle) if n else b""
     if data is None:
         return None
     return kind, data
@@ -109,6 +115,9 @@ def _valid_request(req: object) -> str | None:
         cwd = req.get("cwd")
         if cwd is not None and not (isinstance(cwd, str) and cwd.startswith("/")):
             return "cwd must be an absolute path"
+        beat = req.get("heartbeat", 0)
+        if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not (beat == 0 or 0.1 <= beat <= 3600):
+            return "heartbeat must be 0 or a number of seconds from 0.1 to 3600"
     return None
 
 
@@ -248,13 +257,28 @@ class Agent:
                     pass
 
         threading.Thread(target=from_host, daemon=True).start()
+        done = threading.Event()
+        if req.get("heartbeat"):
+            threading.Thread(target=_beat, args=(conn, lock, float(req["heartbeat"]), done), daemon=True).start()
         rc = proc.wait()
+        done.set()
         for t in pumps:
             t.join(timeout=5)
         try:
             send(conn, EXIT, str(rc).encode(), lock)
         except OSError:
             pass
+
+
+def _beat(conn: socket.socket, lock: threading.Lock, every: float, done: threading.Event) -> None:
+    """A HEARTBEAT frame every ``every`` seconds (the first at once) until ``done``."""
+    while True:
+        try:
+            send(conn, HEARTBEAT, b"", lock)
+        except OSError:
+            return
+        if done.wait(every):
+            return
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Run a command inside a VM worker's guest (no shell ever sees it).
 
-``python -m testbed.nodes.vmexec NETNS --dir VMDIR [--mount DIR]... [--cwd DIR] [--op exec|stop|ping] -- CMD...``
+``python -m testbed.nodes.vmexec NETNS --dir VMDIR [--node NAME] [--hang-timeout S] [--mount DIR]... [--cwd DIR] [--op exec|stop|ping] -- CMD...``
 
 Joins the node's network namespace NETNS on the host (where QEMU forwards the guest
 agent's port to 127.0.0.1), connects to the agent of the VM whose state directory is
@@ -9,6 +9,12 @@ SIGTERM/SIGINT/SIGHUP go to the command; its stdout, stderr and exit status come
 (a command killed by signal N ends this process by N too). If this process dies, the
 agent kills the command (the connection's end is the signal), so ``TESTBED_DIE_WITH_PARENT``
 works as with :mod:`testbed.nodes.nsexec`.
+
+A guest that hangs (its QEMU stopped, its kernel wedged) keeps the connection open and
+silent: with ``--hang-timeout S`` the agent sends a heartbeat every few seconds while the
+command runs, and after S seconds without a single frame this process gives up with one
+line naming the node (``--node``) and, when the host can tell, why (QEMU stopped or gone),
+exit status 255 like a lost connection. 0 waits for ever.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from testbed.nodes import vmagent as wire
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_json, read_text
 from testbed.nodes.nsexec import _die_with_parent, die_like
+from testbed.nodes.vmqemu import HANG_ENV, qemu_trouble
 
 EXIT_LOST = 255
 
@@ -58,7 +65,13 @@ def request(netns_name: str, vmdir: Path, op: str, timeout: float = 10.0) -> str
     return data.decode()
 
 
-def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: str | None) -> int:
+def heartbeat_every(hang: float) -> float:
+    """How often the agent is asked for a heartbeat, for a hang timeout of ``hang`` s."""
+    return max(0.1, min(2.0, hang / 5))
+
+
+def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: str | None,
+        node: str | None = None, hang: float = 0.0) -> int:
     try:
         sock, token = connect(netns_name, vmdir)
     except (OSError, ValueError, KeyError, TestbedError) as e:
@@ -66,6 +79,8 @@ def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: s
     sock.settimeout(None)
     env = {k: v for k, v in os.environ.items() if k != "TESTBED_DIE_WITH_PARENT"}
     req = {"token": token, "op": "exec", "argv": argv, "env": env, "mounts": mounts, "cwd": cwd}
+    if hang > 0:
+        req["heartbeat"] = heartbeat_every(hang)
     wire.send(sock, wire.REQUEST, json.dumps(req).encode())
     lock = threading.Lock()
 
@@ -90,9 +105,16 @@ def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: s
             pass
 
     threading.Thread(target=stdin, daemon=True).start()
+    return _relay_output(sock, netns_name, node or netns_name, hang)
+
+
+def _relay_output(sock: socket.socket, netns_name: str, node: str, hang: float) -> int:
+    """The command's output and exit status, from the agent's frames."""
     while True:
         try:
-            frame = wire.recv(sock)
+            frame = wire.recv(sock, idle=hang if hang > 0 else None)
+        except TimeoutError:
+            return _fail(_hung(netns_name, node, hang), EXIT_LOST)
         except (OSError, ValueError):
             frame = None
         if frame is None:
@@ -109,6 +131,13 @@ def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: s
             return die_like(-rc) if rc < 0 else rc
 
 
+def _hung(netns_name: str, node: str, hang: float) -> str:
+    """One line: the guest of ``node`` stopped answering, and why when the host can tell."""
+    why = qemu_trouble(netns_name)
+    return (f"node {node}: its VM is not answering: no word from its guest agent for {hang:g} s"
+            f"{f' and {why}' if why else ''}; gave up the command there ({HANG_ENV}=SECONDS waits longer)")
+
+
 def main(argv: list[str]) -> int:
 
     if "--" not in argv:
@@ -118,6 +147,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m testbed.nodes.vmexec")
     p.add_argument("netns")
     p.add_argument("--dir", required=True, type=Path)
+    p.add_argument("--node")
+    p.add_argument("--hang-timeout", type=float, default=0.0)
     p.add_argument("--mount", action="append", default=[])
     p.add_argument("--cwd")
     p.add_argument("--op", choices=("exec", "stop", "ping"), default="exec")
@@ -134,7 +165,7 @@ def main(argv: list[str]) -> int:
             return _fail(f"{a.op}: {e}")
     if not cmd:
         return _fail("give the command after --", 2)
-    return run(a.netns, a.dir, cmd, a.mount, a.cwd)
+    return run(a.netns, a.dir, cmd, a.mount, a.cwd, a.node, a.hang_timeout)
 
 
 if __name__ == "__main__":
