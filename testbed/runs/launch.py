@@ -284,13 +284,16 @@ class Launcher:
                 return
             stalled = [r for r in self.ranks if r.proc.poll() is None and now - r.last_progress > self.timeout]
             if stalled and len(stalled) == running:
-                first = min(stalled, key=lambda r: r.last_progress)
+                # a node that can say why (a VM that stopped answering) is named first
+                why = {r.rank: self.tb.backend(r.node).why_stopped(self.tb.node(r.node)) for r in stalled}
+                first = min(stalled, key=lambda r: (why[r.rank] is None, r.last_progress))
                 self.stop()
                 done = [r for r in self.ranks if r.proc.returncode == 0]
                 early = (f" Rank {done[0].rank} (node {done[0].node}) exited 0 while the others waited: a rank that "
                          "never joins the process group, or leaves it early, holds the others up." if done else "")
+                cause = f": {why[first.rank]}" if why[first.rank] else " went quiet first"
                 raise RankFailed(f"no progress from any rank for {self.timeout:.0f} s (--timeout); rank "
-                                 f"{first.rank} (node {first.node}) went quiet first; all ranks were stopped.{early} "
+                                 f"{first.rank} (node {first.node}){cause}; all ranks were stopped.{early} "
                                  f"Last lines of {first.log}:\n{tail(first.log)}")
             if tick:
                 tick()
