@@ -113,3 +113,15 @@ def pids_with(prefix: str) -> list[int]:
 
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
             and any(a.startswith(prefix) for a in argv_of(int(p.name)))]
+
+
+def finish(p: subprocess.Popen, timeout: float) -> tuple[str, float]:
+    """``p``'s stderr and how long it took to end (killed if it outlives ``timeout``)."""
+    t0 = time.monotonic()
+    try:
+        _, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return err, time.monotonic() - t0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import finish
 from tests.kernel import test_docker
 from tests.kernel.conftest import cli, cli_json
 from tests.kernel.test_docker import _containers, _docker_dumbbell, _write, cli_argv
@@ -68,13 +69,7 @@ def _start_long_run(name: str, runs: Path) -> subprocess.Popen:
 
 
 def _finish(p: subprocess.Popen, timeout: float = 60) -> str:
-    try:
-        _, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return err
+    return finish(p, timeout)[0]
 
 
 def _failed_clearly(p_rc: int, err: str) -> None:

@@ -114,7 +114,7 @@ def test_prometheus_down_when_a_run_ends_leaves_the_final_scrape_missing(clean_k
         topo = tmp_path / "mp.yaml"
         topo.write_text(yaml.safe_dump(dumbbell("mp")))
         cli_json("up", str(topo))
-        run = _start_run(tmp_path, "mp", iters=3000)
+        run = _start_run(tmp_path, "mp", iters=800)
         _await_training(tmp_path)
         # Prometheus has scraped the run (so the run expects its final scrape), then goes
         seen = _wait(f"http://127.0.0.1:{port}", 'testbed_run_info{testbed="mp"}', bool, timeout=60)

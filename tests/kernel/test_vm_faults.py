@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import finish
 from tests.kernel.conftest import cli, cli_json, run
 from tests.kernel.test_vm import _qemus, _vm_dumbbell, _write, guest  # noqa: F401  (guest: autouse here too)
 
@@ -43,18 +44,6 @@ def _pid_of(ns: str, p: subprocess.Popen, timeout: float = 60) -> int:
         time.sleep(0.02)
     p.kill()
     raise AssertionError(f"no QEMU appeared for {ns}: {p.communicate()[1][-2000:]}")
-
-
-def _finish(p: subprocess.Popen, timeout: float) -> tuple[str, float]:
-    """``p``'s stderr and how long it took to end."""
-    t0 = time.monotonic()
-    try:
-        _, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return err, time.monotonic() - t0
 
 
 def _error_line(rc: int, err: str) -> str:
@@ -115,7 +104,7 @@ def test_a_hung_guest_ends_the_run_naming_its_node_then_down_removes_it(clean_ke
                 time.sleep(0.2)
             os.kill(qemu_pids("vmh.w1")[0], signal.SIGSTOP)
         finally:
-            err, took = _finish(p, 120)
+            err, took = finish(p, 120)
         line = _error_line(p.returncode, err)
         print(f"the run ended {took:.1f} s after SIGSTOP")
         assert "node w1" in line and "node w0" not in line, err
@@ -138,7 +127,7 @@ def test_a_guest_agent_that_never_answers_fails_up_naming_the_node(clean_kernel,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "TESTBED_VM_READY_TIMEOUT": "25"})
     t0 = time.monotonic()
     os.kill(_pid_of("vma.w1", p), signal.SIGSTOP)
-    err, _ = _finish(p, 120)
+    err, _ = finish(p, 120)
     took = time.monotonic() - t0
     line = _error_line(p.returncode, err)
     print(f"up failed {took:.1f} s after it started")
@@ -163,7 +152,7 @@ def test_a_vm_killed_during_up_fails_up_naming_the_node(clean_kernel, tmp_path):
     while time.monotonic() < deadline and p.poll() is None and not (console.exists() and console.stat().st_size):
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
-    err, took = _finish(p, 120)
+    err, took = finish(p, 120)
     line = _error_line(p.returncode, err)
     print(f"up failed {took:.1f} s after SIGKILL")
     assert "node w1" in line and "QEMU" in line and "exited while booting" in line, err
