@@ -86,6 +86,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         mark(r.run_dir, "interrupted", "interrupted by a signal")
         raise RunInterrupted("interrupted: all ranks stopped, shaping restored, the testbed removed if the "
                              "run made it", f"records so far are in {r.run_dir}" if r.run_dir else None) from None
+    except TrafficBypassed:
+        raise  # verify_crossed marked the run "bypassed" already
     except TestbedError as e:  # a rank failed, a write failed, a node refused its rank
         failure = as_disk_failure(e, r.run_dir)
         try:
