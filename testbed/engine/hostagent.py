@@ -87,7 +87,7 @@ def apply(name: str, req: dict) -> dict:
     from testbed.engine.core import Testbed
     from testbed.engine.preflight import check_free
     from testbed.plan.ledger import Ledger
-    from testbed.common.state import global_lock
+    from testbed.common.state import global_lock, state_root
     from testbed.plan.plan import Plan
     from testbed.engine.teardown import require_root
 
@@ -104,8 +104,11 @@ def apply(name: str, req: dict) -> dict:
         for ns in (getattr(a, k, None) for k in ("ns", "peer_ns")):
             if isinstance(ns, str) and not naming.owned_namespace(name, ns):
                 raise StateError(f"action {type(a).__name__} names namespace {ns!r}, which '{name}' cannot own")
-        if "tag" in {f.name for f in dataclasses.fields(a)}:
+        fields = {f.name for f in dataclasses.fields(a)}
+        if "tag" in fields:
             a = dataclasses.replace(a, tag=naming.tag(name))  # this host's state directory owns it
+        if "state" in fields:  # a container's label: a lost-ledger `down --all` here finds it
+            a = dataclasses.replace(a, state=str(state_root()))
         todo.append(a)
     tb = Testbed(state)  # validates the state as the controller's own commands would
     _die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
@@ -298,17 +301,37 @@ def exec_(name: str, node: str, args: list[str]) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+ACROSS_VERSIONS = ("down", "down-all")
+"""What a host does for a controller of another version: remove what its own ledger lists."""
+
+
+def _same_version(controller: str, op: str) -> None:
+    """A host upgraded (or downgraded) since ``testbed up`` refuses all but teardown."""
+    if controller != __version__ and op not in ACROSS_VERSIONS + ("probe",):  # probe: its own check, at up
+        raise StateError(f"this host has testbed {__version__}, the controller {controller}: it changed since "
+                         "the testbed came up", "install the same version on every host (`testbed down` works "
+                         "meanwhile)")
+
+
 def main(op: str, args: list[str]) -> int:
-    """Dispatch ``testbed _host OP ARGS``; prints the JSON answer; the exit status."""
+    """Dispatch ``testbed _host [--controller=VERSION] OP ARGS``; prints the JSON answer
+    (``exec``: relays the command); the exit status."""
+    controller = None
+    if op.startswith("--controller=") and args:
+        controller, op, args = op.partition("=")[2], args[0], args[1:]
     try:
         if op == "exec":
             if len(args) < 4:
                 raise TestbedError("usage: testbed _host exec NAME NODE [OPTIONS] -- ARGV...")
             try:
+                if controller is not None:
+                    _same_version(controller, op)
                 return exec_(args[0], args[1], args[2:])
             except TestbedError as e:
                 sys.stderr.write(f"error: {e}\n")
                 return 1
+        if controller is not None:
+            _same_version(controller, op)
         if op == "probe" and not args:
             answer = probe(_dict(_payload(), "request"))
         elif op == "apply" and len(args) == 1:

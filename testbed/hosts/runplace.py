@@ -109,15 +109,21 @@ class RemoteRun(RunPlace):
         self.path = site.remote.call("rundir", site.tb.name, run_dir.name)["path"]
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise TestbedError(f"host {self.host} answered rundir with {self.path!r}")
-        self.sftp = site.remote.client().open_sftp()
         self._seen: dict[str, tuple[int, float]] = {}
-        self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
         self._uploaded = {"placement.json"}
         self.mounts = [m for m in (Path(m).resolve() for m in mounts) if m != self.run_dir]
         self.code = code
         if code is not None:
             self.mounts = [m for m in self.mounts if m != code.root]
-            self._put_code(code)
+        try:
+            self.sftp = site.remote.client().open_sftp()
+            self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
+            if code is not None:
+                self._put_code(code)
+        except TestbedError:
+            raise
+        except Exception as e:  # paramiko's SFTP and transport errors, a lost connection
+            raise site.remote.failure("copying the run's inputs there", e) from None
 
     def host_gpus(self, backend, gpus):
         return ()
@@ -164,6 +170,12 @@ class RemoteRun(RunPlace):
             self.sftp.put(str(f), f"{self.path}/code/{rel}")
 
     def collect(self) -> None:
+        try:
+            self._collect()
+        except (OSError, EOFError) as e:  # also paramiko's SFTP errors (IOError) and a lost connection
+            raise self.site.remote.failure("copying the run's files back", e) from None
+
+    def _collect(self) -> None:
         for a in self.sftp.listdir_attr(self.path):
             if a.filename in self._uploaded or not st.S_ISREG(a.st_mode or 0) or a.filename.endswith(".tmp"):
                 continue

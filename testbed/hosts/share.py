@@ -65,9 +65,12 @@ class RemoteShare(Action):
         try:
             remote.call("down", td.testbed)
         except TestbedError as e:
-            td.problems.append(f"host {self.host}: {e.message}"
-                               + (f" (then run `testbed down {td.testbed}` again, or on {self.host})"
-                                  if "unreachable" in e.message else ""))
+            again = f"once it answers, run `testbed down {td.testbed}` again (here, or on {self.host})"
+            if "stopped answering" in e.message:
+                td.problems.append(f"host {self.host} still holds its share: it stopped answering; {again}")
+            else:
+                td.problems.append(f"host {self.host}: {e.message}"
+                                   + (f" ({again})" if "unreachable" in e.message else ""))
         finally:
             remote.close()
 

@@ -10,24 +10,120 @@ Remote commands are argv lists; each word is quoted with :func:`shlex.quote` and
 starts with ``exec``, so the remote shell only ever sees words it will not interpret and
 the command replaces the shell (a remote process whose SSH connection dies is then the
 direct child of sshd's session and learns of it through PR_SET_PDEATHSIG).
+
+A host that stops answering (pulled cable, frozen, firewalled: packets vanish, nothing
+resets the connection) is noticed within ``TESTBED_HOST_TIMEOUT`` seconds (default 30):
+keepalives are sent every few seconds and the kernel drops a connection whose data stays
+unacknowledged that long (TCP_USER_TIMEOUT). The process then remembers the host as silent
+for as long again, so that what follows (a rollback, a teardown, the next counter read)
+fails at once naming it instead of waiting on it once more.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
 import shlex
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
 from testbed.common.errors import StateError, TestbedError
 from testbed.common.files import check_regular
+from testbed.common.version import __version__
 from testbed.model.topology import Host
 
 CONNECT_TIMEOUT = 15.0
+HOST_TIMEOUT_ENV, HOST_TIMEOUT_DEFAULT_S = "TESTBED_HOST_TIMEOUT", 30.0
+
+_SILENT: dict[tuple[str, int], tuple[float, str]] = {}
+"""(address, port) -> (when it was found silent, why), for this process."""
+
+
+def host_timeout() -> float:
+    """Seconds a host may leave our data unacknowledged before it is taken for gone."""
+    raw = os.environ.get(HOST_TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw.strip() else HOST_TIMEOUT_DEFAULT_S
+    except ValueError:
+        value = 0.0
+    if not 1 <= value < 86400:
+        raise TestbedError(f"{HOST_TIMEOUT_ENV}={raw!r} is not a number of seconds between 1 and 86400",
+                           f"e.g. {HOST_TIMEOUT_ENV}=60 on a slow or lossy underlay")
+    return value
+
+
+def silent(host: Host, why: str) -> None:
+    """Remember that ``host`` stopped answering (see the module's docstring)."""
+    _SILENT[(host.address, host.port)] = (time.monotonic(), why)
+
+
+def _still_silent(host: Host) -> str | None:
+    seen = _SILENT.get((host.address, host.port))
+    if seen is None or time.monotonic() - seen[0] > host_timeout():
+        _SILENT.pop((host.address, host.port), None)
+        return None
+    return seen[1]
+
+
+def stopped_answering(host: Host, why: str) -> str:
+    return f"host {host.name} ({host.address}) stopped answering: {why}"
+
+
+class _Watched(socket.socket):
+    """A TCP socket that remembers why it failed (paramiko's reader turns errors into EOF)."""
+
+    error: OSError | None = None
+
+    def _note(self, e: OSError) -> None:
+        if e.errno is not None:  # not one of paramiko's polling timeouts
+            self.error = e
+
+    def recv(self, *args):
+        try:
+            return super().recv(*args)
+        except OSError as e:
+            self._note(e)
+            raise
+
+    def send(self, *args):
+        try:
+            return super().send(*args)
+        except OSError as e:
+            self._note(e)
+            raise
+
+
+def _dial(host: Host) -> _Watched:
+    last: OSError = OSError(f"no address for {host.address}")
+    for family, kind, proto, _, addr in socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM):
+        sock = _Watched(family, kind, proto)
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last
+
+
+def _watch_silence(client) -> None:
+    """Keepalives, and a connection whose data stays unacknowledged for the host timeout is
+    dropped by the kernel (the transport then ends and every channel with it)."""
+    limit = host_timeout()
+    transport = client.get_transport()
+    transport.set_keepalive(max(1, min(5, int(limit / 3))))
+    sock = transport.sock
+    if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(limit * 1000))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(limit / 3)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, int(limit / 3)))
 
 
 def remote_line(argv: Sequence[str]) -> str:
@@ -55,6 +151,8 @@ def connect(host: Host):
         raise TestbedError(f"host {host.name}: reaching other hosts needs paramiko",
                            "pip install 'testbed[ssh]' (or: pip install paramiko)") from None
     where = f"host {host.name} ({host.user}@{host.address}:{host.port})"
+    if (why := _still_silent(host)) is not None:
+        raise StateError(stopped_answering(host, why), "once it answers again, run the command again")
     kh = _known_hosts(host)
     client = paramiko.SSHClient()
     try:
@@ -92,7 +190,7 @@ def connect(host: Host):
     if key is not None and not os.path.isfile(key):
         raise StateError(f"{where}: key file {key} does not exist", "fix hosts[].key: in the topology")
     try:
-        client.connect(host.address, port=host.port, username=host.user, key_filename=key,
+        client.connect(host.address, port=host.port, username=host.user, key_filename=key, sock=_dial(host),
                        look_for_keys=key is None, allow_agent=key is None, timeout=CONNECT_TIMEOUT,
                        banner_timeout=CONNECT_TIMEOUT, auth_timeout=CONNECT_TIMEOUT)
     except paramiko.BadHostKeyException as e:
@@ -115,9 +213,11 @@ def connect(host: Host):
         raise StateError(f"{where}: SSH failed: {e}") from None
     except (OSError, socket.timeout, EOFError) as e:
         client.close()
+        if isinstance(e, (socket.timeout, TimeoutError)):
+            silent(host, f"no answer to a connection within {CONNECT_TIMEOUT:g} s")
         raise StateError(f"{where}: unreachable: {e or type(e).__name__}",
                          "check address:, port: and that sshd runs there") from None
-    client.get_transport().set_keepalive(5)
+    _watch_silence(client)
     return client
 
 
@@ -125,9 +225,15 @@ def run(client, argv: Sequence[str], stdin: bytes = b"", timeout: float | None =
     """Run ``argv`` on the host (no shell interpretation); returns (status, stdout, stderr).
 
     Status -1: the connection died or ``timeout`` passed before the command ended."""
-    import time
+    import paramiko
 
-    chan = client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        return -1, b"", b""
+    try:
+        chan = transport.open_session(timeout=CONNECT_TIMEOUT)
+    except (paramiko.SSHException, OSError, EOFError):
+        return -1, b"", b""
     out, err = bytearray(), bytearray()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -177,7 +283,7 @@ class Remote:
     def call(self, op: str, *args: str, payload: object = None, timeout: float | None = 600.0) -> dict:
         """``testbed _host OP ARGS`` there with ``payload`` as JSON on stdin; its JSON
         answer, or its error re-raised as a TestbedError naming the host."""
-        argv = [self.host.testbed, "_host", op, *args]
+        argv = [self.host.testbed, "_host", f"--controller={__version__}", op, *args]
         data = json.dumps(payload).encode() if payload is not None else b""
         status, out, err = run(self.client(), argv, data, timeout)
         try:
@@ -192,8 +298,38 @@ class Remote:
         if status == 127 or "not found" in tail and self.host.testbed in tail:
             raise StateError(f"host {self.host.name}: the testbed program {self.host.testbed!r} is not there",
                              "install testbed on that host (the same version) or set hosts[].testbed: to its path")
-        what = "timed out or lost the connection" if status == -1 else f"exit {status}"
+        if status == -1 and (lost := self._lost()) is not None:
+            raise StateError(f"{stopped_answering(self.host, lost)} (while `testbed _host {op}` ran there)",
+                             "once it answers again, run the command again")
+        what = f"did not end within {timeout or 0:g} s" if status == -1 else f"exit {status}"
         raise TestbedError(f"host {self.host.name}: `testbed _host {op}` failed ({what}): {tail or 'no output'}")
+
+    def failure(self, doing: str, error: BaseException) -> TestbedError:
+        """The error to raise for ``error`` met while ``doing`` something there: the host
+        stopped answering, or what went wrong."""
+        lost = self._lost()
+        if lost is not None:
+            return StateError(f"{stopped_answering(self.host, lost)} (while {doing})",
+                              "once it answers again, run the command again")
+        return TestbedError(f"host {self.host.name}: {doing} failed: {error}")
+
+    def _lost(self) -> str | None:
+        """Why the connection ended, if it did (the host is then remembered as silent)."""
+        with self._lock:
+            client, self._client = self._client, None
+        transport = client.get_transport() if client is not None else None
+        if transport is not None and transport.is_active():
+            with self._lock:
+                self._client = self._client or client
+            return None
+        cause = getattr(transport.sock, "error", None) if transport is not None else None
+        why = f"the connection was lost ({cause.strerror if cause is not None else 'closed by the host'})"
+        if cause is not None and cause.errno == errno.ETIMEDOUT:
+            why = f"nothing was acknowledged for {host_timeout():g} s, so the connection was dropped"
+        silent(self.host, why)
+        if client is not None:
+            client.close()
+        return why
 
     def require_root(self) -> None:
         """Refuse a login that is not root there (before running testbed with it)."""

@@ -20,6 +20,7 @@ import sys
 import threading
 
 from testbed.common.errors import TestbedError
+from testbed.common.version import __version__
 from testbed.hosts.ssh import connect, remote_line
 from testbed.model.topology import TopologyError, host_from_json
 from testbed.nodes.nsexec import _die_with_parent
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 255
     chan = client.get_transport().open_session()
     _close_on_signals(client)
-    chan.exec_command(remote_line([host.testbed, "_host", "exec", a.testbed, a.node, *a.remote_opt, "--", *a.cmd]))
+    chan.exec_command(remote_line([host.testbed, "_host", f"--controller={__version__}", "exec", a.testbed, a.node,
+                                   *a.remote_opt, "--", *a.cmd]))
     status = _relay(chan)
     client.close()
     if status == -1:

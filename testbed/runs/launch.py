@@ -242,8 +242,13 @@ class Launcher:
         What ranks on other hosts write is collected every ``COLLECT_EVERY_S`` and at the end."""
         try:
             self._wait(tick, interval)
-        finally:
-            self.collect()
+        except BaseException:
+            try:
+                self.collect()  # what the ranks wrote up to the failure
+            except TestbedError:
+                pass  # the failure says more; a host that is gone is named by it
+            raise
+        self.collect()
 
     def _wait(self, tick, interval) -> None:
         while True:

@@ -61,6 +61,36 @@ class SSHHost:
                 out += [f"{d}/{f}" for f in self.in_mounts("ls", "-A", f"/run/testbed/{d}").stdout.split()]
         return sorted(out)
 
+    def cut(self, off: bool = True) -> None:
+        """Take its underlay port down (``off``) or up again: it stops answering, as a host
+        whose cable was pulled or that froze does (no reset, no FIN: packets vanish)."""
+        _run("ip", "link", "set", f"tbh{self.name[1:]}", "down" if off else "up")
+        if not off:
+            deadline = time.monotonic() + 20
+            while not _probe(self.netns, self.address) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def wrapper(self, pause: str | None = None, seconds: float = 3, env: str = "", version: str | None = None) -> str:
+        """Write (again) this host's ``testbed`` program: a wrapper around the real one that,
+        for the ``_host`` operation ``pause``, touches ``paused-OP`` in its directory and
+        sleeps ``seconds`` first (once); ``env`` (``K=V ...``) is set for that operation;
+        ``version`` makes it claim another version. Returns its path (for ``hosts[].testbed``)."""
+        real = Path(sys.executable).parent / "testbed"
+        path = self.dir / "testbed"
+        run = f'exec env {env} "{real}" "$@"'
+        if version is not None:
+            code = (f"import sys, testbed.common.version as v; v.__version__ = {version!r}; "
+                    "from testbed.cli import main; main(sys.argv[1:])")
+            run = f'exec env {env} "{sys.executable}" -c "{code}" "$@"'
+        body = (f'#!/bin/sh\nd="{self.dir}"\n'
+                f'if [ "$3" = "{pause}" ] && [ ! -e "$d/paused-$3" ]; then touch "$d/paused-$3"; sleep {seconds}; fi\n'
+                if pause else "#!/bin/sh\n") + run + "\n"
+        path.write_text(body)
+        path.chmod(0o755)
+        for old in self.dir.glob("paused-*"):
+            old.unlink()
+        return str(path)
+
     def new_host_key(self) -> None:
         """Replace its host key (as a reinstall would) and restart its sshd."""
         key = self.dir / "ssh_host_ed25519_key"
