@@ -24,6 +24,7 @@ from testbed.common.files import JsonlTail, read_json
 
 LABELS = ["run_id", "scheme", "rank", "bw"]
 INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
+TIME_LABELS = ["run_id", "scheme", "bw", "testbed"]
 ITER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -52,7 +53,11 @@ class _Run:
     epoch: float | None = None
     traffic: JsonlTail | None = None
     flows: dict[int, dict] = field(default_factory=dict)
-    """Cross-traffic flow -> label, last rate (bit/s), bytes received so far."""
+    """Cross-traffic flow -> label, last rate (bit/s), bytes received so far, on (its last on/off event)."""
+    start_s: float | None = None
+    """When training started: config.json's mtime (the workload writes it then; a trace starts on it)."""
+    end_s: float | None = None
+    """When training ended, once summary.json exists: the newest rank record's mtime."""
 
     def update(self) -> None:
         for p in self.path.glob("rank*.jsonl"):
@@ -81,8 +86,17 @@ class _Run:
         for rec in self.evals.read():
             self.accuracy = rec.get("accuracy")
             self.epoch = rec.get("epoch")
+        if self.end_s is None and (self.path / "summary.json").exists():
+            ends = [_mtime(p) for p in self.path.glob("rank*.jsonl")]
+            self.end_s = max((e for e in ends if e), default=None) or _mtime(self.path / "summary.json")
+            for f in self.flows.values():
+                f["on"] = False  # the run stopped its cross-traffic before writing its summary
         for rec in self.traffic.read() if self.traffic is not None else ():
             flow, bps, got = rec.get("flow"), rec.get("bits_per_second"), rec.get("bytes")
+            if isinstance(flow, int) and rec.get("event") in ("on", "off"):
+                f = self.flows.setdefault(flow, {"label": str(rec.get("label", flow))[:128], "bytes": 0.0})
+                f["on"] = rec["event"] == "on"
+                continue
             if not isinstance(flow, int) or not isinstance(bps, (int, float)) or not isinstance(got, (int, float)):
                 continue  # on/off events, or a damaged line
             f = self.flows.setdefault(flow, {"label": str(rec.get("label", flow))[:128], "bytes": 0.0})
@@ -102,13 +116,22 @@ def _load(path: Path) -> _Run | None:
     req = run.get("request") or {}
     args = config.get("args") or {}
     run_id = run.get("run_id") or path.name
+    trace = req.get("bw_trace") if isinstance(req.get("bw_trace"), dict) else None
+    bw = req.get("bw") or (f"trace {Path(str(trace.get('file', ''))).name}" if trace else "")  # as summary.json says
     info = {"run_id": run_id, "scheme": str(args.get("variant") or args.get("scheme", "")), "model": str(args.get("model", "")),
-            "dataset": str(args.get("dataset", "")), "bw": str(req.get("bw") or ""),
+            "dataset": str(args.get("dataset", "")), "bw": str(bw),
             "world_size": str(config.get("world_size", "")), "testbed": str(req.get("testbed") or "")}
-    r = _Run(path, run_id, info, config.get("dense_bytes"))
+    r = _Run(path, run_id, info, config.get("dense_bytes"), start_s=_mtime(path / "config.json"))
     r.evals = JsonlTail(path / "eval.jsonl")
     r.traffic = JsonlTail(path / "traffic.jsonl")
     return r
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _newest_mtime(path: Path) -> float:
@@ -185,13 +208,26 @@ class TrainingCollector(Collector):
                                   labels=flow_labels)
         cross_bytes = CounterMetricFamily("testbed_cross_traffic_received_bytes",
                                           "Bytes a cross-traffic flow's iperf3 server received.", labels=flow_labels)
+        start = GaugeMetricFamily("testbed_run_start_time_seconds", "When the run's training started (Unix time).",
+                                  labels=TIME_LABELS)
+        end = GaugeMetricFamily("testbed_run_end_time_seconds",
+                                "When the run's training ended (Unix time); absent while it runs.", labels=TIME_LABELS)
+        active = GaugeMetricFamily("testbed_cross_traffic_active",
+                                   "1 while a cross-traffic flow is on, 0 while it is off.", labels=flow_labels)
         for run in self._discover():
             run.update()
             i = run.info
             info.add_metric([i[k] for k in INFO_LABELS], 1)
+            if run.start_s is not None:
+                start.add_metric([i[k] for k in TIME_LABELS], run.start_s)
+            if run.end_s is not None:
+                end.add_metric([i[k] for k in TIME_LABELS], run.end_s)
             for n, f in sorted(run.flows.items()):
-                cross.add_metric([run.run_id, str(n), f["label"]], f["bps"])
-                cross_bytes.add_metric([run.run_id, str(n), f["label"]], f["bytes"])
+                if "bps" in f:
+                    cross.add_metric([run.run_id, str(n), f["label"]], f["bps"])
+                    cross_bytes.add_metric([run.run_id, str(n), f["label"]], f["bytes"])
+                if "on" in f:
+                    active.add_metric([run.run_id, str(n), f["label"]], 1 if f["on"] else 0)
             if run.accuracy is not None:
                 acc.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.accuracy)
                 epoch.add_metric([run.run_id, i["scheme"], "0", i["bw"]], run.epoch or 0)
@@ -208,7 +244,8 @@ class TrainingCollector(Collector):
                     wire.add_metric(labels, st.tx_bytes)
                 if run.dense_bytes and st.last_payload is not None:
                     ratio.add_metric(labels, st.last_payload / run.dense_bytes)
-        yield from (info, iters, loss, acc, epoch, hist, payload, wire, compute, ratio, cross, cross_bytes)
+        yield from (info, start, end, iters, loss, acc, epoch, hist, payload, wire, compute, ratio, cross, cross_bytes,
+                    active)
 
 
 class RunExporter:

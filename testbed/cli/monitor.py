@@ -49,8 +49,8 @@ def monitor_up(
         plain(f"targets:    {', '.join(st['targets'])} (testbed up / run announce themselves there)")
         if st["exporter_url"]:
             plain(f"runs:       {st['exporter_url']}")
-        plain(f"data:       {st['dir']}/data; Grafana: `docker compose -f compose/docker-compose.yml up -d`, "
-              "then http://127.0.0.1:3000")
+        plain(f"data:       {st['dir']}/data")
+        plain(f"Grafana:    {prometheus.GRAFANA_HINT}")
 
 
 @app.command("down")

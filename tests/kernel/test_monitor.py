@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from collectors import dashboards
+from testbed.monitor import rules
 from tests.helpers import dumbbell
 from tests.kernel.conftest import cli, cli_json
 
@@ -41,9 +42,10 @@ def _query(url: str, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def _range(url: str, expr: str, start: float) -> list[dict]:
-    """What a Grafana time-series panel asks for: the expression over [start, now]."""
-    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{time.time():.3f}", "step": "1"})
+def _range(url: str, expr: str, start: float, end: float | None = None) -> list[dict]:
+    """What a Grafana time-series panel asks for: the expression over [start, end or now]."""
+    end = time.time() if end is None else end
+    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"})
     with urllib.request.urlopen(f"{url}/api/v1/query_range?{q}", timeout=10) as r:
         body = json.loads(r.read())
     assert body["status"] == "success", body
@@ -59,9 +61,16 @@ def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def _labels(res: list[dict], name: str) -> set[str]:
+    return {r["metric"].get(name, "") for r in res}
+
+
 def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_data(tmp_path, clean_kernel):
     mdir, runs = tmp_path / "monitor", tmp_path / "runs"
     runs.mkdir()
+    trace = tmp_path / "mon.csv"  # the bottleneck steps 40 -> 30 Mbit/s one second into training
+    trace.write_text("time_s,rate\n0,40mbit\n1,30mbit\n")
+    bw = "trace mon.csv"  # the run's bw label, as its summary names it
     (pport,) = _free_ports(1)
     targets = Path(clean_kernel["state_dir"]) / "targets"
     topo = tmp_path / "mon.yaml"
@@ -80,9 +89,9 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert tb["exporter"].startswith("http://127.0.0.1:")
         assert [p.name for p in targets.iterdir()] == ["testbed-mon.json"]
         _wait(prom, 'up{exporter="links"}', lambda r: r and r[0]["value"][1] == "1")
-        s = cli_json("run", "allreduce", "-t", "mon", "--bw", "40mbit", "--out", str(runs),
-                     "--max-iters", "16", "--eval-every", "8", "--cross-traffic", "w0->w1,rate=4mbit")
-        assert s["status"] == "ok"
+        s = cli_json("run", "allreduce", "-t", "mon", "--bw-trace", str(trace), "--out", str(runs),
+                     "--max-iters", "30", "--eval-every", "15", "--cross-traffic", "w0->w1,rate=4mbit")
+        assert s["status"] == "ok" and s["bw"] == bw and s["bw_trace"]["steps_applied"] == 2
         run_id, iters = s["run_id"], s["iterations"]
         # The run's own exporter is gone (so its series are stale now: last_over_time reads
         # them), and before going it waited for a scrape of its final records.
@@ -102,7 +111,7 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert {by_dir["forward"]["metric"]["src"], by_dir["forward"]["metric"]["dst"]} == {"s0", "s1"}
         assert sum(float(r["value"][1]) for r in res) >= want
         cap = _query(prom, 'min_over_time(testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}[5m])')
-        assert {float(r["value"][1]) for r in cap} == {40e6 / 8}
+        assert {float(r["value"][1]) for r in cap} == {30e6 / 8}  # the trace's second step
         # restored after the run: seen from the next scrape on
         now = _wait(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}',
                     lambda r: {float(x["value"][1]) for x in r} == {50e6 / 8}, timeout=15)
@@ -114,26 +123,63 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert len(info) == 1
         m = info[0]["metric"]
         assert (m["scheme"], m["model"], m["dataset"], m["bw"], m["testbed"]) == ("allreduce", "cnn", "digits",
-                                                                                   "40mbit", "mon")
+                                                                                   bw, "mon")
         pay = _query(prom, f'last_over_time(testbed_train_payload_bytes_total{{run_id="{run_id}"}}[5m])')
         assert {r["metric"]["rank"] for r in pay} == {"0", "1"}
-        assert all(r["metric"]["scheme"] == "allreduce" and r["metric"]["bw"] == "40mbit" for r in pay)
+        assert all(r["metric"]["scheme"] == "allreduce" and r["metric"]["bw"] == bw for r in pay)
         assert float(pay[0]["value"][1]) == pytest.approx(s["mean_payload_bytes"] * iters, rel=0.01)
 
         cross = _query(prom, f'last_over_time(testbed_cross_traffic_received_bytes_total{{run_id="{run_id}"}}[5m])')
         assert cross[0]["metric"]["label"] == "w0->w1 4mbit" and float(cross[0]["value"][1]) > 0
 
-        # every expression of every shipped dashboard returns data from this Prometheus, over
-        # the test's time range as a Grafana panel asks for it
-        subst = {"$__rate_interval": "5s", "$testbed": "mon", "$link": ".*", "$run_id": run_id, "$bw": "40mbit"}
-        for name, fn in dashboards.DASHBOARDS.items():
+        # run start and end, as the annotations mark them: within the run's wall-clock span
+        t1 = time.time()
+        for m in ("start", "end"):
+            (when,) = _query(prom, f'last_over_time(testbed_run_{m}_time_seconds{{run_id="{run_id}"}}[5m])')
+            assert t0 < float(when["value"][1]) < t1, (m, when)
+        # `testbed link set` changes a shape: the dashboards' shape annotation marks it
+        links_json = json.loads((dashboards.OUT / "links.json").read_text())
+        (shape,) = [a["expr"] for a in links_json["annotations"]["list"] if a["name"].startswith("Link shape")]
+        shape = shape.replace("$__rate_interval", "5s").replace("$testbed", "mon").replace("$link", ".*")
+        cli_json("link", "set", "s0-s1", "--bw", "45mbit")
+        _wait(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}',
+              lambda r: {float(x["value"][1]) for x in r} == {45e6 / 8}, timeout=15)
+        deadline = time.monotonic() + 10  # a range step at or after the change's scrape
+        while "s0-s1" not in _labels(_range(prom, shape, t1), "link") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "s0-s1" in _labels(_range(prom, shape, t1), "link"), "link set not marked"
+
+        # every panel expression, annotation query and variable query of every shipped dashboard
+        # returns data from this Prometheus, over the test's time range as Grafana asks for it;
+        # each variable lists the value this run has
+        subst = {"$__rate_interval": "5s", "$__range": "5m", "$testbed": "mon", "$link": ".*", "$run_id": run_id,
+                 "$bw": bw, "$scheme": "allreduce", "$rank": ".*"}
+        values = {"testbed": {"mon"}, "link": {"s0-s1"}, "run_id": {run_id}, "bw": {bw}, "scheme": {"allreduce"},
+                  "rank": {"0", "1"}}
+        for name in dashboards.NAMES:
             shipped = json.loads((dashboards.OUT / name).read_text())
-            for expr in dashboards.expressions(shipped):
+            variables = {f"variable {v['name']!r}": v["name"] for v in shipped["templating"]["list"]}
+            for where, expr in dashboards.expressions(shipped):
                 q = expr
                 for k, v in subst.items():
                     q = q.replace(k, v)
                 assert "$" not in q, q
-                assert _range(prom, q, t0), f"{name}: no data for {q}"
+                res = _range(prom, q, t0)
+                assert res, f"{name}: no data for {where}: {q}"
+                if where in variables:
+                    assert values[variables[where]] <= _labels(res, variables[where]), (name, where)
+                if where.startswith("annotation 'Link shape"):  # the trace's steps (and the link set above)
+                    assert "s0-s1" in _labels(_range(prom, q, t0, t1), "link"), (name, res)
+
+        # the shipped rules are loaded and the recording rules record this testbed and run
+        with urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=10) as r:
+            loaded = {x.get("name") for g in json.loads(r.read())["data"]["groups"] for x in g["rules"]}
+        assert {x.get("record") or x.get("alert") for x in rules.RECORDING + rules.ALERTS} <= loaded
+        for rec, sel in (("testbed:link_utilisation:ratio_rate1m", 'testbed="mon",link="s0-s1"'),
+                         ("testbed:bottleneck_transmit_bytes:rate1m", 'testbed="mon"'),
+                         ("testbed:run_payload_bytes:rate1m", f'testbed="mon",run_id="{run_id}"'),
+                         ("testbed:run_iterations:rate1m", f'testbed="mon",run_id="{run_id}"')):
+            assert _range(prom, f"{rec}{{{sel}}}", t0), rec
 
         # Prometheus lets go of the finished run's target at its next discovery update (<= ~10 s)
         deadline = time.monotonic() + 20

@@ -16,7 +16,6 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors import dashboards
 from collectors.training import TrainingCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +99,33 @@ def test_cross_traffic_rates_and_bytes_follow_traffic_jsonl(tmp_path):
     assert s[("testbed_cross_traffic_bits_per_second", lab)] == 4e6
     assert s[("testbed_cross_traffic_received_bytes_total", lab)] == 1.5e6
     assert not [k for k in s if k[0].startswith("testbed_cross") and ("flow", "1") in k[1]], "bad lines skipped"
+    assert s[("testbed_cross_traffic_active", lab)] == 1
+    _append(d / "traffic.jsonl", {"time": 4.0, "flow": 0, "event": "off", "label": "w0->w1", "for_s": 2.0})
+    assert _samples(reg)[("testbed_cross_traffic_active", lab)] == 0
+    _append(d / "traffic.jsonl", {"time": 6.0, "flow": 0, "event": "on", "label": "w0->w1", "for_s": 1})
+    assert _samples(reg)[("testbed_cross_traffic_active", lab)] == 1
+    (d / "summary.json").write_text("{}")  # the run ended: its flows were stopped before
+    assert _samples(reg)[("testbed_cross_traffic_active", lab)] == 0
+
+
+def test_run_start_and_end_times_for_annotations(tmp_path):
+    import os
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2))
+    os.utime(d / "config.json", (1000.0, 1000.0))  # training started (the workload wrote config.json)
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"], keep_s=float("inf")))
+    lab = (("bw", "100mbit"), ("run_id", "r1"), ("scheme", "pactrain"), ("testbed", "tb"))
+    s = _samples(reg)
+    assert s[("testbed_run_start_time_seconds", lab)] == 1000.0
+    assert ("testbed_run_end_time_seconds", lab) not in s  # still running
+    _append(d / "rank0.jsonl", _it(0, 2, 0.2))
+    os.utime(d / "rank0.jsonl", (1060.0, 1060.0))  # its last record
+    (d / "summary.json").write_text("{}")
+    s = _samples(reg)
+    assert s[("testbed_run_end_time_seconds", lab)] == 1060.0
+    os.utime(d / "summary.json", (2000.0, 2000.0))  # rewritten later (the monitoring note): the end stays
+    assert _samples(reg)[("testbed_run_end_time_seconds", lab)] == 1060.0
 
 
 def test_finished_runs_age_out_and_sweeps_are_found(tmp_path):
@@ -130,15 +156,6 @@ def test_promtool_accepts_the_training_metrics(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_committed_dashboards_are_the_generated_ones():
-    for name, fn in dashboards.DASHBOARDS.items():
-        committed = (dashboards.OUT / name).read_text()
-        assert committed == dashboards.render(fn()), f"run `python -m collectors.dashboards` ({name} is stale)"
-        d = json.loads(committed)
-        assert all(p["datasource"]["uid"] == "testbed-prometheus" for p in d["panels"])
-        assert dashboards.expressions(d)
-
-
 def test_compose_provisioning_points_at_files_that_exist(monkeypatch):
     compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
     for svc in compose["services"].values():
@@ -152,6 +169,11 @@ def test_compose_provisioning_points_at_files_that_exist(monkeypatch):
     assert "--web.listen-address=127.0.0.1:9090" in compose["services"]["prometheus"]["command"]
     ds = yaml.safe_load((ROOT / "compose/grafana/provisioning/datasources/prometheus.yml").read_text())
     assert ds["datasources"][0]["uid"] == "testbed-prometheus"
+    prom_cfg = yaml.safe_load((ROOT / "compose/prometheus/prometheus.yml").read_text())
+    rules_mount = dict(v.split(":")[:2][::-1] for v in compose["services"]["prometheus"]["volumes"])
+    (rule_glob,) = prom_cfg["rule_files"]  # the shipped rules are mounted where the compose Prometheus looks
+    local = ROOT / "compose" / rules_mount[str(Path(rule_glob).parent)]
+    assert [p.name for p in local.glob(Path(rule_glob).name)] == ["testbed.rules.yml"]
     prov = yaml.safe_load((ROOT / "compose/grafana/provisioning/dashboards/testbed.yml").read_text())
     mounted = dict(v.split(":")[:2][::-1] for v in compose["services"]["grafana"]["volumes"] if v.startswith("."))
     assert prov["providers"][0]["options"]["path"] in mounted
@@ -187,9 +209,12 @@ def test_compose_file_validates_and_refuses_grafanas_default_password():
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_accepts_the_shipped_and_generated_configs(tmp_path):
+    from testbed.monitor import rules
     from testbed.monitor.prometheus import config
     p = tmp_path / "prometheus.yml"
-    p.write_text(yaml.safe_dump(config("2s", [tmp_path / "state" / "targets", tmp_path / "targets"])))
+    (tmp_path / "rules.yml").write_text(rules.render())
+    p.write_text(yaml.safe_dump(config("2s", [tmp_path / "state" / "targets", tmp_path / "targets"],
+                                       [tmp_path / "rules.yml"])))
     for cfg in (p, ROOT / "compose" / "prometheus" / "prometheus.yml"):
         r = subprocess.run(["promtool", "check", "config", str(cfg)], capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -303,3 +328,23 @@ def test_prometheus_durations_in_seconds():
     from testbed.monitor.prometheus import _seconds
 
     assert [_seconds(x) for x in ("2s", "500ms", "1m30s", "1h", "junk")] == [2, 0.5, 90, 3600, 5.0]
+
+
+def test_a_trace_runs_bw_label_names_its_trace(tmp_path):
+    d = _run_dir(tmp_path)
+    (d / "run.json").write_text(json.dumps({"run_id": "r1", "request": {"bw": None, "testbed": "tb",
+                                                                        "bw_trace": {"file": "/x/step.csv"}}}))
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    (info,) = [dict(k[1]) for k in _samples(reg) if k[0] == "testbed_run_info"]
+    assert info["bw"] == "trace step.csv"  # as the run's summary.json names it
+
+
+def test_grafana_hint_names_the_password_compose_requires():
+    from testbed.monitor.prometheus import GRAFANA_HINT
+
+    compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
+    required = compose["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    var = required.split("${")[1].split(":")[0]
+    assert var == "GRAFANA_ADMIN_PASSWORD" and f"export {var}=" in GRAFANA_HINT
+    assert "compose/docker-compose.yml up -d grafana" in GRAFANA_HINT
