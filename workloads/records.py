@@ -71,6 +71,10 @@ SUMMARY_FIELDS = {
     "final_payload_bytes": "mean over ranks of the last iteration's payload bytes",
     "dense_bytes": "bytes of all gradients (what allreduce sends per iteration)",
     "kept_fraction": "prunex: fraction of the pruned layers' weights kept at the end (else null)",
+    "dense_iterations": "prunex: iterations whose leaders exchanged every gradient, none compacted; pactrain: "
+                        "iterations that sent no bucket compact (else null)",
+    "control_bytes": "prunex: bytes of the norm all-reduces of its projections; pactrain: of its mask agreements' "
+                     "checksums; part of payload (else null)",
     "placement": "domains of ranks (groups, names, hosts): switches under testbed, machines under torchrun",
 }
 

@@ -45,8 +45,11 @@ def gather(progress: Progress, world: int, device: torch.device) -> Totals:
 
 def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, *, world: int, backend: str,
             progress: Progress, totals: Totals, per_epoch: int, wall_s: float, dense_bytes: int,
-            kept_fraction: float | None, pretrained: dict | None, placement: dict) -> dict:
-    """The summary.json of a run (keys in the order they have always been written)."""
+            kept_fraction: float | None, pretrained: dict | None, placement: dict,
+            scheme_stats: dict | None = None) -> dict:
+    """The summary.json of a run (keys in the order they have always been written);
+    ``scheme_stats``: the scheme state's ``stats()`` where it has one (prunex)."""
+    stats = scheme_stats or {}
     values = vars(args)
     return {
         "scheme": scheme.name, "variant": args.variant,
@@ -60,6 +63,7 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
         "dense_bytes": dense_bytes,
         **schemes.summary_values(scheme, values),  # prune_ratio, ternary, topk_ratio, ... (null: not this scheme's)
         "kept_fraction": kept_fraction,
+        "dense_iterations": stats.get("dense_iterations"), "control_bytes": stats.get("control_bytes"),
         "init": pretrained, "from_scratch": pretrained is None,
         "compute_time_s": args.compute_time, "accuracy_measured": args.compute_time is None,
         "max_rss_bytes_per_rank": totals.max_rss_bytes_per_rank,

@@ -129,7 +129,8 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
             args, scheme, ds, world=world, backend=backend, progress=progress, totals=totals, per_epoch=per_epoch,
             wall_s=time.time() - start, dense_bytes=dense_bytes,
             kept_fraction=state.kept_fraction() if hasattr(state, "kept_fraction") else None,
-            pretrained=pretrained, placement=where.to_dict()))
+            pretrained=pretrained, placement=where.to_dict(),
+            scheme_stats=state.stats() if hasattr(state, "stats") else None))
     for log in (it_log, ev_log):
         if log:
             log.close()
