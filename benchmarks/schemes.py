@@ -30,6 +30,16 @@ payload, and the iteration time (forward, backward with the hooks, step) relativ
 allreduce's. All ranks share this machine's cores, so the times say what the schemes'
 own work costs, not what a network would.
 
+SparDL is run once per ``--spardl-d`` value (its d teams, the paper's latency-bandwidth
+knob): payload and what crosses domains per rank, messages (latency-bound rounds) per rank
+and iteration, and the iteration time, each against d.
+
+    python -m benchmarks.schemes --ranks 4 --spardl-d 1 2 4 --grouped-only
+
+``--spardl-buckets`` adds SparDL once per DDP bucket (as the hook runs it) against once
+over the whole model's gradient (as the paper does), on the same gradients: k per block,
+how much of the dense average each result holds, time and messages.
+
 Targets (issue 3): PacTrain's pack/scatter <= 5 % of backward; payload within 1 % of
 (1 - prune ratio) x dense.
 """
@@ -76,8 +86,14 @@ GROUPED = {  # label -> (scheme, options): run in a group of --ranks processes
     "hier-allreduce": ("hier-allreduce", {}),
     "prunex 0.5": ("prunex", {"prunex_sparsity": 0.5, "prunex_prune_at": 0.0}),  # masks fixed after iteration 1
     "topk 0.01": ("topk", {"topk_ratio": 0.01}),
-    "spardl 0.01": ("spardl", {"spardl_density": 0.01}),
 }
+
+
+def _grouped_variants(args: argparse.Namespace) -> dict:
+    out = dict(GROUPED)
+    for d in args.spardl_d:
+        out[f"spardl 0.01 d={d}"] = ("spardl", {"spardl_density": 0.01, "spardl_d": d})
+    return out
 
 
 def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -90,17 +106,17 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch_size, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (args.batch_size,), generator=g)
-    rows = {}
-    for label, (name, opts) in GROUPED.items():
+    rows, messages = {}, {}
+    for label, (name, opts) in _grouped_variants(args).items():
         torch.manual_seed(0)
         ddp = compat.ddp(build_model(args.model, 10), forward_sync_buffers=False)
         state = schemes.get(name).attach(ddp, schemes.SchemeOptions(placement=where, total_iters=100, **opts), None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         times, payload = [], []
-        inter0 = 0
+        inter0 = msg0 = 0
         for i in range(args.warmup + args.reps):
             if i == args.warmup:
-                inter0 = getattr(state, "inter_payload_bytes", 0)
+                inter0, msg0 = getattr(state, "inter_payload_bytes", 0), getattr(state, "messages", 0)
             dist.barrier()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -117,8 +133,12 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         rows[label] = (max(float(t[0]) for t in every), sum(float(t[1]) for t in every) / world,
-                       sum(float(t[2]) for t in every) if name in ("prunex", "hier-allreduce") else None)
+                       sum(float(t[2]) for t in every) if name in ("prunex", "hier-allreduce", "spardl") else None)
+        if name == "spardl":
+            messages[label] = (getattr(state, "messages", 0) - msg0) / args.reps
         del ddp, state, opt
+    if args.spardl_buckets:
+        _spardl_buckets(args, where, x, y)
     if rank == 0:
         base_t, base_p = rows["allreduce"][0], rows["allreduce"][1]
         print(f"\n{world} ranks in two domains {[list(d) for d in where.groups]}, {args.model}, batch "
@@ -127,11 +147,67 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
         for label, (t, pay, inter) in rows.items():
             between = "-" if inter is None else f"{inter / base_p:.4f}"
             print(f"{label:<22}{pay / base_p:>18.4f}{between:>27}{t / base_t:>16.3f}")
-        print("(between domains: bytes all leaders hand to the leaders' all-reduce per iteration; a flat "
-              "all-reduce's share depends on gloo's algorithm, so it is measured on the wire by "
-              "`testbed run`, not here)")
+        print("(between domains: bytes all leaders hand to the leaders' all-reduce per iteration, for SparDL "
+              "the bytes all ranks send to other domains; a flat all-reduce's share depends on gloo's "
+              "algorithm, so it is measured on the wire by `testbed run`, not here)")
+        for label, n in messages.items():
+            t, pay, inter = rows[label]
+            print(f"{label}: {pay / 1e3:.1f} kB sent per rank and iteration, {inter / 1e3:.1f} kB between domains "
+                  f"(all ranks), {n:.0f} messages per rank (rank 0), iteration {t * 1000:.0f} ms")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _spardl_buckets(args: argparse.Namespace, where, x: torch.Tensor, y: torch.Tensor) -> None:
+    """SparDL once per DDP bucket (as the hook runs) against once over the whole model (as
+    the paper does), on the same gradients (this model's, after DDP's rebuild, no residuals):
+    k per bucket, how close each result is to the dense average, time and messages."""
+    from workloads.schemes import spardl
+
+    torch.manual_seed(0)
+    ddp = compat.ddp(build_model(args.model, 10), forward_sync_buffers=False)
+    state = schemes.get("spardl").attach(ddp, schemes.SchemeOptions(placement=where, spardl_density=0.01), None)
+    for _ in range(2):  # DDP rebuilds its buckets after iteration 1
+        ddp.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+    local = build_model(args.model, 10)
+    local.load_state_dict(ddp.module.state_dict())
+    nn.functional.cross_entropy(local(x), y).backward()
+    grads = {id(p): q.grad.reshape(-1) for p, q in zip(ddp.module.parameters(), local.parameters())}
+    vecs = []
+    for key, res in state.residuals.items():  # the rebuilt buckets, in the order DDP ran them
+        v = torch.zeros_like(res)
+        for pid in key:
+            _, off, n = state.where[pid]
+            v[off:off + n] = grads[pid]
+        vecs.append(v)
+    dense = torch.cat(vecs)
+    dist.all_reduce(dense)
+    dense /= dist.get_world_size()
+    out = {}
+    for label, parts in (("per bucket", vecs), ("whole model", [torch.cat(vecs)])):
+        st = spardl.SparDLState(density=0.01, teams=state.teams, world=state.world, rank=state.rank)
+        dist.barrier()
+        t0 = time.perf_counter()
+        res = torch.cat([spardl.sparse_allreduce(st, v.clone())[0] for v in parts])
+        took = time.perf_counter() - t0
+        p = len(st.team)
+        ks = [spardl.geometry(v.numel(), p, 0.01)[1] for v in parts]
+        err = float((res - dense).norm() / dense.norm())
+        kept = float((res * dense).sum() / dense.norm() ** 2)
+        out[label] = (len(parts), ks, int(res.count_nonzero()), err, kept, took, st.messages)
+    # the whole model's k largest of the dense average, for scale: what an oracle would keep
+    k_all = sum(out["whole model"][1]) * p
+    oracle = dense.abs().topk(k_all).values
+    if dist.get_rank() == 0:
+        print(f"\nSparDL per bucket vs whole model ({args.model}, {dense.numel()} entries, density 0.01, "
+              f"d = {len(state.teams)}, same gradients, no residuals):")
+        for label, (nb, ks, nnz, err, kept, took, msgs) in out.items():
+            print(f"  {label:<12} {nb} bucket(s), k per block {ks}, {nnz} entries in the result, "
+                  f"|result - dense| / |dense| = {err:.4f}, <result, dense> / |dense|^2 = {kept:.4f}, "
+                  f"{took * 1000:.0f} ms, {msgs} messages")
+        print(f"  oracle: the {k_all} largest entries of the dense average hold "
+              f"{float(oracle.square().sum() / dense.square().sum()):.4f} of its squared norm")
 
 
 def grouped(args: argparse.Namespace) -> None:
@@ -148,11 +224,20 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="measured iterations per scheme")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--ranks", type=int, default=4, help="group size for spardl/prunex/hier-allreduce (even; 0: skip)")
+    p.add_argument("--spardl-d", type=int, nargs="*", default=[1, 2],
+                   help="SparDL's number of teams d, one grouped run each (each must divide --ranks)")
+    p.add_argument("--grouped-only", action="store_true", help="skip the single-process part")
+    p.add_argument("--spardl-buckets", action="store_true",
+                   help="also SparDL per DDP bucket vs over the whole model, on the same gradients")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the single-process part runs (cuda: a NCCL group of one)")
     args = p.parse_args()
     if args.ranks and (args.ranks < 2 or args.ranks % 2):
         p.error("--ranks must be an even number >= 2, or 0")
+    if args.grouped_only:
+        if args.ranks:
+            grouped(args)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA GPU")
     dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")

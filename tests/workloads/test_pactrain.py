@@ -108,26 +108,3 @@ def test_ternarize_is_unbiased():
     z = (mean - x) / std.clamp_min(1e-12)
     assert z.abs().max() < 5.5, "no element further than 5.5 sigma"
     assert abs(float(z.mean())) < 0.1, "no systematic bias"
-
-
-def _disagreeing_masks_never_compact(rank, world):
-    model = _model()
-    masks = _masks(model)
-    name = next(iter(masks))
-    masks[name] = masks[name].clone()
-    masks[name].view(-1)[rank] = not bool(masks[name].view(-1)[rank])  # one position differs per rank
-    ddp = DDP(model, bucket_cap_mb=0.002)
-    state = PacTrainState.for_model(model, masks, config=PacTrainConfig(stable_iters=1))
-    ddp.register_comm_hook(state, pactrain_hook)
-    for it in range(4):
-        torch.manual_seed(it)
-        nn.functional.cross_entropy(ddp(torch.randn(4, 1, 8, 8)), torch.randint(0, 10, (4,))).backward()
-    differ = id(dict(model.named_parameters())[name])
-    with_it = [b for key, b in state._buckets.items() if differ in key]
-    others = [b for key, b in state._buckets.items() if differ not in key]
-    assert with_it and all(b.kept is None for b in with_it), "a bucket whose masks differ stays dense"
-    assert others and all(b.kept is not None for b in others), "the others agree and are compact"
-
-
-def test_buckets_whose_masks_differ_across_ranks_stay_dense():
-    run(_disagreeing_masks_never_compact, 2)

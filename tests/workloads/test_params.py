@@ -40,7 +40,8 @@ PACTRAIN = {"prune_ratio": 0.5, "prune_method": "magnitude", "ternary": False, "
      {"prune_ratio": 0.3, "prune_method": "grasp", "ternary": False, "stable_iters": 5}, None),
     (["--scheme", "pactrain", "--ternary", "--terngrad-clip", "1.5", "--init", "/x/ck.pt"], {},
      {**PACTRAIN, "ternary": True, "terngrad_clip": 1.5}, "ck.pt"),
-    (["--scheme", "spardl:0.05:teams=switch"], {}, {"spardl_density": 0.05, "spardl_teams": "switch"}, None),
+    (["--scheme", "spardl:0.05:teams=switch"], {}, {"spardl_density": 0.05, "spardl_teams": "switch", "spardl_d": 0,
+                                                        "spardl_h": "adaptive"}, None),
     (["--scheme", "prunex:0.7:rho=0.2:admm_every=5:prune_at=0.5", "--model", "resnet18", "--depth", "2"],
      {"model": "resnet18", "depth": 2},
      {"prunex_sparsity": 0.7, "prunex_rho": 0.2, "prunex_admm_every": 5, "prunex_prune_at": 0.5}, None),
@@ -99,7 +100,8 @@ def test_the_flags_keep_their_names_and_defaults():
     assert {p.flag: p.default for p in parameters()} == {
         "--prune-ratio": 0.5, "--prune-method": "magnitude", "--grasp-batches": 2, "--ternary": False,
         "--stable-iters": 3, "--topk-ratio": 0.01, "--terngrad-clip": 2.5, "--powersgd-rank": 4,
-        "--powersgd-start-iter": 10, "--spardl-density": 0.01, "--spardl-teams": "auto", "--prunex-sparsity": 0.5,
+        "--powersgd-start-iter": 10, "--spardl-density": 0.01, "--spardl-teams": "auto", "--spardl-d": 0,
+        "--spardl-h": "adaptive", "--prunex-sparsity": 0.5,
         "--prunex-rho": 0.1, "--prunex-admm-every": 10, "--prunex-prune-at": 0.3, "--hook": "", "--hook-path": ""}
 
 

@@ -10,10 +10,18 @@ Pruning fixes a global mask (identical on all ranks). In DDP's communication hoo
   everything by the parameters' identities, because DDP rebuilds buckets after the
   first iteration (indices, lengths and membership change). A bucket's mask must be
   unchanged for ``stable_iters`` consecutive iterations and agreed on by all ranks
-  (one all-reduce of a checksum) before it is compacted; until then the dense, masked
+  (one all-gather of a checksum) before it is compacted; until then the dense, masked
   bucket is all-reduced. A rebuilt bucket whose parameters all sat in compact buckets is
   compact at once: its kept positions are theirs, moved (masks change only through
   ``reset``, so neither counting again nor another agreement would tell anything new).
+  Records are kept per live bucket only: once DDP's rebuild has moved every parameter of an
+  old bucket into new ones, the old record (a dense bucket's flat mask: 1 byte a parameter)
+  is freed. Ranks that do not agree on a mask are an error (``MaskDisagreement``) naming
+  which ranks hold which mask: training on would average gradients of different models.
+  Under GSE the tracked mask is exactly the gradients' zero pattern the paper's tracker
+  compares iteration to iteration (a masked gradient entry is zeroed in the hook; a kept
+  one is almost surely nonzero), so counting unchanged masks is counting unchanged
+  gradient sparsity patterns, without a pass over the gradients.
 * Compact all-reduce: the unmasked elements are gathered into a dense tensor with one
   ``index_select``, all-reduced (no indices travel: the mask is global), and scattered
   back with one ``index_copy_``: no Python loop over parameters on the hot path.
@@ -49,6 +57,10 @@ class PacTrainConfig:
             raise ValueError(f"stable_iters must be >= 1, got {self.stable_iters}")
 
 
+class MaskDisagreement(RuntimeError):
+    """Ranks hold different masks for one bucket (the message names them)."""
+
+
 @dataclass
 class _Bucket:
     mask: torch.Tensor | None  # flat bool mask (True kept) shaped like the bucket buffer; None once compact
@@ -72,6 +84,15 @@ class PacTrainState(Accounting):
     _keys: BucketKeys = field(default_factory=BucketKeys)
     _where: dict[int, tuple[tuple[int, ...], int, int]] = field(default_factory=dict)
     """id(parameter) -> (key of its compact bucket, offset in that bucket's buffer, numel)."""
+    _owner: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """id(parameter) -> key of the record (in ``_buckets``) that holds it."""
+    names: dict[int, str] = field(default_factory=dict)
+    """id(parameter) -> its name (for error messages)."""
+    control_bytes: int = 0
+    """Bytes of the mask agreements' checksums (cumulative; part of ``payload_bytes``)."""
+    dense_iterations: int = 0
+    """Iterations in which no bucket was sent compact (counted by ``take_payload_bytes``)."""
+    _compact_now: bool = False
     ternary: TernaryReducer | None = None
     """The per-layer ternary all-reduce (config.ternary); made by ``for_model``."""
 
@@ -85,9 +106,20 @@ class PacTrainState(Accounting):
             by_id[id(p)] = (m.to(device=p.device, dtype=torch.bool) if m is not None
                             else torch.ones_like(p, dtype=torch.bool))
         state = cls(process_group, by_id, config or PacTrainConfig())
+        state.names = {id(p): name for name, p in model.named_parameters()}
         if state.config.ternary:  # collective (new process groups): every rank gets here
             state.ternary = TernaryReducer(process_group, None, state.config.clip)
         return state
+
+    def take_payload_bytes(self) -> int:
+        """Bytes since the last call (once per iteration); counts a dense iteration."""
+        self.dense_iterations += not self._compact_now
+        self._compact_now = False
+        return super().take_payload_bytes()
+
+    def stats(self) -> dict:
+        """For the summary (``workloads.summary``): iterations that ran dense, control bytes."""
+        return {"dense_iterations": self.dense_iterations, "control_bytes": self.control_bytes}
 
     def compact_buckets(self) -> int:
         return sum(1 for b in self._buckets.values() if b.kept is not None)
@@ -99,6 +131,7 @@ class PacTrainState(Accounting):
             self.masks = masks
         self._buckets.clear()
         self._where.clear()
+        self._owner.clear()
 
     def _track(self, bucket) -> _Bucket:
         key = self._keys(bucket)
@@ -110,15 +143,33 @@ class PacTrainState(Accounting):
         flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()])
         if b is None or not torch.equal(b.mask, flat):
             b = self._buckets[key] = _Bucket(flat, size=flat.numel())  # new membership (rebuild) or changed mask
+            self._claim(key, bucket)
         b.seen += 1
         if b.kept is None and b.seen >= self.config.stable_iters:
             kept = flat.nonzero().squeeze(1)
-            if self._agreed(kept):
-                b.kept, b.mask = kept, None  # the positions say it all from now on
-                b.segments = segments_of(bucket, flat,
-                                         {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
-                self._settle(key, bucket)
+            try:
+                self._agreed(kept)
+            except MaskDisagreement as e:
+                names = [self.names.get(id(p), "?") for p in bucket.parameters()]
+                raise MaskDisagreement(f"{e}, in the bucket of {', '.join(names[:4])}"
+                                       f"{f' and {len(names) - 4} more' if len(names) > 4 else ''}") from None
+            b.kept, b.mask = kept, None  # the positions say it all from now on
+            b.segments = segments_of(bucket, flat,
+                                     {id(p): int(self.masks[id(p)].sum()) for p in bucket.parameters()})
+            self._settle(key, bucket)
         return b
+
+    def _claim(self, key: tuple[int, ...], bucket) -> None:
+        """``key``'s record now holds the bucket's parameters: free the records (and compact
+        positions) of buckets DDP's rebuild has taken every parameter from."""
+        before = set(self._owner.values())
+        for p in bucket.parameters():
+            self._owner[id(p)] = key
+        gone = before - set(self._owner.values()) - {key}
+        if gone:
+            for g in gone:
+                self._buckets.pop(g, None)
+            self._where = {p: w for p, w in self._where.items() if w[0] not in gone}
 
     def _moved(self, key: tuple[int, ...], bucket) -> "_Bucket | None":
         """A new bucket (DDP's rebuild) made only of parameters that sat in compact buckets:
@@ -137,28 +188,41 @@ class PacTrainState(Accounting):
             off += n
         b = self._buckets[key] = _Bucket(None, kept=torch.cat(pieces), size=off, seen=1)
         b.segments = segments_of(bucket, b.kept, counts)
+        self._claim(key, bucket)  # the old buckets' positions live on in the new ones
         self._settle(key, bucket)
         return b
 
     def _settle(self, key: tuple[int, ...], bucket) -> None:
-        """Record where a compact bucket's parameters sit; drop buckets none of them is left in."""
-        off, before = 0, {w[0] for w in self._where.values()}
+        """Record where a compact bucket's parameters sit (for ``_moved``)."""
+        off = 0
         for p in bucket.parameters():
             self._where[id(p)] = (key, off, p.numel())
             off += p.numel()
-        for gone in before - {w[0] for w in self._where.values()}:
-            del self._buckets[gone]  # DDP rebuilt it away: its positions live on in the new buckets
 
     def _agreed(self, kept: torch.Tensor) -> bool:
-        """All ranks hold the same mask: checksums of the kept positions (their count, their
-        sum and a sum of hashed positions, exact in int64 for any model that fits in memory)
-        have equal MIN and MAX over ranks. One all-reduce (MAX) of [s, -s] yields [max s, -min s].
+        """True when all ranks hold the same mask, else ``MaskDisagreement`` naming the ranks
+        (every rank raises it: they all see the same checksums). The checksums of the kept
+        positions (their count, their sum and a sum of hashed positions, exact in int64 for
+        any model that fits in memory) are all-gathered: 24 bytes a rank, counted as payload.
         """
         s = torch.stack([torch.tensor(kept.numel(), device=kept.device), kept.sum(),
                          (kept * 2654435761 % 2147483647).sum()])
-        t = torch.cat([s, -s])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
-        return bool(torch.equal(t[:3], -t[3:]))
+        every = [torch.empty_like(s) for _ in range(dist.get_world_size(self.process_group))]
+        dist.all_gather(every, s, group=self.process_group)
+        self.payload_bytes += s.numel() * s.element_size()
+        self.control_bytes += s.numel() * s.element_size()
+        sums = [tuple(t.tolist()) for t in every]
+        if len(set(sums)) == 1:
+            return True
+        ranks = (list(range(len(sums))) if self.process_group is None
+                 else dist.get_process_group_ranks(self.process_group))
+        holders: dict[tuple, list[int]] = {}
+        for r, c in zip(ranks, sums):
+            holders.setdefault(c, []).append(r)
+        said = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} "
+                         f"{'hold' if len(rs) > 1 else 'holds'} a mask of {c[0]} kept entries"
+                         for c, rs in holders.items())
+        raise MaskDisagreement(f"PacTrain: the ranks' pruning masks differ ({said})")
 
 
 def _scatter(buf: torch.Tensor, kept: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -178,6 +242,7 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
         state.payload_bytes += buf.numel() * buf.element_size()
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
+    state._compact_now = True
     compact = buf.index_select(0, b.kept)
     if state.ternary is not None:
         fut, sent = state.ternary.reduce(compact, b.segments)

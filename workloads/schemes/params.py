@@ -158,6 +158,10 @@ PARAMETERS: tuple[Param, ...] = (
           ("spardl",), Range(0, 1, low_open=True), positional=("spardl",), summary_key=True),
     Param("spardl_teams", str, "auto", "1 (one team, as the published code), switch (a team per switch) or "
           "auto (switch when the switches hold equal numbers of ranks)", ("spardl",), Choice(("1", "switch", "auto"))),
+    Param("spardl_d", int, 0, "d, the number of teams (the paper's latency-bandwidth knob): d equal teams of "
+          "consecutive ranks in switch order, d dividing the ranks; 0: as --spardl-teams says", ("spardl",), Range(0)),
+    Param("spardl_h", str, "adaptive", "entries h an owner keeps per team: adaptive (the published code's rule) "
+          "or fixed (k / d)", ("spardl",), Choice(("adaptive", "fixed")), words=("adaptive", "fixed")),
     # prunex
     Param("prunex_sparsity", float, 0.5, "fraction of output channels removed", ("prunex",),
           Range(0, 1, high_open=True), positional=("prunex",), summary_key=True),

@@ -15,20 +15,29 @@ one DDP bucket at a time (the small models here fit one bucket):
   The published code sends a round's blocks one message each; here a round's blocks go
   in one message (the same bytes, fewer round trips).
 * **Own block**: at the end rank i holds block i, reduced; it keeps its h largest
-  entries (h = k, or k // d with d teams, so that the d teams' union stays within k).
-* **Spar-All-Gather**: with d teams (``teams``: one per switch domain) the ranks that
-  own the same block in each team exchange their selections (Bruck rounds across teams,
-  the only traffic that leaves a switch besides the reduce-scatter's of other teams) and
-  sum them; then each team all-gathers the P reduced blocks with Bruck rounds
-  (ceil(log2 P) rounds, the partner at distance 2^s). The sum is divided by the world size.
+  entries. With one team h = k. With d teams, h adapts per bucket as the published code
+  does it (``next_h``): it starts at k // d and moves by a step (starting at (k - k // d)
+  / 100) towards the h whose union over the d teams holds k entries, the step doubling
+  while it keeps its direction and halving when it turns; ``h_rule="fixed"`` keeps h =
+  k // d (the union then never exceeds k).
+* **Spar-All-Gather**: with d teams (``teams``: d equal teams of consecutive ranks in
+  switch order, by default one per switch domain) the ranks that own the same block in
+  each team exchange their selections (Bruck rounds across teams, the only traffic that
+  leaves a switch besides the reduce-scatter's of other teams) and sum them, keeping the
+  k largest of the union; then each team all-gathers the P reduced blocks with Bruck
+  rounds (ceil(log2 P) rounds, the partner at distance 2^s). The sum is divided by the
+  world size.
 * **Global residual collection**: every entry a rank held and did not pass on stays in
   its residual; entries outside the final selection go back, in full, to the residual of
   each rank that contributed them. No gradient mass is lost: over all ranks, residuals +
   world x result = gradients + previous residuals (tested).
 
-Differences from the published code: d teams come from the topology (the code fixes d =
-1); h is fixed at k // d, not adapted per iteration; messages always carry k entries
-(padding marked with position -1), so no size message is needed.
+Differences from the published code: d teams come from the topology or ``--spardl-d``
+(the code fixes d = 1); h is kept per bucket and clamped to [1, block size] (the
+published h has no upper bound, and with density 1 it would grow past the block); union
+entries beyond k go back to the residuals of the ranks that contributed them (the code
+adds 1/d of each to every owner's residual); messages always carry k entries (padding
+marked with position -1), so no size message is needed.
 """
 
 
@@ -58,6 +67,36 @@ def reduce_scatter_rounds(p: int) -> list[tuple[int, int]]:
     return out
 
 
+def initial_h(b: int, density: float, d: int) -> tuple[int, int, bool]:
+    """(h, step, inertia) before the first iteration, as allreducer.py (ZJU-DAILY/SparDL)
+    sets them: h = int(B x density / d), step = int((B x density - h) / 100)."""
+    h = int(b * density / d)
+    return h, int((b * density - h) / 100), False
+
+
+def next_h(h: int, step: int, inertia: bool, union: int, k: int, d: int) -> tuple[int, int, bool]:
+    """SparDL's adaptive h (allreducer.py of ZJU-DAILY/SparDL, after the teams' exchange):
+    ``union`` = entries in the union of the d teams' h-selections of this block. While the
+    step moves h the right way (down when the union exceeds k, up when it does not) it
+    doubles every second iteration (inertia); when it points the wrong way it turns and
+    halves. h never falls below k // d."""
+    if (union > k) ^ (step > 0):
+        if inertia:
+            step, inertia = step * 2, False
+        else:
+            inertia = True
+    else:
+        step, inertia = (int(-0.5 * step) if abs(step) > 1 else -step), False
+    return max(h + step, int(k / d)), step, inertia
+
+
+@dataclass
+class _H:
+    h: int
+    step: int
+    inertia: bool = False
+
+
 @dataclass
 class SparDLState(Accounting):
     density: float = 0.01
@@ -68,8 +107,20 @@ class SparDLState(Accounting):
     residuals: dict = field(default_factory=dict)
     where: dict = field(default_factory=dict)
     keys: BucketKeys = field(default_factory=BucketKeys)
+    h_rule: str = "adaptive"
+    """``adaptive`` (the published code's h, per bucket) or ``fixed`` (h = k // d)."""
+    h: dict = field(default_factory=dict)
+    """bucket key -> _H (adaptive h)."""
     last_selected: int = 0
     """Entries in the last bucket's final selection (for tests and records)."""
+    last_union: int = 0
+    """Entries in the last bucket's union of the d teams' selections (d > 1)."""
+    domain: tuple[int, ...] = ()
+    """Switch domain of each global rank (empty: not known)."""
+    inter_payload_bytes: int = 0
+    """Bytes this rank sent to ranks in other domains (cumulative; never reset)."""
+    messages: int = 0
+    """Messages this rank sent (cumulative): each a latency-bound round."""
 
     @property
     def team(self) -> tuple[int, ...]:
@@ -86,12 +137,21 @@ def _exchange(state: SparDLState, send: torch.Tensor, dst: int, recv: torch.Tens
     ops = [dist.P2POp(dist.isend, send, dst), dist.P2POp(dist.irecv, recv, src)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
-    state.payload_bytes += send.numel() * send.element_size()
+    sent = send.numel() * send.element_size()
+    state.payload_bytes += sent
+    state.messages += 1
+    if state.domain and state.domain[dst] != state.domain[state.rank]:
+        state.inter_payload_bytes += sent
 
 
-def _select(block: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest-magnitude entries of ``block`` (taken out of it): (positions, values)."""
-    idx = block.abs().topk(min(k, block.numel()), sorted=False).indices
+def _select(block: torch.Tensor, k: int, among: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest-magnitude entries of ``block`` (taken out of it): (positions, values);
+    with ``among`` (bool, like block) only from its True positions."""
+    if among is None:
+        idx = block.abs().topk(min(k, block.numel()), sorted=False).indices
+    else:
+        score = torch.where(among, block.abs(), torch.full_like(block, -1))
+        idx = score.topk(min(k, int(among.sum())), sorted=False).indices
     vals = block[idx].float()
     block[idx] = 0
     if idx.numel() < k:  # block shorter than k: pad with position -1
@@ -133,8 +193,15 @@ def _bruck_allgather(state: SparDLState, mine: torch.Tensor, members: tuple[int,
     return [have[(j - me) % p] for j in range(p)]
 
 
-def sparse_allreduce(state: SparDLState, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """SparDL over all ranks of ``acc`` (flat, this rank's gradient + residual).
+def geometry(n: int, p: int, density: float) -> tuple[int, int]:
+    """(B, k): block size for ``n`` entries over ``p`` ranks of a team, entries per message."""
+    b = math.ceil(n / p)
+    return b, max(1, int(b * density))
+
+
+def sparse_allreduce(state: SparDLState, acc: torch.Tensor, h: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparDL over all ranks of ``acc`` (flat, this rank's gradient + residual); the owner
+    keeps ``h`` entries of its block (None: k // d).
 
     Returns (average, new residual), both shaped like ``acc``.
     """
@@ -142,9 +209,8 @@ def sparse_allreduce(state: SparDLState, acc: torch.Tensor) -> tuple[torch.Tenso
     p, d = len(team), len(peers)
     me = team.index(state.rank)
     n = acc.numel()
-    b = math.ceil(n / p)
-    k = max(1, int(b * state.density))
-    h = max(1, k // d)
+    b, k = geometry(n, p, state.density)
+    h = min(b, max(1, k // d if h is None else h))
     padded = torch.zeros(p * b, dtype=acc.dtype, device=acc.device)
     padded[:n] = acc
     held = padded.clone().view(p, b)  # what this rank holds and has not passed on
@@ -157,11 +223,15 @@ def sparse_allreduce(state: SparDLState, acc: torch.Tensor) -> tuple[torch.Tenso
             _add(held[(me + j) % p], idx, vals)
 
     own = _pack([_select(held[me], h)])
-    if d > 1:  # the same block from every team, summed: at most d * h <= k entries
+    if d > 1:  # the same block from every team, summed; the k largest of their union
         merged = torch.zeros(b, dtype=torch.float32, device=acc.device)
+        touched = torch.zeros(b, dtype=torch.bool, device=acc.device)
         for msg in _bruck_allgather(state, own, peers):
-            _add(merged, *_unpack(msg, h)[0])
-        own = _pack([_select(merged, k)])
+            idx, vals = _unpack(msg, h)[0]
+            _add(merged, idx, vals)
+            touched[idx[idx >= 0]] = True
+        state.last_union = int(touched.sum())
+        own = _pack([_select(merged, k, touched)])
         width = k
     else:
         width = h
@@ -184,19 +254,43 @@ def spardl_hook(state: SparDLState, bucket) -> torch.futures.Future[torch.Tensor
     if state.world == 1:
         fut.set_result(buf)
         return fut
-    residual = bucket_residual(state, state.keys(bucket), bucket, buf)
-    avg, new = sparse_allreduce(state, residual + buf)
+    key = state.keys(bucket)
+    residual = bucket_residual(state, key, bucket, buf)
+    d = len(state.teams)
+    adapt = state.h_rule == "adaptive" and d > 1
+    if adapt:
+        for gone in set(state.h) - set(state.residuals):
+            del state.h[gone]  # DDP rebuilt that bucket away
+        b, k = geometry(buf.numel(), len(state.team), state.density)
+        if key not in state.h:
+            state.h[key] = _H(*initial_h(b, state.density, d))
+        hs = state.h[key]
+        hs.h = min(b, max(1, hs.h))  # at least one entry; no more than the block holds
+    avg, new = sparse_allreduce(state, residual + buf, hs.h if adapt else None)
+    if adapt:
+        hs.h, hs.step, hs.inertia = next_h(hs.h, hs.step, hs.inertia, state.last_union, k, d)
     residual.copy_(new)
     buf.copy_(avg)
     fut.set_result(buf)
     return fut
 
 
-def teams_for(placement, how: str) -> tuple[tuple[int, ...], ...]:
+def teams_for(placement, how: str, d: int = 0) -> tuple[tuple[int, ...], ...]:
     """``how``: ``1`` (one team of all ranks, as the published code), ``switch`` (a team per
     domain; domains must be equal), or ``auto`` (``switch`` when the domains are equal and
-    more than one, else ``1``)."""
+    more than one, else ``1``). ``d`` > 0 overrides it: d equal teams of consecutive ranks
+    in domain order (so with d a multiple of equal domains' count each team lies in one
+    domain, and with d = the number of equal domains the teams are the domains); d must
+    divide the number of ranks."""
     world = sum(len(g) for g in placement.groups)
+    if d:
+        if d < 1 or world % d:
+            divisors = ", ".join(str(i) for i in range(1, world + 1) if world % i == 0)
+            raise ValueError(f"--spardl-d {d}: the {world} ranks cannot form {d} equal teams; "
+                             f"d must divide {world} ({divisors}), or be 0 (--spardl-teams decides)")
+        ranks = [r for g in placement.groups for r in g]
+        p = world // d
+        return tuple(tuple(ranks[i * p:(i + 1) * p]) for i in range(d))
     if how == "1" or (how == "auto" and (len(placement.groups) == 1 or not placement.equal)):
         return (tuple(range(world)),)
     if how in ("switch", "auto"):
@@ -209,7 +303,10 @@ def teams_for(placement, how: str) -> tuple[tuple[int, ...], ...]:
 
 
 def attach(ddp, opts, masks=None) -> SparDLState:
-    state = SparDLState(density=opts.spardl_density, teams=teams_for(opts.placement, opts.spardl_teams),
-                        world=dist.get_world_size(), rank=dist.get_rank())
+    teams = teams_for(opts.placement, opts.spardl_teams, opts.spardl_d)
+    domain = {r: i for i, g in enumerate(opts.placement.groups) for r in g}
+    state = SparDLState(density=opts.spardl_density, teams=teams, world=dist.get_world_size(),
+                        rank=dist.get_rank(), h_rule=opts.spardl_h,
+                        domain=tuple(domain[r] for r in range(len(domain))))
     ddp.register_comm_hook(state, spardl_hook)
     return state
