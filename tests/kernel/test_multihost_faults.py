@@ -92,17 +92,19 @@ def test_a_host_that_stops_answering_during_up_is_named_and_a_later_down_finishe
     h1 = lab.hosts[0]
     topo = _write(tmp_path, _topology(lab, "fu", h1.wrapper(pause="apply", seconds=2)))
     p = _background("up", str(topo))
-    _wait_for(h1.dir / "paused-apply", p)
-    h1.cut()  # h1 goes silent while it builds its share
-    err, took = finish(p, 120)
-    assert p.returncode == 1 and "Traceback" not in err, err
-    assert "host h1" in err and "stopped answering" in err and "testbed down fu" in err, err
-    assert took < 60, took
-    _nothing_here("fu")  # this host's share and h2's were removed; h1's is recorded for down
-    assert "h2" not in lab.leftovers()
-    assert "fu" in [t["name"] for t in cli_json("status")["testbeds"]]
-    h1.cut(False)
-    r = cli("down", "fu", timeout=120)
+    try:
+        _wait_for(h1.dir / "paused-apply", p)
+        h1.cut()  # h1 goes silent while it builds its share
+        err, took = finish(p, 120)
+        assert p.returncode == 1 and "Traceback" not in err, err
+        assert "host h1" in err and "stopped answering" in err and "testbed down fu" in err, err
+        assert took < 60, took
+        _nothing_here("fu")  # this host's share and h2's were removed; h1's is recorded for down
+        assert "h2" not in lab.leftovers()
+        assert "fu" in [t["name"] for t in cli_json("status")["testbeds"]]
+    finally:
+        h1.cut(False)
+        r = cli("down", "fu", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert cli_json("status")["testbeds"] == []
 
