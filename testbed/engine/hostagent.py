@@ -35,7 +35,7 @@ from testbed.plan import naming
 from testbed.common.errors import StateError, TestbedError
 
 
-def _die_with_connection(sig: int) -> None:
+def die_with_connection(sig: int) -> None:
     """Get ``sig`` when sshd's session (our parent: the command line starts with exec) ends."""
     from testbed.nodes.nsexec import PR_SET_PDEATHSIG, _libc
 
@@ -44,14 +44,27 @@ def _die_with_connection(sig: int) -> None:
         raise StateError("the SSH connection that started this is gone")
 
 
+MAX_REQUEST = 64 << 20
+"""A request's bound (an ``apply`` carries a share of the plan and the state)."""
+
+SERVED = {
+    "counters": lambda name, payload: counters(name),
+    "shape": lambda name, payload: shape(name, dict_of(payload, "request")),
+}
+"""What ``testbed _host serve`` answers: the requests a controller repeats (:mod:`testbed.engine.hostserve`)."""
+
+
 def _payload() -> object:
+    data = sys.stdin.buffer.read(MAX_REQUEST + 1)
+    if len(data) > MAX_REQUEST:
+        raise TestbedError(f"the request is longer than {MAX_REQUEST} bytes")
     try:
-        return json.loads(sys.stdin.read() or "null")
+        return json.loads(data or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TestbedError(f"the request is not JSON: {e}") from None
 
 
-def _dict(v: object, what: str) -> dict:
+def dict_of(v: object, what: str) -> dict:
     if not isinstance(v, dict):
         raise TestbedError(f"the request's {what} is not a JSON object")
     return v
@@ -92,7 +105,7 @@ def apply(name: str, req: dict) -> dict:
     from testbed.engine.teardown import require_root
 
     require_root()
-    state = _dict(req.get("state"), "state")
+    state = dict_of(req.get("state"), "state")
     if state.get("name") != name:
         raise TestbedError("the request's state names another testbed")
     entries = req.get("actions")
@@ -111,7 +124,7 @@ def apply(name: str, req: dict) -> dict:
             a = dataclasses.replace(a, state=str(state_root()))
         todo.append(a)
     tb = Testbed(state)  # validates the state as the controller's own commands would
-    _die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
+    die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
     with global_lock():
         if Ledger(name).exists():
             raise StateError(f"testbed '{name}' is already up here")
@@ -164,7 +177,7 @@ def shape(name: str, req: dict) -> dict:
         raise TestbedError("the request's changes are not a list")
     todo = []
     for c in changes:
-        c = _dict(c, "change")
+        c = dict_of(c, "change")
         key = (c.get("link"), c.get("direction"))
         ep = tb.egress.get(key)  # type: ignore[arg-type]
         if ep is None or ep.host != tb.here:
@@ -178,7 +191,7 @@ def shape(name: str, req: dict) -> dict:
         changer.close()
     copies = req.get("copies") or {}
     if copies:
-        _keep_copies(tb, _dict(copies, "copies"))
+        _keep_copies(tb, dict_of(copies, "copies"))
     return {"changed": len(todo), "copied": len(copies)}
 
 
@@ -199,11 +212,11 @@ def _keep_copies(tb, copies: dict) -> None:
         topo = load_topology_dict(state["topology"], source=state.get("source"))
         links = list(topo.links)
         for key, shapes in copies.items():
-            shapes = _dict(shapes, "copy")
+            shapes = dict_of(shapes, "copy")
             if not str(key).isdigit() or int(key) >= len(links) or set(shapes) - set(DIRECTIONS):
                 raise TestbedError(f"the request's copy names no link of this testbed: {str(key)[:40]!r}")
             l = links[int(key)]
-            new = {d: shape_from_dict(_dict(shapes[d], "shape")) if d in shapes else l.shape(d) for d in DIRECTIONS}
+            new = {d: shape_from_dict(dict_of(shapes[d], "shape")) if d in shapes else l.shape(d) for d in DIRECTIONS}
             links[int(key)] = replace(l, forward=new["forward"], reverse=new["reverse"])
         state["topology"] = topo.with_links(links).to_dict()
         ledger.write_state(state)
@@ -262,7 +275,7 @@ def exec_(name: str, node: str, args: list[str]) -> int:
     argv = args[cut + 1:]
     if unknown or not argv:
         raise TestbedError(f"bad exec options {unknown!r}" if unknown else "no command")
-    _die_with_connection(signal.SIGTERM)
+    die_with_connection(signal.SIGTERM)
     tb = Testbed.attach(name)
     info = tb.node(node)
     if info.host != tb.here:
@@ -332,10 +345,15 @@ def main(op: str, args: list[str]) -> int:
                 return 1
         if controller is not None:
             _same_version(controller, op)
+        if op == "serve" and len(args) == 1:
+            from testbed.engine.hostserve import serve
+
+            die_with_connection(signal.SIGTERM)
+            return serve(args[0], SERVED)
         if op == "probe" and not args:
-            answer = probe(_dict(_payload(), "request"))
+            answer = probe(dict_of(_payload(), "request"))
         elif op == "apply" and len(args) == 1:
-            answer = apply(args[0], _dict(_payload(), "request"))
+            answer = apply(args[0], dict_of(_payload(), "request"))
         elif op == "down" and len(args) == 1:
             answer = down(args[0])
         elif op == "down-all" and not args:
@@ -345,7 +363,7 @@ def main(op: str, args: list[str]) -> int:
         elif op == "rundir" and len(args) == 2:
             answer = rundir(args[0], args[1])
         elif op == "shape" and len(args) == 1:
-            answer = shape(args[0], _dict(_payload(), "request"))
+            answer = shape(args[0], dict_of(_payload(), "request"))
         else:
             raise TestbedError(f"unknown operation {op!r} or wrong arguments {args!r}")
     except TestbedError as e:

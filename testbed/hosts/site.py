@@ -161,6 +161,7 @@ class SshSite(Site):
         super().__init__(tb, host)
         self.spec = tb.topology.host(host)
         self._remote = None
+        self._session = None
 
     @property
     def remote(self):
@@ -170,6 +171,15 @@ class SshSite(Site):
         if self._remote is None:
             self._remote = Remote(self.spec)
         return self._remote
+
+    @property
+    def agent(self):
+        """This testbed's agent on the host, kept running for repeated requests."""
+        from testbed.hosts.session import AgentSession
+
+        if self._session is None:
+            self._session = AgentSession(self.remote, self.tb.name)
+        return self._session
 
     def command(self, info, argv, *, mounts=(), cwd=None):
         if mounts or cwd is not None:
@@ -192,12 +202,11 @@ class SshSite(Site):
     def shape(self, changes, changer, copies=None):
         items = [{"link": c.link, "direction": c.direction, "shape": c.new.to_dict(), "old": c.old.to_dict()}
                  for c in changes]
-        self.remote.call("shape", self.tb.name, timeout=60, payload={
-            "changes": items, "copies": {str(i): v for i, v in (copies or {}).items()}})
+        self.agent.ask("shape", {"changes": items, "copies": {str(i): v for i, v in (copies or {}).items()}})
 
     def counters(self, ends, pool=None):
         wanted = {(idx, d) for idx, d, _ in ends}
-        got = self.remote.call("counters", self.tb.name, timeout=60).get("counters")
+        got = self.agent.ask("counters").get("counters")
         if not isinstance(got, dict):
             raise StateError(f"host {self.host} answered counters without counters")
         out: dict[tuple[int, str], dict] = {}
@@ -213,6 +222,9 @@ class SshSite(Site):
         return RemoteRun(self, run_dir, mounts, code)
 
     def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
         if self._remote is not None:
             self._remote.close()
             self._remote = None
