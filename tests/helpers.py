@@ -125,3 +125,51 @@ def finish(p: subprocess.Popen, timeout: float) -> tuple[str, float]:
             p.kill()
             p.wait()
     return err, time.monotonic() - t0
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def has_freezer() -> bool:
+    return (FREEZER / "freezer.state").exists() or (FREEZER / "cgroup.procs").exists()
+
+
+class Frozen:
+    """Process ``pid`` in a cgroup-v1 freezer cgroup of its own (frozen until :meth:`thaw`):
+    neither SIGTERM nor SIGKILL ends it meanwhile, as with a process stuck in the kernel."""
+
+    def __init__(self, pid: int):
+        self.pid, self.cg = pid, FREEZER / f"testbed-test-{os.getpid()}-{pid}"
+        self.cg.mkdir()
+        (self.cg / "cgroup.procs").write_text(str(pid))
+        (self.cg / "freezer.state").write_text("FROZEN")
+        deadline = time.monotonic() + 10
+        while (self.cg / "freezer.state").read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def thaw(self) -> None:
+        """Thaw, wait for the process to act on a pending SIGKILL (if any), remove the cgroup."""
+        (self.cg / "freezer.state").write_text("THAWED")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                self.cg.rmdir()  # refused while it holds a task (an exited one until it is reaped, too)
+                return
+            except OSError:
+                pass
+            if running(self.pid) and time.monotonic() > deadline - 5:  # the test failed before down: it goes
+                try:
+                    (FREEZER / "cgroup.procs").write_text(str(self.pid))
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        print(f"could not remove {self.cg}")

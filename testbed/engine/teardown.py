@@ -66,7 +66,10 @@ def teardown(name: str) -> list[str]:
     try:
         for a in reversed(todo):
             _guarded(td, a, a.release)
-        host.kill_processes(td.kill_in)
+        try:
+            host.kill_processes(td.kill_in)
+        except TestbedError as err:  # a straggler: its namespace stays, and the ledger with it
+            td.problems.append(err.message)
         for a in reversed(todo):
             _guarded(td, a, a.undo)
     finally:
@@ -141,9 +144,13 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
             orphans.setdefault(owner, []).append(ns)
     for owner, nss in orphans.items():
         target = testbed_target(owner)  # its exporter, if the lost ledger had started one
-        procs.terminate(procs.with_arg(f"--sd-file={target}"))
-        target.unlink(missing_ok=True)
-        netns.kill_processes(nss)
+        try:
+            procs.stop(procs.with_arg(f"--sd-file={target}"), f"testbed {owner}'s link exporter")
+            target.unlink(missing_ok=True)
+            netns.stop_processes(nss, f"processes in testbed {owner}'s nodes")
+        except TestbedError as e:
+            problems.append(e.message)
+            continue
         for backend in BACKENDS.values():  # e.g. a VM's state directory, outside its namespace
             backend.forget(nss)
         for ns in nss:

@@ -61,7 +61,8 @@ class LocalHost:
             return rt.delete_link(ifname)
 
     def kill_processes(self, namespaces: list[str]) -> list[int]:
-        return netns.kill_processes(namespaces)
+        """Stop every process in the namespaces; a TestbedError names any that SIGKILL did not end."""
+        return netns.stop_processes(namespaces, "processes in the nodes")
 
     def close(self) -> None:
         self._handles.close()

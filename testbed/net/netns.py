@@ -206,6 +206,15 @@ def kill_processes(names: list[str], grace: float = 2.0, exclude: set[int] = fro
     return procs.terminate([p for p in pids_in(names) if p not in exclude], grace)
 
 
+def stop_processes(names: list[str], what: str) -> list[int]:
+    """:func:`kill_processes` for teardown: a TestbedError naming (pid, command, state)
+    every process SIGKILL did not end (frozen, stuck in the kernel), so ``down`` never
+    reports removed a namespace something still runs in."""
+    from testbed.common import procs
+
+    return procs.stop(pids_in(names), what, grace=2.0)
+
+
 def enter(name: str) -> None:
     """Move the *calling process* into namespace ``name``, as ``ip netns exec`` does.
 

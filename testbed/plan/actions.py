@@ -233,7 +233,7 @@ class StartExporter(Action):
         _check_target(self.target, f"testbed-{td.testbed}.json")
         if self.marker != f"--sd-file={self.target}":
             raise TestbedError(f"exporter marker {self.marker!r} does not name its target file; left alone")
-        procs.terminate(procs.with_arg(self.marker))
+        procs.stop(procs.with_arg(self.marker), f"testbed {td.testbed}'s link exporter")
         Path(self.target).unlink(missing_ok=True)
 
 
@@ -263,7 +263,7 @@ class _MarkedProcess(Action):
             raise TestbedError(f"{self.NOUN} marker {self.marker!r} is not {self.WRITTEN}; left alone")
         # killed outright: what they touch goes with the testbed (and a replay putting the
         # shapes back would wait for the lock this teardown holds)
-        procs.terminate(self.pids(), grace=0.0)
+        procs.stop(self.pids(), f"testbed {td.testbed}'s {self.NOUN} process", grace=0.0)
 
 
 @register

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import finish
+from tests.helpers import FREEZER, Frozen, finish, has_freezer, running as _running
 from tests.kernel.conftest import cli, cli_json, run
 from tests.kernel.test_vm import _qemus, _vm_dumbbell, _write, guest  # noqa: F401  (guest: autouse here too)
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 LONG = ["--max-iters", "100000", "--eval-every", "100000"]
-FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
 def _cli_argv() -> list[str]:
@@ -54,33 +53,6 @@ def _error_line(rc: int, err: str) -> str:
     assert lines, err
     print(lines[0])
     return lines[0]
-
-
-def _thaw(cg: Path, pid: int) -> None:
-    """Thaw freezer cgroup ``cg``, wait for ``pid`` to act on its pending SIGKILL (if any), remove ``cg``."""
-    (cg / "freezer.state").write_text("THAWED")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            cg.rmdir()  # refused while it holds a task (an exited one until it is reaped, too)
-            return
-        except OSError:
-            pass
-        if _running(pid) and time.monotonic() > deadline - 5:  # the test failed before down: it goes
-            try:
-                (FREEZER / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                pass
-        time.sleep(0.1)
-    print(f"could not remove {cg}")
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------- during a run
@@ -179,20 +151,14 @@ def test_down_names_a_qemu_that_does_not_exit_and_a_second_down_finishes(clean_k
     """w0's QEMU frozen (cgroup-v1 freezer): SIGTERM and SIGKILL wait until it is thawed.
     `down` waits a bounded time, then fails naming that process (pid and what it is) and
     keeps the ledger; thawed, the process dies and a second `down` finishes."""
-    if not (FREEZER / "freezer.state").exists() and not (FREEZER / "cgroup.procs").exists():
+    if not has_freezer():
         pytest.skip(f"no cgroup-v1 freezer at {FREEZER}: cannot make a process that SIGKILL does not end")
     cli_json("up", str(_write(tmp_path, _vm_dumbbell("vmz"))), "--no-exporter")
     from testbed.nodes.vm import qemu_pids
 
     frozen, other = qemu_pids("vmz.w0")[0], qemu_pids("vmz.w1")[0]
-    cg = FREEZER / f"testbed-test-{os.getpid()}"
-    cg.mkdir()
+    ice = Frozen(frozen)
     try:
-        (cg / "cgroup.procs").write_text(str(frozen))
-        (cg / "freezer.state").write_text("FROZEN")
-        deadline = time.monotonic() + 10
-        while (cg / "freezer.state").read_text().strip() != "FROZEN" and time.monotonic() < deadline:
-            time.sleep(0.05)
         t0 = time.monotonic()
         r = cli("down", "vmz")
         took = time.monotonic() - t0
@@ -203,7 +169,7 @@ def test_down_names_a_qemu_that_does_not_exit_and_a_second_down_finishes(clean_k
         assert f"pid {other}" not in line and not _running(other), r.stderr
         assert took < 30, took
     finally:
-        _thaw(cg, frozen)
+        ice.thaw()
     r = cli("down", "vmz", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert not _running(frozen) and _qemus("vmz") == []
