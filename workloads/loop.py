@@ -124,9 +124,11 @@ class Loop:
             raise ValueError(f"loss is {loss} at iteration {it}; lower --lr")
         if self.it_log:
             tx, rx = self.counters.read() if self.counters else (None, None)
+            buffers = getattr(self.state, "buffer_bytes", None)
             self.it_log.write({"rank": self.rank, "iter": it, "epoch": epoch, "time": time.time(), "iter_s": dt,
                                "compute_s": compute_s, "comm_s": comm_s, "overlap_s": overlap_s, "loss": loss,
-                               "payload_bytes": payload, "tx_bytes": tx, "rx_bytes": rx})
+                               "payload_bytes": payload, "buffer_bytes": buffers[-1] if buffers else None,
+                               "tx_bytes": tx, "rx_bytes": rx})
         if self.rank == 0 and self.args.log_every and it % self.args.log_every == 0:
             print(f"epoch {epoch} iter {it}/{self.total} loss {loss if loss is None else round(loss, 4)} "
                   f"{dt * 1000:.0f} ms "

@@ -46,6 +46,8 @@ ITER_FIELDS = {
     "overlap_s": "part of comm_s that overlapped backward computation",
     "loss": "this rank's training loss on its batch",
     "payload_bytes": "bytes this rank handed to collectives in this iteration",
+    "buffer_bytes": "prunex: bytes the switch leaders exchanged in this iteration (the buffer shrinks as channels "
+                    "are compacted); null for other schemes",
     "tx_bytes": "interface transmit byte counter after the iteration (null without --iface)",
     "rx_bytes": "interface receive byte counter after the iteration (null without --iface)",
 }

@@ -83,3 +83,26 @@ def _processes_naming(text: str) -> list[int]:
             except OSError:
                 pass
     return out
+
+
+# ---------------------------------------------------------------- the sshd hosts of the multi-host tests
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from . import sshhosts
+
+    lab = sshhosts.build(tmp_path_factory.mktemp("lab"), 2)
+    try:
+        yield lab
+    finally:
+        sshhosts.destroy(lab)
+
+
+@pytest.fixture
+def clean_lab(lab, clean_kernel):
+    """Every host as bare after the test as before (namespaces, ledgers), and the local kernel too."""
+    assert lab.leftovers() == {}
+    yield lab
+    for h in lab.hosts:  # a fault test may have left a host cut off
+        h.cut(False)
+    left = lab.leftovers()
+    assert left == {}, f"left on hosts: {left}"

@@ -23,24 +23,6 @@ if shutil.which("sshd") is None and not __import__("os").path.exists("/usr/sbin/
 from . import sshhosts  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    lab = sshhosts.build(tmp_path_factory.mktemp("lab"), 2)
-    try:
-        yield lab
-    finally:
-        sshhosts.destroy(lab)
-
-
-@pytest.fixture
-def clean_lab(lab, clean_kernel):
-    """Every host as bare after the test as before (namespaces, ledgers), and the local kernel too."""
-    assert lab.leftovers() == {}
-    yield lab
-    left = lab.leftovers()
-    assert left == {}, f"left on hosts: {left}"
-
-
 def _topology(lab, name: str, rate: str = "100mbit", **host_extra) -> dict:
     """w0, w1 behind s0 here; w2 behind s1 on h1; w3 behind s2 on h2; s1-s0 and s2-s0 cross hosts."""
     return {

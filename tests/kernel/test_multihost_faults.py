@@ -25,28 +25,8 @@ if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
     pytest.skip("no sshd (apt-get install openssh-server): the multi-host tests need real SSH servers",
                 allow_module_level=True)
 
-from . import sshhosts  # noqa: E402
 
 QUICK = {"TESTBED_HOST_TIMEOUT": "6"}  # give up on a silent host after 6 s (default 30)
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    lab = sshhosts.build(tmp_path_factory.mktemp("flab"), 2)
-    try:
-        yield lab
-    finally:
-        sshhosts.destroy(lab)
-
-
-@pytest.fixture
-def clean_lab(lab, clean_kernel):
-    assert lab.leftovers() == {}
-    yield lab
-    for h in lab.hosts:
-        h.cut(False)
-    left = lab.leftovers()
-    assert left == {}, f"left on hosts: {left}"
 
 
 def _topology(lab, name: str, h1_testbed: str) -> dict:

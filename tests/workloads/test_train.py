@@ -140,6 +140,12 @@ def test_prunex_under_plain_torchrun_with_two_nodes(tmp_path):
     assert s["world_size"] == 4 and s["scheme"] == "prunex"
     assert s["placement"] == {"groups": [[0, 1], [2, 3]], "names": ["node0", "node1"], "hosts": ["local", "local"]}
     assert s["kept_fraction"] == 0.5
+    # the leaders' buffer per iteration: never growing, smaller once channels are pruned;
+    # the iterations before that ran dense, and the norm all-reduces are counted
+    bufs = [r["buffer_bytes"] for r in read_jsonl(tmp_path / "run" / "rank0.jsonl")]
+    assert all(isinstance(b, int) and b > 0 for b in bufs) and bufs == sorted(bufs, reverse=True), bufs
+    assert bufs[-1] < bufs[0] and s["dense_iterations"] == bufs.count(bufs[0]), (bufs, s["dense_iterations"])
+    assert s["control_bytes"] > 0
 
 
 def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
