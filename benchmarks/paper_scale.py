@@ -18,17 +18,17 @@ the uplinks shaped) for allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.
   buffer; DDP's one-time bucket rebuild happens between the first and the second, off the
   clock), from rank 0's records;
 * speedup over allreduce, fp16 and topk (their time / this scheme's);
-* the physical bound T + W / R: T the stated compute time, W the bytes per timed
-  iteration on the busiest shaped direction (tc counters sampled each second,
-  interpolated to the timed iterations' start and end: start-up traffic left out), R the
-  rate;
-  and bound / measured (1.0: the scheme costs no more than its compute and its bytes);
+* each scheme's efficiency against its own two bounds (``benchmarks.bounds``): the
+  perfect-overlap bound max(C, W / R) and the no-overlap time C + W / R, C the stated
+  compute time, W the bytes per timed iteration on the busiest shaped direction (tc
+  counters sampled each second, interpolated to the timed iterations' start and end:
+  start-up traffic left out), R the rate;
 * peak resident memory per rank and of all 8 ranks together.
 
 The compute times are inputs, not measurements: the defaults are estimates for one A40
 (the paper's GPU) at batch 32 on 32x32 images; give yours with --compute-time. What the
 hooks themselves cost on this CPU (quantisation, top-k selection, copies: work a GPU does
-in milliseconds) is in the measured time and shows as bound / measured below 1.
+in milliseconds) is in the measured time and shows as a no-overlap efficiency below 1.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks import bounds
 from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter
 from testbed.common.files import read_jsonl
 from testbed.runs.report import RunData, find_runs
@@ -129,7 +130,8 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
             for model in args.models:
                 cmd = [*_testbed(), "sweep", "-t", NAME, "--schemes", ",".join(args.schemes), "--bw", ",".join(args.bws),
                        "--model", model, "--compute-time", str(times[model]), "--max-iters", str(args.iters),
-                       "--out", str(args.out), "--timeout", "900", "--no-exporter", "--json", "--",
+                       "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900",
+                       "--no-exporter", "--json", "--",
                        "--stable-iters", "1"]
                 print("$", " ".join(cmd), flush=True)
                 p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -144,42 +146,46 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
     return dirs
 
 
-def _num(x: float | None) -> str:
-    return f"{x:8.2f}" if x is not None else f"{'-':>8}"
-
-
 def analyse(runs: list[RunData]) -> None:
-    by = {}
+    by: dict = {}
     for r in runs:
         s = r.summary
-        by[(s.get("model"), r.bw, s.get("variant") or s.get("scheme"))] = r
+        by.setdefault((s.get("model"), r.bw, s.get("variant") or s.get("scheme")), []).append(r)
     models = [m for m in MODELS if any(k[0] == m for k in by)] + sorted({k[0] for k in by} - set(MODELS))
-    print("\nPaper-scale traffic: 8 gloo ranks on three_switch, stated compute time, real buckets and hooks")
-    print("speedup = other scheme's iteration time / this one's; bound = T + W/R; fraction = bound / measured\n")
-    head = (f"{'model':<10} {'rate':>8} {'scheme':<21} {'iter s':>8} {'vs allreduce':>12} {'vs fp16':>8} "
-            f"{'vs topk':>8} {'W MB/iter':>10} {'bound s':>8} {'fraction':>8} {'RSS/rank GB':>11} {'RSS all GB':>10}")
-    print(head)
+    print("\nPaper-scale traffic: gloo ranks on three_switch, stated compute time, real buckets and hooks")
+    print("speedup = other scheme's iteration time / this one's (medians over runs); C = the stated compute time, "
+          "W = bytes per timed iteration on the busiest shaped direction")
+    print(bounds.LEGEND + "\n")
+    print(f"{'model':<10} {'rate':>8} {'scheme':<21} {'vs allreduce':>12} {'vs fp16':>8} {'vs topk':>8} "
+          f"{'RSS/rank GB':>11} {'RSS all GB':>10} {bounds.HEADER}")
     for model in models:
         for bw in sorted({k[1] for k in by if k[0] == model}, key=lambda b: Rate.parse(b).bps):
-            rate = Rate.parse(bw).bps / 8
-            t = {v: steady_iter_s(r) for (m, b, v), r in by.items() if m == model and b == bw}
-            for v in [x for x in SCHEMES if x in t] + sorted(set(t) - set(SCHEMES)):
-                r = by[(model, bw, v)]
-                s = r.summary
-                it = t[v]
-                w, steady = steady_wire(r)
-                bound = (s.get("compute_time_s") or 0) + w / rate
-                ratio = {o: (t.get(o) / it if t.get(o) and it else float("nan"))
-                         for o in ("allreduce", "fp16", "topk:0.01")}
-                print(f"{model:<10} {bw:>8} {v:<21} {it if it is not None else float('nan'):8.2f} "
-                      f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} "
-                      f"{w / 1e6:9.1f}{' ' if steady else '*'} "
-                      f"{_num(bound if steady else None)} {_num(bound / it if it and steady else None)} "
-                      f"{(s.get('max_rss_bytes_per_rank') or 0) / 1e9:11.2f} "
-                      f"{(s.get('max_rss_bytes_all_ranks') or 0) / 1e9:10.2f}")
+            cells = {v: rs for (m, b, v), rs in by.items() if m == model and b == bw}
+            t = {v: _median([steady_iter_s(r) for r in rs]) for v, rs in cells.items()}
+            for v in [x for x in SCHEMES if x in cells] + sorted(set(cells) - set(SCHEMES)):
+                print(f"{model:<10} {bw:>8} {v:<21} " + _row(cells[v], t, v, Rate.parse(bw).bps / 8))
         print()
     print("* W over the whole run, start-up included (timed iterations shorter than 3 s: the counters are "
           "sampled each second), so no bound")
+
+
+def _median(values) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def _row(rs: list[RunData], t: dict, v: str, rate: float) -> str:
+    it = t[v]
+    ratio = {o: (t.get(o) / it if t.get(o) and it else float("nan")) for o in ("allreduce", "fp16", "topk:0.01")}
+    wires = [steady_wire(r) for r in rs]
+    steady = all(ok for _, ok in wires)
+    w = statistics.median(x for x, _ in wires)
+    c = rs[0].summary.get("compute_time_s")
+    rss = (_median([r.summary.get("max_rss_bytes_per_rank") for r in rs]) or 0) / 1e9
+    rss_all = (_median([r.summary.get("max_rss_bytes_all_ranks") for r in rs]) or 0) / 1e9
+    eff = bounds.row([steady_iter_s(r) for r in rs], c if steady else None, w, rate)
+    return (f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} {rss:11.2f} {rss_all:10.2f} "
+            + eff + ("" if steady else " *"))
 
 
 def main() -> None:
@@ -188,6 +194,7 @@ def main() -> None:
     p.add_argument("--bws", default=",".join(BWS))
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--iters", type=int, default=2, help="iterations per run (the first is not timed)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell (seed + k); tables show the spread")
     p.add_argument("--compute-time", default=None, help="MODEL=SECONDS,... (defaults: " +
                    ", ".join(f"{k}={v}" for k, v in COMPUTE_S.items()) + ", estimates)")
     p.add_argument("--out", type=Path, default=Path("runs/paper_scale"))

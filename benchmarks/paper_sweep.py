@@ -9,24 +9,22 @@ Section ``pactrain`` (the PacTrain paper's Fig. 3):
 Runs ``testbed sweep`` (8 gloo ranks on topologies/three_switch.yaml, the CNN on the bundled
 digits set, one shared checkpoint pre-trained for 2 epochs, seeded: 0.76 accuracy) for
 allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.5 ternary at 100 Mbit, 500 Mbit
-and 1 Gbit, plus allreduce, pactrain and ternary pactrain at 10 Gbit (the access links'
-rate: the bottleneck no longer binds), each ``--repeats`` times (seed + k). Evaluation runs every
-iteration, off the training clock, and the target (0.95) is one allreduce reaches about
-half-way through the 8 epochs, so time to accuracy measures convergence rather than
-evaluation granularity. It prints, per rate and variant, the median and [min-max] over
-repeats of the iteration time, time to accuracy and final accuracy, speedups over
-allreduce (the paper normalises TTA to allreduce), and the bottleneck bytes per iteration.
+and 1 Gbit and at 10 Gbit (the access links' rate: the bottleneck no longer binds), each
+``--repeats`` times (seed + k). Evaluation runs every iteration, off the training clock,
+and the target (0.95) is one allreduce reaches about half-way through the 8 epochs, so
+time to accuracy measures convergence rather than evaluation granularity. It prints, per
+rate and variant, the median and [min-max] over repeats of the iteration time, time to
+accuracy and final accuracy, speedups over allreduce (the paper normalises TTA to
+allreduce), and the bottleneck bytes per iteration.
 
-PacTrain's physical bound: an iteration costs C + W / R at most, C being everything but
-the link time (measured: allreduce's median iteration time at 10 Gbit) and W the bytes per
-iteration on the busiest bottleneck direction (measured from its tc counters over the
-run; eval and start-up traffic included). The bound on PacTrain's iteration-time speedup
-is (C + W_allreduce / R) / (C + W_pactrain / R); the benchmark reports the measured
-(median) speedup as a fraction of it (target >= 0.9). That fraction is the scheme's
-efficiency (C + W / R) / T over allreduce's, and DDP hides part of allreduce's traffic
-behind backward (efficiency above 1), so it also prints both efficiencies and the
-iteration time 0.9 would need, flagged unreachable when that is below the scheme's own
-time with the link free.
+Every section's sweep also runs its schemes with the bottleneck at 10 Gbit, and each
+section then prints every scheme's efficiency against its own two bounds
+(``benchmarks.bounds``): the perfect-overlap bound max(C, W / R) and the no-overlap time
+C + W / R against T, a run's median iteration time after the first four (DDP's bucket
+rebuild, PacTrain's dense start); C is the scheme's own T at 10 Gbit (its hook's CPU work
+counts as compute; its bytes take under 4 ms there), W the median bytes per iteration on
+the busiest bottleneck direction (tc counters over the run; eval and start-up traffic
+included), R the rate.
 
 Section ``prune`` (the PacTrain paper's Fig. 6: final accuracy against the pruning ratio):
 allreduce and pactrain at ``--prune-ratios`` (default 0.1, 0.3, 0.5, 0.7, 0.9) at
@@ -61,12 +59,15 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks import bounds
+from testbed.common.files import read_jsonl
 from testbed.runs.report import RunData, find_runs, table
 from testbed.model.units import Rate
 
 SHAPED = ("100mbit", "500mbit", "1gbit")
 FREE = "10gbit"
 PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5", "pactrain 0.5 ternary")
+PRUNEX = ("allreduce", "hier-allreduce", "prunex 0.5")
 SCALE = (2, 4, 8)
 SECTIONS = ("pactrain", "prune", "prunex", "spardl")
 PRUNE_RATIOS = "0.1,0.3,0.5,0.7,0.9"
@@ -88,6 +89,13 @@ def sweep(out: Path, schemes: str, bws: str, args: argparse.Namespace, *extra: s
            "--eval-every", str(args.eval_every), "--pretrain-epochs", str(args.pretrain_epochs), "--json", *extra]
     if args.pretrain_dataset:
         cmd += ["--pretrain-dataset", args.pretrain_dataset]
+    if args.name and "--topology" not in extra:  # three_switch under another name
+        t = yaml.safe_load(THREE.read_text())
+        t["name"] = args.name
+        path = out / f"{args.name}.yaml"
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(t, sort_keys=False))
+        cmd += ["--topology", str(path)]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -106,6 +114,27 @@ def scaled_topology(n: int, where: Path) -> Path:
     path = where / f"scale{n}.yaml"
     path.write_text(yaml.safe_dump(t, sort_keys=False))
     return path
+
+
+WARMUP = 4
+"""Iterations left out of the steady iteration time: DDP's bucket rebuild after the first, and
+PacTrain's dense iterations until its mask tracker is stable (``--stable-iters`` 3)."""
+
+
+def steady(r: RunData, key: str = "iter_s") -> float | None:
+    """Rank 0's median of ``key`` (iter_s; DDP's timers compute_s, comm_s, overlap_s) over
+    the iterations after the first ``WARMUP``; None when the records are too short."""
+    try:
+        xs = [x[key] for x in read_jsonl(r.path / "rank0.jsonl") if isinstance(x.get(key), (int, float))]
+    except OSError:
+        xs = []
+    return statistics.median(xs[WARMUP:]) if len(xs) > WARMUP else None
+
+
+def steady_iter_s(r: RunData) -> float:
+    """``steady`` iteration time, or the summary's mean when the records are too short."""
+    t = steady(r)
+    return t if t is not None else r.summary["mean_iter_s"]
 
 
 def busiest_bytes_per_iter(r: RunData) -> float:
@@ -129,6 +158,8 @@ def main() -> None:
     p.add_argument("--prune-bw", default="1gbit", help="the rate of the prune section (accuracy, not time)")
     p.add_argument("--prune-ratios", default=PRUNE_RATIOS)
     p.add_argument("--spardl-bw", default="100mbit")
+    p.add_argument("--name", default=None, help="bring three_switch up under this name (another testbed "
+                   "named three_switch, e.g. a test's, would take its namespaces away)")
     p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
     args = p.parse_args()
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
@@ -140,31 +171,50 @@ def main() -> None:
     else:
         dirs = []
         if "pactrain" in sections:
-            dirs += [sweep(args.out, "allreduce,fp16,topk:0.01,pactrain:0.5,pactrain:0.5:ternary", ",".join(SHAPED),
-                           args),
-                     sweep(args.out, "allreduce,pactrain:0.5,pactrain:0.5:ternary", FREE, args)]
+            dirs.append(sweep(args.out, "allreduce,fp16,topk:0.01,pactrain:0.5,pactrain:0.5:ternary",
+                              ",".join((*SHAPED, FREE)), args))
         if "prune" in sections:
             dirs.append(sweep(args.out, "allreduce,pactrain", args.prune_bw, args,
                               "--prune-ratios", args.prune_ratios))
         if "prunex" in sections:
-            dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", args.prunex_bw, args))
+            dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", f"{args.prunex_bw},{FREE}", args))
         if "spardl" in sections:
             with tempfile.TemporaryDirectory() as tmp:
                 for n in SCALE:
-                    dirs.append(sweep(args.out, "topk,spardl", args.spardl_bw, args,
+                    dirs.append(sweep(args.out, "topk,spardl", f"{args.spardl_bw},{FREE}", args,
                                       "--topology", str(scaled_topology(n, Path(tmp)))))
     runs = [r for r in find_runs(dirs) if r.status == "ok"]
     print(f"\nsweep dirs: {', '.join(map(str, dirs))}; gloo on CPU, CNN on digits")
     three = [r for r in runs if r.summary.get("world_size") == 8 and not str(r.summary.get("topology")).startswith("scale")]
     if "pactrain" in sections:
-        pactrain_section([r for r in three if r.label in PACTRAIN], args)
+        pactrain_section([r for r in _sweeps_with(three, {"fp16", "pactrain 0.5 ternary"}) if r.label in PACTRAIN],
+                         args)
     if "prune" in sections:
-        prune_section([r for r in three if r.bw == args.prune_bw and r.summary["scheme"] in ("allreduce", "pactrain")
+        ratios = {f"pactrain {float(x):g}" for x in args.prune_ratios.split(",")} - {"pactrain 0.5"}
+        prune_section([r for r in _sweeps_with(three, ratios) if r.bw == args.prune_bw
+                       and r.summary["scheme"] in ("allreduce", "pactrain")
                        and not (r.summary.get("hyper") or {}).get("ternary")], args)
     if "prunex" in sections:
-        prunex_section([r for r in three if r.bw == args.prunex_bw], args)
+        mine = _sweeps_with(three, {"prunex 0.5", "hier-allreduce"})
+        prunex_section([r for r in mine if r.bw == args.prunex_bw], args)
+        efficiency_section("PruneX section", [r for r in mine if r.label in PRUNEX], (args.prunex_bw,))
     if "spardl" in sections:
-        spardl_section([r for r in runs if str(r.summary.get("topology")).startswith("scale")], args)
+        scaled = [r for r in runs if str(r.summary.get("topology")).startswith("scale")]
+        spardl_section([r for r in scaled if r.bw == args.spardl_bw], args)
+        efficiency_section("SparDL section", scaled, (args.spardl_bw,),
+                           key=lambda r: f"{r.summary['world_size']} ranks {r.label}")
+
+
+def _sweeps_with(runs: list[RunData], labels: set) -> list[RunData]:
+    """The runs of the sweep directories that hold a run labelled one of ``labels``: a
+    section's own sweep (another section's allreduce runs are not repeats of its cells)."""
+    dirs = {r.path.parent for r in runs if r.label in labels}
+    return [r for r in runs if r.path.parent in dirs]
+
+
+def _median_of(values) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
 
 
 def _x(a, b) -> float:
@@ -289,62 +339,33 @@ def pactrain_section(runs: list[RunData], args) -> None:
               f"{_cell(row['final_accuracy'], row['final_accuracy_min'], row['final_accuracy_max'], '.3f', n):>21} "
               f"{row['payload_bytes_per_iter'] / 1e6:10.3f} {wire(row) / 1e6:15.3f}")
 
-    get = {(row["bw"], row["variant"]): row for row in rows}
-    free = get.get((FREE, "allreduce"))
-    if free is None:
-        print("\nno allreduce run at 10gbit: cannot compute the physical bound")
-        return
-    c = free["mean_iter_s"]
-    print(f"\nPacTrain's physical bound; C = allreduce's median iteration time at {FREE} = {c:.3f} s"
-          + (f" (pactrain's there: {get[(FREE, 'pactrain 0.5')]['mean_iter_s']:.3f} s)"
-             if (FREE, "pactrain 0.5") in get else ""))
-    for bw in SHAPED:
+    efficiency_section("PacTrain section", runs, SHAPED)
+
+
+def efficiency_section(title: str, runs: list[RunData], rates, key=lambda r: r.label) -> None:
+    """Every scheme's efficiency against its own bounds (``benchmarks.bounds``) at ``rates``;
+    C from the same scheme's runs at 10 Gbit."""
+    by = _group(runs, lambda r: (r.bw, key(r)))
+    free = {k: statistics.median(steady_iter_s(r) for r in rs) for (bw, k), rs in by.items() if bw == FREE}
+    print(f"\n{title}: each scheme against its own bounds; T = a run's median iteration time after the first "
+          f"{WARMUP} (DDP's rebuild, PacTrain's dense start), C = the scheme's T at {FREE} (median over runs), "
+          f"W = median busiest bottleneck direction bytes per iteration, R = the rate")
+    print(bounds.LEGEND)
+    width = max([len(k) for _, k in by] + [6])
+    print("DDP's own timers (rank 0, medians): compute = forward + backward, comm = first collective to "
+          "last completion, overlap = their overlap")
+    print(f"{'rate':>8} {'scheme':<{width}} {bounds.HEADER} {'compute':>7} {'comm':>6} {'overlap':>7}")
+    for bw in rates:
         rate = Rate.parse(bw).bps / 8
-        base = get.get((bw, "allreduce"))
-        for label in ("pactrain 0.5", "pactrain 0.5 ternary"):
-            pt = get.get((bw, label))
-            if base is None or pt is None:
+        for (b, k), rs in by.items():
+            if b != bw:
                 continue
-            own = get.get((FREE, label))  # the scheme's own C: its hook's CPU work is not link time
-            b = bound_check(c, base["mean_iter_s"], pt["mean_iter_s"], wire(base), wire(pt), rate,
-                            own["mean_iter_s"] if own is not None else None)
-            also = ""
-            if own is not None:
-                also = (f"; with its own C ({b['own_c']:.3f} s at {FREE}) the bound is {b['own_bound']:.2f}x, "
-                        f"measured = {b['measured'] / b['own_bound']:.2f} of it")
-            print(f"  {bw:>8} {label:<22} W dense {b['wd'] / 1e6:.2f} MB, compact {b['wc'] / 1e6:.2f} MB; "
-                  f"bound {b['bound']:.2f}x, measured {b['measured']:.2f}x = {b['fraction']:.2f} of the bound "
-                  f"(target >= 0.9)" + also)
-            print(f"  {'':>8} {'':<22} against the no-overlap time C + W / R (its W): allreduce at "
-                  f"{b['allreduce_efficiency']:.2f}, {label} at {b['efficiency']:.2f} (above 1: communication "
-                  f"hidden behind backward); 0.9 of the bound needs {b['needed_s']:.3f} s per iteration"
-                  + (f", below {label}'s own time with the link free ({b['own_c']:.3f} s): unreachable "
-                     f"while allreduce hides that much of its traffic" if b["unreachable"] else ""))
-
-
-def bound_check(c: float, t_allreduce: float, t_scheme: float, wd: float, wc: float, rate: float,
-                own_c: float | None = None) -> dict:
-    """The physical bound on a scheme's iteration speedup over allreduce, and what it takes.
-
-    ``c``: allreduce's iteration time with the link free; ``wd``, ``wc``: bytes per
-    iteration on the busiest bottleneck direction (allreduce, scheme); ``rate`` in bytes/s;
-    ``own_c``: the scheme's own time with the link free (its extra CPU work counted as
-    compute). ``efficiency``: (C + W / R) / T, the no-overlap cost over the measured time
-    (above 1 when DDP hides communication behind backward). The measured fraction of the
-    bound is the scheme's efficiency over allreduce's, so when allreduce hides much of its
-    traffic, 0.9 can need an iteration faster than the scheme takes with no link cost at
-    all: ``unreachable``.
-    """
-    bound = (c + wd / rate) / (c + wc / rate)
-    measured = t_allreduce / t_scheme
-    needed = t_allreduce / (0.9 * bound)
-    out = dict(wd=wd, wc=wc, bound=bound, measured=measured, fraction=measured / bound, needed_s=needed,
-               allreduce_efficiency=(c + wd / rate) / t_allreduce, efficiency=(c + wc / rate) / t_scheme,
-               own_c=own_c, own_bound=None, unreachable=False)
-    if own_c is not None:
-        out["own_bound"] = (c + wd / rate) / (own_c + wc / rate)
-        out["unreachable"] = needed < own_c
-    return out
+            w = statistics.median(busiest_bytes_per_iter(r) for r in rs)
+            ddp = [_median_of(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
+            print(f"{bw:>8} {k:<{width}} " + bounds.row([steady_iter_s(r) for r in rs], free.get(k), w, rate)
+                  + "".join(f" {x:7.3f}" if x is not None else f" {'-':>7}" for x in ddp))
+    if not free:
+        print(f"(no runs at {FREE}: no C, no bounds)")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,71 @@
-"""The physical-bound arithmetic that benchmarks/paper_sweep.py reports."""
+"""The bound arithmetic that benchmarks/paper_sweep.py and paper_scale.py print (benchmarks/bounds.py)."""
+
+import math
+from pathlib import Path
 
 import pytest
 
-from benchmarks.paper_sweep import bound_check
+from benchmarks import bounds
+from benchmarks.paper_sweep import efficiency_section
+from testbed.runs.rundata import RunData
 
 
-def test_a_scheme_at_the_needed_time_is_at_exactly_0_9_of_its_bound():
-    c, rate, wd, wc = 0.1, 1e9 / 8, 4e6, 1e6
-    t_ar = c + wd / rate  # allreduce hides nothing: efficiency 1
-    first = bound_check(c, t_ar, 0.2, wd, wc, rate, own_c=c)
-    assert first["allreduce_efficiency"] == pytest.approx(1.0)
-    at = bound_check(c, t_ar, first["needed_s"], wd, wc, rate, own_c=c)
-    assert at["fraction"] == pytest.approx(0.9)
-    assert not at["unreachable"]
-    assert at["bound"] == pytest.approx((0.1 + 0.032) / (0.1 + 0.008))
+def test_a_scheme_at_its_perfect_overlap_bound_has_efficiency_1_and_hides_everything():
+    c, rate, w = 0.1, 1e9 / 8, 4e6  # link time 0.032 s
+    e = bounds.efficiency(0.1, c, w, rate)
+    assert e.overlap_bound == pytest.approx(0.1) and e.serial_time == pytest.approx(0.132)
+    assert e.overlap == pytest.approx(1.0) and e.hidden == pytest.approx(1.0)
+    assert e.serial == pytest.approx(1.32)
 
 
-def test_unreachable_when_allreduce_hides_more_than_the_scheme_can_gain():
-    # measured here (one repeat, 500 Mbit): allreduce 0.130 s against its no-overlap 0.173 s;
-    # ternary PacTrain 0.118 s, 0.108 s with the link free
-    rate = 500e6 / 8
-    b = bound_check(0.105, 0.130, 0.118, 4.24e6, 1.064e6, rate, own_c=0.108)
-    assert b["allreduce_efficiency"] == pytest.approx(1.33, abs=0.01)
-    assert b["fraction"] == pytest.approx(0.78, abs=0.01)
-    assert b["needed_s"] < 0.108 and b["unreachable"]
-    plain = bound_check(0.105, 0.130, 0.117, 4.24e6, 2.448e6, rate, own_c=0.105)
-    assert plain["needed_s"] == pytest.approx(0.120, abs=0.001) and not plain["unreachable"]
-    assert bound_check(0.105, 0.130, 0.117, 4.24e6, 2.448e6, rate)["unreachable"] is False  # no own C: not judged
+def test_a_scheme_that_overlaps_nothing_sits_at_its_no_overlap_time():
+    e = bounds.efficiency(0.132, 0.1, 4e6, 1e9 / 8)
+    assert e.serial == pytest.approx(1.0) and e.hidden == pytest.approx(0.0)
+    assert e.overlap == pytest.approx(0.1 / 0.132)
+
+
+def test_link_bound_when_the_bytes_take_longer_than_the_compute():
+    e = bounds.efficiency(0.5, 0.1, 50e6, 100e6 / 8)  # link time 4 s
+    assert e.overlap_bound == pytest.approx(4.0) and e.overlap == pytest.approx(8.0)  # faster than physics: a bad W
+    assert math.isnan(bounds.efficiency(0.0, 0.1, 1, 1).overlap)
+
+
+def test_row_gives_the_spread_over_runs_and_no_bound_without_c():
+    line = bounds.row([0.10, 0.11, 0.12], 0.1, 4e6, 1e9 / 8)
+    assert " 3 " in line and "[" in line  # median [min-max] of both efficiencies
+    assert "no C" in bounds.row([0.1], None, 4e6, 1e9 / 8)
+    assert "[" not in bounds.row([0.1], 0.1, 4e6, 1e9 / 8)  # one run: one value, no range
+
+
+def _run(bw: str, scheme: str, iter_s: float, wire: float) -> RunData:
+    summary = {"scheme": scheme, "bw": bw, "mean_iter_s": iter_s, "iterations": 10,
+               "bottleneck": {"links": {"s1-s0": {"bytes": wire * 10}, "s0-s1": {"bytes": wire * 5}}}}
+    return RunData(Path("/nonexistent"), summary)
+
+
+def test_every_scheme_gets_its_own_c_from_its_runs_at_10gbit(capsys):
+    runs = [_run("10gbit", "allreduce", 0.10, 4e6), _run("10gbit", "fp16", 0.12, 2e6),
+            _run("100mbit", "allreduce", 0.40, 4e6), _run("100mbit", "allreduce", 0.42, 4e6),
+            _run("100mbit", "fp16", 0.30, 2e6), _run("100mbit", "hook", 0.3, 1e6)]
+    efficiency_section("test", runs, ("100mbit",))
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith(" 100mbit")}
+    assert set(rows) == {"allreduce", "fp16", "hook"}
+    assert rows["allreduce"].split()[2:4] == ["2", "0.410"] and rows["allreduce"].split()[4] == "0.100"
+    assert rows["fp16"].split()[4] == "0.120"  # its own C, not allreduce's
+    assert "no C" in rows["hook"]
+
+
+def test_strong_scaling_topologies_and_their_one_switch_references():
+    from benchmarks.strong_scaling import parse_configs, plan, topology
+    from testbed.model.topology import load_topology_dict
+
+    assert plan(parse_configs("4x2,16x4")) == [(2, 1), (4, 1), (4, 2), (16, 4)]
+    t = load_topology_dict(topology(16, 4, "500mbit"))
+    bottlenecks = [l for l in t.links if l.bottleneck]
+    assert len(bottlenecks) == 4 and all(l.forward.rate.bps == 500e6 for l in bottlenecks)
+    assert sum(1 for l in t.links if "s4" in (l.a, l.b) and l.a.startswith("w")) == 4  # 4 ranks per switch
+    ref = load_topology_dict(topology(4, 1, "500mbit"))  # the proof needs a crossed bottleneck
+    assert [l.name for l in ref.links if l.bottleneck] == ["w0-s1"]
+    with pytest.raises(SystemExit):
+        parse_configs("6x4")

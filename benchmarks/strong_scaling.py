@@ -1,0 +1,190 @@
+"""Strong scaling as the PruneX paper measures it, in paper-scale mode (real bytes, stated compute).
+
+    sudo python -m benchmarks.strong_scaling [--configs 4x2,8x2,8x4,16x4] [--model resnet18] [--width 0.5]
+                                             [--bw 500mbit] [--global-compute 1.6] [--iters 4] [--repeats 1]
+                                             [--schemes allreduce,hier-allreduce,prunex:0.5,topk:0.01]
+                                             [--out runs/strong_scaling]
+    python -m benchmarks.strong_scaling --analyse runs/strong_scaling/sweep-...   (re-read, no runs)
+
+The PruneX paper scales a fixed problem from one node to 16 (64 GPUs) and reports the
+speed-up over one node: PruneX 6.75x, dense all-reduce 5.81x, top-k 3.71x (ideal 16x).
+Here a node is an edge switch: each configuration ``NxS`` is N ranks behind S edge
+switches (N / S each, 10 Gbit access links), whose uplinks to one core switch run at
+``--bw`` (the bottleneck). The reference is one switch's worth of ranks (N / S ranks
+behind a single switch at 10 Gbit, nothing crossing an uplink) running dense all-reduce.
+
+Strong scaling: the global batch is fixed, so a rank of N computes 1 / N of it, and
+``--compute-time`` (``testbed sweep``'s paper-scale mode: real parameters, DDP buckets,
+the schemes' hooks and collectives, synthetic gradients, no accuracy) is
+``--global-compute`` / N: the seconds one rank would spend on the whole global batch,
+divided by the ranks. Each run makes ``--iters`` iterations; the first is not timed
+(first use of every buffer, DDP's bucket rebuild after it); PruneX's masks are fixed
+after the first iteration (``--prunex-prune-at`` 0), so its timed iterations exchange
+compacted buffers, as in the paper's pruned steady state.
+
+It prints, per configuration and scheme: the median steady iteration time, the speed-up
+over all-reduce on one switch's worth of ranks (and over the scheme's own one-switch
+time), the ideal N / (N / S) = S, the bytes per timed iteration on the busiest uplink
+direction, and peak resident memory per rank and over all ranks.
+
+The default configuration fits a 2-core, 23 GB machine: ResNet18 at width 0.5 (2.8 M
+parameters, 11 MB of gradients, a quarter of the paper's ResNets' smallest) and 16
+ranks at most; ranks share the two cores, so the hooks' CPU work (top-k's selection,
+gloo's reductions) weighs more than on GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from benchmarks.paper_scale import steady_iter_s, steady_wire
+from testbed.runs.report import RunData, find_runs
+
+CONFIGS = "4x2,8x2,8x4,16x4"
+SCHEMES = ("allreduce", "hier-allreduce", "prunex:0.5", "topk:0.01")
+NAME = re.compile(r"^ss(\d+)x(\d+)$")
+
+
+def _testbed() -> list[str]:
+    exe = shutil.which("testbed")
+    return [exe] if exe else [sys.executable, "-m", "testbed"]
+
+
+def parse_configs(spec: str) -> list[tuple[int, int]]:
+    """'4x2,8x4' -> [(4, 2), (8, 4)]: ranks and switches, the ranks dividing evenly."""
+    out = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        m = re.fullmatch(r"(\d+)x(\d+)", item)
+        if not m or int(m[2]) < 1 or int(m[1]) % int(m[2]):
+            raise SystemExit(f"--configs: {item!r} is not RANKSxSWITCHES with the switches dividing the ranks")
+        out.append((int(m[1]), int(m[2])))
+    return out
+
+
+def topology(ranks: int, switches: int, bw: str) -> dict:
+    """``ranks`` workers behind ``switches`` edge switches (consecutive ranks per switch),
+    each switch's uplink to core s0 at ``bw`` (the bottleneck); access links 10 Gbit.
+    One switch: no uplink, and w0's access link is marked as the bottleneck (run at
+    10 Gbit), so the run's tc-counter proof has a link that the collectives cross."""
+    defaults = {"backend": "netns", "link": {"rate": "10gbit"},
+                "sysctls": {"net.ipv4.tcp_congestion_control": "reno"}}
+    if switches == 1:
+        return {"name": f"ss{ranks}x1", "defaults": defaults,
+                "nodes": {"s1": {"kind": "switch"}, **{f"w{i}": {"kind": "worker"} for i in range(ranks)}},
+                "links": [{"endpoints": [f"w{i}", "s1"], **({"bottleneck": True} if i == 0 else {})}
+                          for i in range(ranks)]}
+    per = ranks // switches
+    nodes = {"s0": {"kind": "switch"}, **{f"s{j + 1}": {"kind": "switch"} for j in range(switches)},
+             **{f"w{i}": {"kind": "worker"} for i in range(ranks)}}
+    links = ([{"endpoints": [f"w{i}", f"s{i // per + 1}"]} for i in range(ranks)]
+             + [{"endpoints": [f"s{j + 1}", "s0"], "rate": bw, "bottleneck": True} for j in range(switches)])
+    return {"name": f"ss{ranks}x{switches}", "defaults": defaults, "nodes": nodes, "links": links}
+
+
+def plan(configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The configurations and their one-switch references (N / S ranks on one switch), once each."""
+    refs = [(n // s, 1) for n, s in configs]
+    return sorted(set(configs) | set(refs), key=lambda c: (c[0], c[1]))
+
+
+def run_sweeps(args) -> list[Path]:
+    dirs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, s in plan(parse_configs(args.configs)):
+            path = Path(tmp) / f"ss{n}x{s}.yaml"
+            path.write_text(yaml.safe_dump(topology(n, s, args.bw), sort_keys=False))
+            cmd = [*_testbed(), "sweep", "--topology", str(path), "--schemes", ",".join(args.schemes),
+                   "--bw", args.bw if s > 1 else "10gbit", "--model", args.model, "--width", str(args.width),
+                   "--compute-time", f"{args.global_compute / n:.6g}", "--max-iters", str(args.iters),
+                   "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900", "--no-exporter",
+                   "--json", "--", "--prunex-prune-at", "0"]
+            print("$", " ".join(cmd), flush=True)
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            try:
+                dirs.append(Path(json.loads(p.stdout)["dir"]))
+            except (ValueError, KeyError):
+                raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
+            if p.returncode != 0:
+                print(f"(some runs of {n}x{s} failed: see {dirs[-1]}/sweep.json)", flush=True)
+    return dirs
+
+
+def _median(values) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def analyse(runs: list[RunData]) -> None:
+    cells: dict = {}
+    for r in runs:
+        m = NAME.match(str(r.summary.get("topology")))
+        if m:
+            variant = r.summary.get("variant") or r.summary.get("scheme")
+            cells.setdefault((int(m[1]), int(m[2]), variant), []).append(r)
+    t = {k: _median(steady_iter_s(r) for r in rs) for k, rs in cells.items()}
+    any_run = next(iter(cells.values()))[0].summary if cells else {}
+    print(f"\nStrong scaling, paper-scale mode: {any_run.get('model')} (width as run), stated compute = "
+          f"global compute / ranks; bottleneck = the edge switches' uplinks at {any_run.get('bw')}")
+    print("speed-up = all-reduce's iteration time on one switch's worth of ranks / this one's (own: the "
+          "scheme's own one-switch time); medians over runs\n")
+    print(f"{'ranks':>5} {'switches':>8} {'scheme':<16} {'runs':>4} {'compute s':>9} {'iter s':>8} "
+          f"{'speed-up':>8} {'own':>6} {'ideal':>5} {'uplink MB/iter':>14} {'RSS/rank GB':>11} {'RSS all GB':>10}")
+    order = [v for v in SCHEMES if any(k[2] == v for k in cells)] + sorted({k[2] for k in cells} - set(SCHEMES))
+    for n, s in sorted({(k[0], k[1]) for k in cells}, key=lambda c: (c[1] > 1, c[0] // c[1], c[0])):
+        ref = t.get((n // s, 1, "allreduce"))
+        for v in order:
+            rs = cells.get((n, s, v))
+            if not rs:
+                continue
+            it = t[(n, s, v)]
+            own = t.get((n // s, 1, v))
+            wires = [steady_wire(r) for r in rs] if s > 1 else []  # one switch: no uplink
+            wire = _median(w for w, _ in wires)
+            mark = "*" if any(not ok for _, ok in wires) else " "
+            rss = (_median(r.summary.get("max_rss_bytes_per_rank") for r in rs) or 0) / 1e9
+            rss_all = (_median(r.summary.get("max_rss_bytes_all_ranks") for r in rs) or 0) / 1e9
+            print(f"{n:>5} {s:>8} {v:<16} {len(rs):>4} {rs[0].summary.get('compute_time_s') or 0:9.3f} "
+                  f"{_f(it, '8.3f')} {_f(ref / it if ref and it else None, '8.2f')} "
+                  f"{_f(own / it if own and it else None, '6.2f')} {s:>5} {_f(wire and wire / 1e6, '13.2f')}{mark} {rss:11.2f} "
+                  f"{rss_all:10.2f}")
+    print("* timed iterations shorter than 3 s: uplink bytes are the whole run's average, start-up included")
+
+
+def _f(x: float | None, fmt: str) -> str:
+    width = int(fmt.split(".")[0])
+    return format(x, fmt) if x is not None else f"{'-':>{width}}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default=CONFIGS, help="RANKSxSWITCHES,... (one-switch references are added)")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--width", type=float, default=0.5, help="model width multiplier (1: the paper's size)")
+    p.add_argument("--bw", default="500mbit", help="the uplinks' rate")
+    p.add_argument("--global-compute", type=float, default=1.6,
+                   help="seconds one rank would compute the whole global batch (an input, not a measurement)")
+    p.add_argument("--iters", type=int, default=4, help="iterations per run (the first is not timed)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell (seed + k)")
+    p.add_argument("--out", type=Path, default=Path("runs/strong_scaling"))
+    p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
+    args = p.parse_args()
+    args.schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
+    dirs = args.analyse or run_sweeps(args)
+    runs = [r for r in find_runs(dirs) if r.status == "ok"]
+    print(f"\nsweep dirs: {', '.join(map(str, dirs))}")
+    analyse(runs)
+
+
+if __name__ == "__main__":
+    main()
