@@ -35,6 +35,71 @@ class BucketKeys:
         return tuple(map(id, bucket.parameters()))
 
 
+class CommThread:
+    """Runs a hook's communication off the backward pass: one thread per state, started at
+    the first ``submit``, running the submitted works one after another in the order they
+    were submitted. DDP calls the hook in bucket order on every rank, so every rank issues
+    the same collectives in the same order, as the synchronous hook did; meanwhile backward
+    goes on computing the next buckets' gradients (DDP waits on the futures at its end).
+
+    A thread, not chained futures: a multi-step algorithm (SparDL's rounds, PruneX's
+    domain reduce -> leaders' exchange -> broadcast) needs each step's data for the next,
+    and the step would then run in a callback on the thread that completed the previous
+    collective, a gloo worker: issuing and waiting on collectives there can deadlock once
+    the worker threads are all taken, and with several buckets in flight their callbacks
+    would issue a group's collectives in a different order on different ranks. Here the
+    works are the synchronous code itself, so the results are those of the synchronous hook.
+
+    After a work fails, the peers are likely gone: every later future fails at once with
+    the same error (DDP sees it and stops rather than hanging).
+    """
+
+    def __init__(self, name: str = "hook-comm"):
+        self.name = name
+        self._queue: queue.SimpleQueue | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, work, device: torch.device | None = None) -> torch.futures.Future:
+        """A future of ``work()``'s result, run on the thread after every earlier work."""
+        cuda = device is not None and device.type == "cuda"
+        fut = torch.futures.Future(devices=[device] if cuda else None)
+        ready = None
+        if cuda:  # the bucket's gradients are written on this (autograd's) stream
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+        self._queue.put((work, fut, device if cuda else None, ready))
+        return fut
+
+    def _serve(self) -> None:
+        while True:
+            work, fut, device, ready = self._queue.get()
+            result = None
+            if self._error is None:
+                try:
+                    if device is None:
+                        result = work()
+                    else:
+                        with torch.cuda.device(device):
+                            torch.cuda.current_stream(device).wait_event(ready)
+                            result = work()
+                except Exception as e:  # noqa: BLE001 (handed to DDP through the future)
+                    self._error = e
+            if self._error is not None:
+                fut.set_exception(self._error)
+            else:
+                fut.set_result(result)
+
+
+def done_future(value: torch.Tensor) -> torch.futures.Future:
+    """A future already holding ``value`` (a synchronous hook's answer)."""
+    fut = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
+    fut.set_result(value)
+    return fut
+
+
 def bucket_residual(state, key: tuple, bucket, buf: torch.Tensor) -> torch.Tensor:
     """The bucket's error-feedback residual (``state.residuals``: bucket key -> tensor,
     ``state.where``: id(parameter) -> (key, offset, length)); a new bucket takes over its

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ._common import Accounting, BucketKeys, TernaryReducer, segments_of, ternarize  # noqa: F401 (ternarize re-exported)
+from ._common import Accounting, BucketKeys, TernaryReducer, done_future, segments_of, ternarize  # noqa: F401 (ternarize re-exported)
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class PacTrainConfig:
     """Quantise the compact tensor to int8 ternary values, one scale per layer."""
     clip: float = 2.5
     """ternary: clip each layer to this many standard deviations first (0: off), as TernGrad."""
+    overlap: bool = True
+    """The hook returns before its collectives complete (they overlap backward); False: it
+    waits for them (the synchronous reference the tests compare with)."""
 
     def __post_init__(self):
         if self.stable_iters < 1:
@@ -233,6 +236,13 @@ def _scatter(buf: torch.Tensor, kept: torch.Tensor, values: torch.Tensor) -> tor
 
 def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: dense masked all-reduce until stable, then compact all-reduce."""
+    fut = _pactrain_reduce(state, bucket)
+    if state.config.overlap:
+        return fut
+    return done_future(fut.wait())
+
+
+def _pactrain_reduce(state: PacTrainState, bucket) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
     group = state.process_group
     world = dist.get_world_size(group)
@@ -245,6 +255,8 @@ def pactrain_hook(state: PacTrainState, bucket) -> torch.futures.Future[torch.Te
     state._compact_now = True
     compact = buf.index_select(0, b.kept)
     if state.ternary is not None:
+        # two collectives in sequence (the scales, then the int8 sum quantised against them),
+        # both launched off this thread: the hook returns at once
         fut, sent = state.ternary.reduce(compact, b.segments)
         state.payload_bytes += sent
         return fut.then(lambda f: _scatter(buf, b.kept, f.value()))

@@ -29,6 +29,10 @@ switch (``workloads.placement``):
   batch-norm parameters) stay zero and a pruned channel outputs exactly zero.
   ``buffer_bytes`` records the exchanged buffers' size per iteration, ``dense_iterations``
   how many iterations exchanged every gradient.
+* **Overlap** (both schemes): the hook hands each bucket's three steps to a communication
+  thread (``_common.CommThread``) and returns; the thread runs them bucket after bucket, so
+  they overlap the rest of backward as DDP's all-reduce does (``overlap=False``: the hook
+  runs them itself, the synchronous reference).
 
 Differences from the paper: one level of hierarchy (switch domains; hosts once the
 testbed spans several), the node-level Z is the global one (DDP keeps weights identical
@@ -44,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._common import Accounting, BucketKeys
+from ._common import Accounting, BucketKeys, CommThread, done_future
 
 
 @dataclass
@@ -69,6 +73,10 @@ class HierState(Accounting):
     """Bytes of the (compacted) buffers the leaders exchange, this iteration so far."""
     step_dense: int = 0
     """The same buffers' dense bytes."""
+    overlap: bool = False
+    """Run each bucket's collectives on ``comm`` so they overlap backward (``attach`` and
+    ``attach_hier`` turn it on; off, the hook runs them itself: the synchronous reference)."""
+    comm: CommThread = field(default_factory=lambda: CommThread("hier-comm"), repr=False, compare=False)
 
     def positions(self, bucket) -> torch.Tensor | None:
         if not self.masks:
@@ -83,8 +91,19 @@ class HierState(Accounting):
 
 
 def hier_hook(state: HierState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook of both schemes: with ``state.overlap`` the bucket's
+    collectives run on the state's communication thread and the future completes when they
+    have (backward goes on meanwhile); without, they run here, and the future is done."""
     buf = bucket.buffer()
-    kept = state.positions(bucket)
+    kept = state.positions(bucket)  # reads the bucket: here, not on the thread
+    if not state.overlap or state.world == 1:
+        return done_future(hier_reduce(state, buf, kept))
+    return state.comm.submit(lambda: hier_reduce(state, buf, kept), buf.device)
+
+
+def hier_reduce(state: HierState, buf: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """The bucket ``buf`` averaged over all ranks in place, synchronously: domain all-reduce,
+    the leaders' exchange of the ``kept`` positions (None: all), broadcast in the domain."""
     if state.intra is not None:
         dist.all_reduce(buf, group=state.intra)
         state.payload_bytes += buf.numel() * buf.element_size()
@@ -103,10 +122,7 @@ def hier_hook(state: HierState, bucket) -> torch.futures.Future[torch.Tensor]:
                 state.payload_bytes += x.numel() * x.element_size()
     if kept is not None:  # pruned positions receive zero
         buf.zero_().index_copy_(0, kept, x)
-    buf.div_(state.world)
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+    return buf.div_(state.world)
 
 
 def hier_groups(placement) -> tuple[object, object, int]:
@@ -316,7 +332,7 @@ class PruneXState(HierState):
 
 
 def attach_hier(ddp, opts, masks=None) -> HierState:
-    state = _hier_state(HierState, opts)
+    state = _hier_state(HierState, opts, overlap=True)
     ddp.register_comm_hook(state, hier_hook)
     return state
 
@@ -332,5 +348,6 @@ def prunex_state(model: nn.Module, opts) -> PruneXState:
 
 def attach(ddp, opts, masks=None) -> PruneXState:
     state = prunex_state(ddp.module, opts)
+    state.overlap = True
     ddp.register_comm_hook(state, hier_hook)
     return state

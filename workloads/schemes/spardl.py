@@ -31,6 +31,9 @@ one DDP bucket at a time (the small models here fit one bucket):
   its residual; entries outside the final selection go back, in full, to the residual of
   each rank that contributed them. No gradient mass is lost: over all ranks, residuals +
   world x result = gradients + previous residuals (tested).
+* **Overlap**: the hook hands each bucket's rounds to a communication thread
+  (``_common.CommThread``) and returns; the thread runs them bucket after bucket while
+  backward goes on (``overlap=False``: the hook runs them itself, the synchronous reference).
 
 Differences from the published code: d teams come from the topology or ``--spardl-d``
 (the code fixes d = 1); h is kept per bucket and clamped to [1, block size] (the
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ._common import Accounting, BucketKeys, bucket_residual
+from ._common import Accounting, BucketKeys, CommThread, bucket_residual, done_future
 
 
 def reduce_scatter_rounds(p: int) -> list[tuple[int, int]]:
@@ -121,6 +124,10 @@ class SparDLState(Accounting):
     """Bytes this rank sent to ranks in other domains (cumulative; never reset)."""
     messages: int = 0
     """Messages this rank sent (cumulative): each a latency-bound round."""
+    overlap: bool = False
+    """Run each bucket's rounds on ``comm`` so they overlap backward (``attach`` turns it
+    on; off, the hook runs them itself: the synchronous reference)."""
+    comm: CommThread = field(default_factory=lambda: CommThread("spardl-comm"), repr=False, compare=False)
 
     @property
     def team(self) -> tuple[int, ...]:
@@ -249,30 +256,39 @@ def sparse_allreduce(state: SparDLState, acc: torch.Tensor, h: int | None = None
 
 
 def spardl_hook(state: SparDLState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: with ``state.overlap`` the bucket's rounds run on the state's
+    communication thread (bucket after bucket, as every rank calls the hook) while backward
+    goes on; without, here, and the future is done."""
     buf = bucket.buffer()
-    fut: torch.futures.Future = torch.futures.Future()
     if state.world == 1:
-        fut.set_result(buf)
-        return fut
-    key = state.keys(bucket)
+        return done_future(buf)
+    key = state.keys(bucket)  # what reads the bucket runs here, not on the thread
     residual = bucket_residual(state, key, bucket, buf)
-    d = len(state.teams)
-    adapt = state.h_rule == "adaptive" and d > 1
-    if adapt:
+    hs = None
+    if state.h_rule == "adaptive" and len(state.teams) > 1:
         for gone in set(state.h) - set(state.residuals):
             del state.h[gone]  # DDP rebuilt that bucket away
-        b, k = geometry(buf.numel(), len(state.team), state.density)
         if key not in state.h:
-            state.h[key] = _H(*initial_h(b, state.density, d))
+            b, _ = geometry(buf.numel(), len(state.team), state.density)
+            state.h[key] = _H(*initial_h(b, state.density, len(state.teams)))
         hs = state.h[key]
+    if not state.overlap:
+        return done_future(_reduce_bucket(state, buf, residual, hs))
+    return state.comm.submit(lambda: _reduce_bucket(state, buf, residual, hs), buf.device)
+
+
+def _reduce_bucket(state: SparDLState, buf: torch.Tensor, residual: torch.Tensor, hs: "_H | None") -> torch.Tensor:
+    """SparDL of ``buf`` + ``residual`` (both updated in place); ``hs``: the bucket's
+    adaptive h (None: k // d), moved by the published rule afterwards."""
+    if hs is not None:
+        d = len(state.teams)
+        b, k = geometry(buf.numel(), len(state.team), state.density)
         hs.h = min(b, max(1, hs.h))  # at least one entry; no more than the block holds
-    avg, new = sparse_allreduce(state, residual + buf, hs.h if adapt else None)
-    if adapt:
+    avg, new = sparse_allreduce(state, residual + buf, None if hs is None else hs.h)
+    if hs is not None:
         hs.h, hs.step, hs.inertia = next_h(hs.h, hs.step, hs.inertia, state.last_union, k, d)
     residual.copy_(new)
-    buf.copy_(avg)
-    fut.set_result(buf)
-    return fut
+    return buf.copy_(avg)
 
 
 def teams_for(placement, how: str, d: int = 0) -> tuple[tuple[int, ...], ...]:
@@ -307,6 +323,6 @@ def attach(ddp, opts, masks=None) -> SparDLState:
     domain = {r: i for i, g in enumerate(opts.placement.groups) for r in g}
     state = SparDLState(density=opts.spardl_density, teams=teams, world=dist.get_world_size(),
                         rank=dist.get_rank(), h_rule=opts.spardl_h,
-                        domain=tuple(domain[r] for r in range(len(domain))))
+                        domain=tuple(domain[r] for r in range(len(domain))), overlap=True)
     ddp.register_comm_hook(state, spardl_hook)
     return state
