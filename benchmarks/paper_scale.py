@@ -58,9 +58,23 @@ COMPUTE_S = {"resnet18": 0.02, "resnet152": 0.10, "vgg19": 0.02, "vit_b16": 0.03
 NAME = "pscale"
 
 
-def _testbed() -> list[str]:
+def testbed_argv() -> list[str]:
     exe = shutil.which("testbed")
     return [exe] if exe else [sys.executable, "-m", "testbed"]
+
+
+def run_sweep(cmd: list[str], what: str) -> Path:
+    """Run a `testbed sweep ... --json` command; the sweep's directory (exits on a sweep
+    that did not start, says which runs failed otherwise)."""
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        out = Path(json.loads(p.stdout)["dir"])
+    except (ValueError, KeyError):
+        raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
+    if p.returncode != 0:
+        print(f"(some runs of {what} failed: see {out}/sweep.json)", flush=True)
+    return out
 
 
 def _compute_times(spec: str | None) -> dict[str, float]:
@@ -123,26 +137,19 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
         topo["name"] = NAME
         path = Path(tmp) / f"{NAME}.yaml"
         path.write_text(yaml.safe_dump(topo, sort_keys=False))
-        up = subprocess.run([*_testbed(), "up", str(path), "--no-exporter", "--json"], stdout=subprocess.PIPE, text=True)
+        up = subprocess.run([*testbed_argv(), "up", str(path), "--no-exporter", "--json"], stdout=subprocess.PIPE, text=True)
         if up.returncode != 0:
             raise SystemExit(f"testbed up failed (exit {up.returncode})")
         try:
             for model in args.models:
-                cmd = [*_testbed(), "sweep", "-t", NAME, "--schemes", ",".join(args.schemes), "--bw", ",".join(args.bws),
+                cmd = [*testbed_argv(), "sweep", "-t", NAME, "--schemes", ",".join(args.schemes), "--bw", ",".join(args.bws),
                        "--model", model, "--compute-time", str(times[model]), "--max-iters", str(args.iters),
                        "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900",
                        "--no-exporter", "--json", "--",
                        "--stable-iters", "1"]
-                print("$", " ".join(cmd), flush=True)
-                p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-                try:
-                    dirs.append(Path(json.loads(p.stdout)["dir"]))
-                except (ValueError, KeyError):
-                    raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
-                if p.returncode != 0:
-                    print(f"(some runs of {model} failed: see {dirs[-1]}/sweep.json)", flush=True)
+                dirs.append(run_sweep(cmd, model))
         finally:
-            subprocess.run([*_testbed(), "down", NAME], stdout=subprocess.DEVNULL)
+            subprocess.run([*testbed_argv(), "down", NAME], stdout=subprocess.DEVNULL)
     return dirs
 
 

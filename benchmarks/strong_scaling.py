@@ -36,28 +36,19 @@ gloo's reductions) weighs more than on GPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from benchmarks.paper_scale import steady_iter_s, steady_wire
+from benchmarks.paper_scale import testbed_argv, run_sweep, steady_iter_s, steady_wire
 from testbed.runs.report import RunData, find_runs
 
 CONFIGS = "4x2,8x2,8x4,16x4"
 SCHEMES = ("allreduce", "hier-allreduce", "prunex:0.5", "topk:0.01")
 NAME = re.compile(r"^ss(\d+)x(\d+)$")
-
-
-def _testbed() -> list[str]:
-    exe = shutil.which("testbed")
-    return [exe] if exe else [sys.executable, "-m", "testbed"]
 
 
 def parse_configs(spec: str) -> list[tuple[int, int]]:
@@ -103,19 +94,12 @@ def run_sweeps(args) -> list[Path]:
         for n, s in plan(parse_configs(args.configs)):
             path = Path(tmp) / f"ss{n}x{s}.yaml"
             path.write_text(yaml.safe_dump(topology(n, s, args.bw), sort_keys=False))
-            cmd = [*_testbed(), "sweep", "--topology", str(path), "--schemes", ",".join(args.schemes),
+            cmd = [*testbed_argv(), "sweep", "--topology", str(path), "--schemes", ",".join(args.schemes),
                    "--bw", args.bw if s > 1 else "10gbit", "--model", args.model, "--width", str(args.width),
                    "--compute-time", f"{args.global_compute / n:.6g}", "--max-iters", str(args.iters),
                    "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900", "--no-exporter",
                    "--json", "--", "--prunex-prune-at", "0"]
-            print("$", " ".join(cmd), flush=True)
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-            try:
-                dirs.append(Path(json.loads(p.stdout)["dir"]))
-            except (ValueError, KeyError):
-                raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
-            if p.returncode != 0:
-                print(f"(some runs of {n}x{s} failed: see {dirs[-1]}/sweep.json)", flush=True)
+            dirs.append(run_sweep(cmd, f"{n}x{s}"))
     return dirs
 
 
