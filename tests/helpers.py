@@ -173,3 +173,18 @@ class Frozen:
                     pass
             time.sleep(0.1)
         print(f"could not remove {self.cg}")
+
+
+def agent_frames(sock, thread, idle: float | None = None) -> list:
+    """The frames a VM guest agent answered on ``sock`` up to its EXIT or ERROR; then the
+    socket is closed and the agent's ``thread`` joined."""
+    from testbed.nodes import vmagent as wire
+
+    frames = []
+    while (f := wire.recv(sock, **({} if idle is None else {"idle": idle}))) is not None:
+        frames.append(f)
+        if f[0] in (wire.EXIT, wire.ERROR):
+            break
+    sock.close()
+    thread.join(10)
+    return frames

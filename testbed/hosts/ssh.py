@@ -316,12 +316,13 @@ class Remote:
     def _lost(self) -> str | None:
         """Why the connection ended, if it did (the host is then remembered as silent)."""
         with self._lock:
-            client, self._client = self._client, None
+            client = self._client
         transport = client.get_transport() if client is not None else None
         if transport is not None and transport.is_active():
-            with self._lock:
-                self._client = self._client or client
             return None
+        with self._lock:
+            if self._client is client:
+                self._client = None
         cause = getattr(transport.sock, "error", None) if transport is not None else None
         why = f"the connection was lost ({cause.strerror if cause is not None else 'closed by the host'})"
         if cause is not None and cause.errno == errno.ETIMEDOUT:

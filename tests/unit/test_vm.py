@@ -11,6 +11,7 @@ import pytest
 
 from testbed.nodes import vmagent as wire
 from testbed.common.errors import TopologyError
+from tests.helpers import agent_frames
 
 
 def test_vm_options_are_validated_with_the_field_named():
@@ -106,14 +107,7 @@ def test_the_agent_refuses_a_wrong_token_and_runs_a_command_with_a_right_one(tmp
             wire.send(a, wire.STDIN_EOF)
         except BrokenPipeError:
             pass  # the agent refused the request and closed first: its answer is still to be read
-        frames = []
-        while (f := wire.recv(a)) is not None:
-            frames.append(f)
-            if f[0] in (wire.EXIT, wire.ERROR):
-                break
-        a.close()
-        t.join(10)
-        return frames
+        return agent_frames(a, t)
 
     marker = tmp_path / "ran"
     bad = ask({"token": "nope", "op": "exec", "argv": ["touch", str(marker)]})

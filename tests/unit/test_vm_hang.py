@@ -18,6 +18,7 @@ import pytest
 from testbed.common.errors import TestbedError
 from testbed.nodes import vmagent as wire
 from testbed.nodes import vmexec, vmproc, vmqemu
+from tests.helpers import agent_frames
 
 
 def _frames(agent: wire.Agent, req: dict) -> list:
@@ -26,14 +27,7 @@ def _frames(agent: wire.Agent, req: dict) -> list:
     t.start()
     wire.send(a, wire.REQUEST, json.dumps(req).encode())
     wire.send(a, wire.STDIN_EOF)
-    frames = []
-    while (f := wire.recv(a, idle=10)) is not None:
-        frames.append(f)
-        if f[0] in (wire.EXIT, wire.ERROR):
-            break
-    a.close()
-    t.join(10)
-    return frames
+    return agent_frames(a, t, idle=10)
 
 
 @pytest.fixture
