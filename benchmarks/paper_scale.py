@@ -10,7 +10,7 @@ pass are replaced by a stated compute time (``testbed sweep --compute-time``): e
 real parameters at full size, DDP's real buckets, the schemes' real hooks and collectives
 through the emulated links, synthetic gradients, no accuracy. For each model it runs
 ``testbed sweep`` on topologies/three_switch.yaml (8 gloo ranks, two edge switches of four,
-the uplinks shaped) for allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.5 ternary
+the uplinks shaped) for allreduce, fp16, topk 0.01, pactrain 0.5 exact and pactrain 0.5 ternary
 (stable after 1 iteration: the mask is fixed before training), at 100 Mbit, 500 Mbit and
 1 Gbit, and prints per model and rate:
 
@@ -52,7 +52,7 @@ from testbed.model.units import Rate
 
 MODELS = ("resnet18", "resnet152", "vgg19", "vit_b16")
 BWS = ("100mbit", "500mbit", "1gbit")
-SCHEMES = ("allreduce", "fp16", "topk:0.01", "pactrain:0.5", "pactrain:0.5:ternary")
+SCHEMES = ("allreduce", "fp16", "topk:0.01", "pactrain:0.5:exact", "pactrain:0.5:ternary")
 COMPUTE_S = {"resnet18": 0.02, "resnet152": 0.10, "vgg19": 0.02, "vit_b16": 0.03}
 """Assumed forward + backward seconds per iteration (A40, batch 32, 32x32 images): estimates."""
 NAME = "pscale"

@@ -8,7 +8,7 @@ Section ``pactrain`` (the PacTrain paper's Fig. 3):
 
 Runs ``testbed sweep`` (8 gloo ranks on topologies/three_switch.yaml, the CNN on the bundled
 digits set, one shared checkpoint pre-trained for 2 epochs, seeded: 0.76 accuracy) for
-allreduce, fp16, topk 0.01, pactrain 0.5 and pactrain 0.5 ternary at 100 Mbit, 500 Mbit
+allreduce, fp16, topk 0.01, pactrain 0.5 exact and ternary at 100 Mbit, 500 Mbit
 and 1 Gbit and at 10 Gbit (the access links' rate: the bottleneck no longer binds), each
 ``--repeats`` times (seed + k). Evaluation runs every iteration, off the training clock,
 and the target (0.95) is one allreduce reaches about half-way through the 8 epochs, so
@@ -27,7 +27,7 @@ the busiest bottleneck direction (tc counters over the run; eval and start-up tr
 included), R the rate.
 
 Section ``prune`` (the PacTrain paper's Fig. 6: final accuracy against the pruning ratio):
-allreduce and pactrain at ``--prune-ratios`` (default 0.1, 0.3, 0.5, 0.7, 0.9) at
+allreduce and exact pactrain at ``--prune-ratios`` (default 0.1, 0.3, 0.5, 0.7, 0.9) at
 ``--prune-bw`` from the same checkpoint; it prints per ratio the final accuracy and time to
 accuracy, median [min-max] over repeats, the payload relative to allreduce, and the final
 accuracy's difference from allreduce's. ``testbed report`` on its sweep directory draws
@@ -66,7 +66,7 @@ from testbed.model.units import Rate
 
 SHAPED = ("100mbit", "500mbit", "1gbit")
 FREE = "10gbit"
-PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5", "pactrain 0.5 ternary")
+PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5 exact", "pactrain 0.5 ternary")
 PRUNEX = ("allreduce", "hier-allreduce", "prunex 0.5")
 SCALE = (2, 4, 8)
 SECTIONS = ("pactrain", "prune", "prunex", "spardl")
@@ -171,10 +171,10 @@ def main() -> None:
     else:
         dirs = []
         if "pactrain" in sections:
-            dirs.append(sweep(args.out, "allreduce,fp16,topk:0.01,pactrain:0.5,pactrain:0.5:ternary",
+            dirs.append(sweep(args.out, "allreduce,fp16,topk:0.01,pactrain:0.5:exact,pactrain:0.5:ternary",
                               ",".join((*SHAPED, FREE)), args))
         if "prune" in sections:
-            dirs.append(sweep(args.out, "allreduce,pactrain", args.prune_bw, args,
+            dirs.append(sweep(args.out, "allreduce,pactrain:exact", args.prune_bw, args,
                               "--prune-ratios", args.prune_ratios))
         if "prunex" in sections:
             dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", f"{args.prunex_bw},{FREE}", args))
@@ -190,7 +190,7 @@ def main() -> None:
         pactrain_section([r for r in _sweeps_with(three, {"fp16", "pactrain 0.5 ternary"}) if r.label in PACTRAIN],
                          args)
     if "prune" in sections:
-        ratios = {f"pactrain {float(x):g}" for x in args.prune_ratios.split(",")} - {"pactrain 0.5"}
+        ratios = {f"pactrain {float(x):g} exact" for x in args.prune_ratios.split(",")} - {"pactrain 0.5 exact"}
         prune_section([r for r in _sweeps_with(three, ratios) if r.bw == args.prune_bw
                        and r.summary["scheme"] in ("allreduce", "pactrain")
                        and not (r.summary.get("hyper") or {}).get("ternary")], args)

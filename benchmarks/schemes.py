@@ -69,7 +69,7 @@ VARIANTS = {  # label -> (scheme, options)
     "topk 0.01": ("topk", {"topk_ratio": 0.01}),
     "powersgd r4": ("powersgd", {"powersgd_rank": 4, "powersgd_start_iter": 2}),
     "terngrad": ("terngrad", {}),
-    "pactrain 0.5": ("pactrain", {}),
+    "pactrain 0.5 exact": ("pactrain", {"ternary": False}),
     "pactrain 0.5 ternary": ("pactrain", {"ternary": True}),
 }
 
@@ -319,7 +319,7 @@ def main() -> None:
     null = backward
 
     # PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets
-    state = runs["pactrain 0.5"][1]
+    state = runs["pactrain 0.5 exact"][1]
     buckets = [b for b in state._buckets.values() if b.kept is not None]
     bufs = [torch.randn(b.size, device=dev) for b in buckets]
     samples = []
@@ -334,7 +334,7 @@ def main() -> None:
     kept = sum(int(m.sum()) for m in masks.values()) + sum(
         q.numel() for n, q in base.named_parameters() if n not in masks)
     expected = kept / sum(q.numel() for q in base.parameters())
-    measured = runs["pactrain 0.5"][6][-1] / dense
+    measured = runs["pactrain 0.5 exact"][6][-1] / dense
     print(f"pactrain pack/scatter: {pack * 1000:.1f} ms per iteration over {len(buckets)} buckets = "
           f"{pack / null:.3f} of backward (target <= 0.05)")
     print(f"pactrain payload/dense {measured:.4f}; (1 - prune ratio) = {1 - args.prune_ratio:.4f}, "

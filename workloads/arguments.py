@@ -99,7 +99,8 @@ def _add_scheme_flags(p: argparse.ArgumentParser) -> None:
     for param in schemes.parameters():
         text = f"{'/'.join(param.schemes)}: {param.help}".replace("%", "%%")
         if param.type is bool:
-            group.add_argument(param.flag, action="store_true", help=text)
+            group.add_argument(param.flag, action=argparse.BooleanOptionalAction, default=param.default,
+                               help=f"{text} (default: {'on' if param.default else 'off'})")
         else:
             valid = f"{param.check}; " if param.check is not None else ""
             group.add_argument(param.flag, type=param.type, default=param.default,
@@ -118,15 +119,16 @@ def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given:
     extra = []
     for key, val in values.items():
         param = schemes.parameter(key)
-        if any(a == param.flag or a.startswith(param.flag + "=") for a in given):
+        flags = (param.flag, param.no_flag) if param.type is bool else (param.flag,)
+        if any(a == f or a.startswith(f + "=") for a in given for f in flags):
             p.error(f"{param.flag} is given twice, by the scheme variant {args.scheme!r} and on its own; keep one")
         if param.type is not bool:
             extra += [param.flag, val]
-        elif val.lower() in ("true", "yes", "1", "on"):
-            extra.append(param.flag)
+        elif param.switch_flag(val):
+            extra.append(param.switch_flag(val))
         else:
-            word = param.words[0] if param.words else f"{key}=true"
-            p.error(f"scheme variant {args.scheme!r}: {key} takes no value (write {scheme.name}:{word})")
+            p.error(f"scheme variant {args.scheme!r}: {key}={val} is not a switch's value; write "
+                    + " or ".join(f"{scheme.name}:{w}" for w in param.all_words or (f"{key}=true", f"{key}=false")))
     p.parse_args(extra, namespace=args)
     args.scheme = scheme.name
 

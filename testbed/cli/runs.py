@@ -189,7 +189,7 @@ def sweep(
     ctx: typer.Context,
     schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", metavar="SCHEME,...",
                                 parser=scheme_list, help="Comma-separated schemes or variants, e.g. "
-                                "allreduce,topk:0.1,pactrain:0.5:ternary."),
+                                "allreduce,topk:0.1,pactrain:0.5,pactrain:0.5:exact."),
     bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", metavar="RATE,...", help="Comma-separated bottleneck "
                            "rates."),
     repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, help="Runs per scheme, rate and grid point; "
@@ -256,7 +256,7 @@ def _builtin_sweep(ctx, schemes: str, prune_ratios, params: dict, workload: dict
         wargs += ["--hook-path", str(Path.cwd())]  # as for --hook: its module is found from here
     for name in names:
         for point in grid.for_scheme(params, name):
-            check_workload(name, [*wargs, *grid.argv(point)])
+            check_workload(name, [*wargs, *grid.argv(point, builtin=True)])
     pre = pretraining(workload, pretrain_dataset, pretrain_epochs)
     if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
         if pretrain_dataset is not None:

@@ -90,7 +90,9 @@ def _scheme_options() -> list[tuple]:
     for p in parameters():
         where = ", ".join(p.schemes)
         if p.type is bool:
-            opts.append((p.name, bool, typer.Option(False, p.flag, help=f"{where}: {p.help}.")))
+            opts.append((p.name, Optional[bool], typer.Option(
+                None, f"{p.flag}/{p.no_flag}", show_default=False,
+                help=f"{where}: {p.help} (default {'on' if p.default else 'off'}).")))
             continue
         rule = f"{p.check}; " if p.check is not None else ""
         text = f"{where}: {p.help} ({rule}default {p.default})." if p.default != "" else f"{where}: {p.help}."
@@ -154,11 +156,9 @@ def workload_args(w: dict, extra=()) -> list[str]:
     for name, flag in _FLAGS.items():
         if w[name] is not None:
             args += [flag, str(w[name])]
-    for p in parameters():
-        if p.type is bool:
-            args += [p.flag] if w[p.name] else []
-        elif w[p.name] is not None:
-            args += [p.flag, str(w[p.name])]
+    for p in parameters():  # only what was given: the workload's defaults apply otherwise
+        if w[p.name] is not None:
+            args += [(p.flag if w[p.name] else p.no_flag)] if p.type is bool else [p.flag, str(w[p.name])]
     if w["stop_at_target"]:
         args.append("--stop-at-target")
     if w["hook"] and not w["hook_path"]:  # --hook's module is found from here, as python -m would
@@ -225,7 +225,7 @@ def wants_pretraining(scheme: str, pretrain: Optional[bool], pretrain_dataset: O
 
 
 def with_prune_ratios(names: list[str], ratios: str) -> list[str]:
-    """Each pactrain entry once per ratio: ``pactrain:ternary`` x 0.3,0.5 -> ``pactrain:0.3:ternary``, ..."""
+    """Each pactrain entry once per ratio: ``pactrain:exact`` x 0.3,0.5 -> ``pactrain:0.3:exact``, ..."""
     from workloads.schemes import parse_variant
 
     values = [x.strip() for x in ratios.split(",") if x.strip()]
@@ -250,7 +250,7 @@ def with_prune_ratios(names: list[str], ratios: str) -> list[str]:
             raise TestbedError(f"--schemes: {e}") from None
         if sets_ratio:
             raise TestbedError(f"--schemes {name!r} sets a pruning ratio and --prune-ratios gives them too",
-                               "write the pactrain entry without a ratio (e.g. pactrain or pactrain:ternary)")
+                               "write the pactrain entry without a ratio (e.g. pactrain or pactrain:exact)")
         out += [":".join(["pactrain", v, *rest]) for v in values]
     if out == names:
         raise TestbedError("--prune-ratios needs a pactrain entry in --schemes", "e.g. --schemes allreduce,pactrain")

@@ -64,9 +64,18 @@ def for_scheme(grid: dict[str, list[str]], scheme: str | None) -> list[dict[str,
     return points(mine)
 
 
-def argv(point: dict[str, str]) -> list[str]:
-    """A grid point as command-line arguments: ``{"lr": "0.1"}`` -> ``["--lr", "0.1"]``."""
-    return [a for k, v in point.items() for a in (f"--{k}", v)]
+def argv(point: dict[str, str], builtin: bool = False) -> list[str]:
+    """A grid point as command-line arguments: ``{"lr": "0.1"}`` -> ``["--lr", "0.1"]``. For the
+    built-in trainer (``builtin``) a switch's value picks its flag: ``{"ternary": "off"}`` ->
+    ``["--no-ternary"]`` (any other value is passed on, and the trainer refuses it)."""
+    from workloads.schemes import parameters
+
+    switches = {p.name: p for p in parameters() if p.type is bool} if builtin else {}
+    out = []
+    for k, v in point.items():
+        flag = switches[norm(k)].switch_flag(v) if norm(k) in switches else None
+        out += [flag] if flag else [f"--{k}", v]
+    return out
 
 
 def slug(point: dict[str, str]) -> str:

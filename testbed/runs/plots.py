@@ -135,7 +135,7 @@ def _prune_ratio(figs: _Figures, rows: list[dict]) -> None:
         lines: dict[str, list] = {}
         for x in prunes:
             if x["bw"] == bw and x["final_accuracy"] is not None:
-                name = "pactrain ternary" if x["hyper"].get("ternary") else "pactrain"
+                name = {True: "pactrain ternary", False: "pactrain exact"}.get(x["hyper"].get("ternary"), "pactrain")
                 lines.setdefault(name, []).append(x)
         for name, xs in sorted(lines.items()):
             xs.sort(key=lambda x: x["hyper"]["prune_ratio"])

@@ -104,7 +104,7 @@ class RunRequest:
     @property
     def args(self) -> list[str]:
         """The code's arguments: ``workload_args``, then the grid point's ``--KEY VALUE``."""
-        return [*self.workload_args, *grid.argv(self.params)]
+        return [*self.workload_args, *grid.argv(self.params, builtin=self.code is None)]
 
     @property
     def compute_backend(self) -> str:

@@ -41,8 +41,8 @@ class RunData:
         if name == "pactrain":
             if s.get("prune_ratio") is not None:
                 name += f" {s['prune_ratio']:g}"
-            if s.get("ternary"):
-                name += " ternary"
+            if isinstance(s.get("ternary"), bool):  # (the summaries of every version say which)
+                name += " ternary" if s["ternary"] else " exact"
         return name
 
     def tta(self, target: float | None) -> float | None:

@@ -9,7 +9,7 @@ import pytest
 
 from testbed.common.errors import TestbedError
 from testbed.runs import grid
-from testbed.runs.request import RunRequest
+from testbed.runs.request import RunRequest, UserCode
 
 from .test_cli import cli
 
@@ -23,6 +23,22 @@ def test_every_combination_runs_in_the_order_given():
     assert grid.points({}) == [{}]
     assert grid.argv({"lr": "0.1", "hook": "m:f"}) == ["--lr", "0.1", "--hook", "m:f"]
     assert grid.slug({"lr": "0.1", "hook": "m.sub:f"}) == "lr0.1-hookm.sub_f"
+
+
+def test_a_switch_in_the_grid_picks_the_trainers_flag_and_your_code_gets_it_as_written():
+    """`sweep --param ternary=on,off` runs pactrain with --ternary and with --no-ternary; a
+    user's script gets `--ternary off` as it was written (it is not our flag)."""
+    from workloads.arguments import parse_args
+
+    assert grid.argv({"ternary": "off", "lr": "0.1"}, builtin=True) == ["--no-ternary", "--lr", "0.1"]
+    assert grid.argv({"ternary": "ON"}, builtin=True) == ["--ternary"]
+    assert grid.argv({"ternary": "maybe"}, builtin=True) == ["--ternary", "maybe"]  # the trainer refuses it
+    assert grid.argv({"ternary": "off"}) == ["--ternary", "off"]
+    req = RunRequest(scheme="pactrain", workload_args=["--epochs", "1"], params={"ternary": "off"})
+    assert parse_args(["--scheme", "pactrain", *req.args], raise_errors=True).ternary is False
+    mine = RunRequest(scheme="script", workload_args=[], params={"ternary": "off"},
+                      code=UserCode("script", "/x/train.py", Path("/x")))
+    assert mine.args == ["--ternary", "off"]
 
 
 def test_a_point_reaches_the_code_after_its_own_arguments():

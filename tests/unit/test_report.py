@@ -19,6 +19,13 @@ def test_new_schemes_are_labelled_with_their_parameter():
     assert {r["scheme"]: r["iter_time_vs_allreduce"] for r in rows}["spardl 0.01"] == 0.5
 
 
+def test_pactrain_says_whether_it_quantised_and_older_summaries_keep_their_label():
+    runs = [_run("pactrain", 8, 1.0, prune_ratio=0.5, ternary=True), _run("pactrain", 8, 1.0, prune_ratio=0.5,
+                                                                            ternary=False),
+            _run("pactrain", 8, 1.0, prune_ratio=0.5)]
+    assert [r.label for r in runs] == ["pactrain 0.5 ternary", "pactrain 0.5 exact", "pactrain 0.5"]
+
+
 def test_runs_of_several_world_sizes_are_kept_apart_and_compared_within_their_size():
     rows = table([_run("allreduce", 2, 1.0), _run("spardl", 2, 2.0, spardl_density=0.01),
                   _run("allreduce", 8, 4.0), _run("spardl", 8, 2.0, spardl_density=0.01)])

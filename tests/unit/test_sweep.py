@@ -67,7 +67,7 @@ def test_a_variant_sets_the_train_arguments_and_lands_in_hyper():
     h = hyper_params(args, get("pactrain"))
     assert (h["prune_ratio"], h["ternary"], h["terngrad_clip"], h["lr"]) == (0.8, True, 2.5, 0.1)
     assert "topk_ratio" not in h and "seed" not in h
-    plain = hyper_params(parse_args(["--scheme", "pactrain"], raise_errors=True), get("pactrain"))
+    plain = hyper_params(parse_args(["--scheme", "pactrain:exact"], raise_errors=True), get("pactrain"))
     assert "terngrad_clip" not in plain, "clip changes nothing without ternary"
     with pytest.raises(ValueError, match="--topk-ratio is given twice"):
         parse_args(["--scheme", "topk:0.1", "--topk-ratio=0.2"], raise_errors=True)

@@ -22,7 +22,8 @@ TRAIN = {"model": "cnn", "dataset": "digits", "width": 1.0, "depth": None, "batc
          "bucket_cap_mb": 25.0}
 """The train part of hyper under the default flags."""
 
-PACTRAIN = {"prune_ratio": 0.5, "prune_method": "magnitude", "ternary": False, "stable_iters": 3}
+PACTRAIN = {"prune_ratio": 0.5, "prune_method": "magnitude", "ternary": True, "stable_iters": 3, "terngrad_clip": 2.5}
+"""pactrain's part of hyper by default: the paper's PacTrain, ternary on."""
 
 
 @pytest.mark.parametrize("argv, train, scheme, init", [
@@ -36,10 +37,12 @@ PACTRAIN = {"prune_ratio": 0.5, "prune_method": "magnitude", "ternary": False, "
     (["--scheme", "pactrain"], {}, PACTRAIN, None),
     (["--scheme", "pactrain:0.8:ternary"], {},
      {"prune_ratio": 0.8, "prune_method": "magnitude", "ternary": True, "stable_iters": 3, "terngrad_clip": 2.5}, None),
-    (["--scheme", "pactrain:grasp:stable_iters=5:0.3", "--grasp-batches", "4"], {},
+    (["--scheme", "pactrain:grasp:stable_iters=5:0.3:exact", "--grasp-batches", "4"], {},
      {"prune_ratio": 0.3, "prune_method": "grasp", "ternary": False, "stable_iters": 5}, None),
     (["--scheme", "pactrain", "--ternary", "--terngrad-clip", "1.5", "--init", "/x/ck.pt"], {},
-     {**PACTRAIN, "ternary": True, "terngrad_clip": 1.5}, "ck.pt"),
+     {**PACTRAIN, "terngrad_clip": 1.5}, "ck.pt"),
+    (["--scheme", "pactrain", "--no-ternary"], {},
+     {"prune_ratio": 0.5, "prune_method": "magnitude", "ternary": False, "stable_iters": 3}, None),
     (["--scheme", "spardl:0.05:teams=switch"], {}, {"spardl_density": 0.05, "spardl_teams": "switch", "spardl_d": 0,
                                                         "spardl_h": "adaptive"}, None),
     (["--scheme", "prunex:0.7:rho=0.2:admm_every=5:prune_at=0.5", "--model", "resnet18", "--depth", "2"],
@@ -64,7 +67,7 @@ def test_each_schemes_hyper_is_its_recorded_declarations(name):
 
 
 def test_a_parameter_that_needs_a_switch_is_recorded_only_with_it():
-    off = vars(parse_args(["--scheme", "pactrain"], raise_errors=True))
+    off = vars(parse_args(["--scheme", "pactrain:exact"], raise_errors=True))
     assert "terngrad_clip" not in schemes.hyper("pactrain", off), "clip changes nothing without ternary"
     assert schemes.hyper("terngrad", off) == {"terngrad_clip": 2.5}, "terngrad has no switch: always recorded"
 
@@ -92,13 +95,14 @@ def test_every_declared_parameter_is_a_train_flag_with_its_default(param):
     assert getattr(args, param.name) == param.default and type(getattr(args, param.name)) is param.type
     if param.type is bool:
         assert getattr(parse_args([param.flag], raise_errors=True), param.name) is True
+        assert getattr(parse_args([param.no_flag], raise_errors=True), param.name) is False
     else:
         assert getattr(parse_args([param.flag, str(param.default)], raise_errors=True), param.name) == param.default
 
 
 def test_the_flags_keep_their_names_and_defaults():
     assert {p.flag: p.default for p in parameters()} == {
-        "--prune-ratio": 0.5, "--prune-method": "magnitude", "--grasp-batches": 2, "--ternary": False,
+        "--prune-ratio": 0.5, "--prune-method": "magnitude", "--grasp-batches": 2, "--ternary": True,
         "--stable-iters": 3, "--topk-ratio": 0.01, "--terngrad-clip": 2.5, "--powersgd-rank": 4,
         "--powersgd-start-iter": 10, "--spardl-density": 0.01, "--spardl-teams": "auto", "--spardl-d": 0,
         "--spardl-h": "adaptive", "--prunex-sparsity": 0.5,
@@ -140,7 +144,9 @@ def test_a_declaration_that_contradicts_itself_is_refused():
     with pytest.raises(ValueError, match="must be in"):
         Param("x", float, 2.0, "", ("topk",), Range(0, 1))
     with pytest.raises(ValueError, match="switch"):
-        Param("x", bool, True, "", ("topk",))
+        Param("x", bool, 1, "", ("topk",))
+    with pytest.raises(ValueError, match="only a switch"):
+        Param("x", str, "a", "", ("topk",), off_words=("b",))
     with pytest.raises(ValueError, match="words"):
         Param("x", str, "a", "", ("topk",), Choice(("a",)), words=("b",))
 
@@ -192,6 +198,9 @@ def test_the_declarations_import_no_torch():
     ("pactrain:magnitude:0.3:ternary:terngrad_clip=1", "pactrain",
      {"prune_method": "magnitude", "prune_ratio": "0.3", "ternary": "true", "terngrad_clip": "1"}),
     ("pactrain:ternary=true", "pactrain", {"ternary": "true"}),
+    ("pactrain:exact", "pactrain", {"ternary": "false"}),
+    ("pactrain:0.3:exact", "pactrain", {"prune_ratio": "0.3", "ternary": "false"}),
+    ("pactrain:ternary=off", "pactrain", {"ternary": "off"}),
     ("spardl:0.05", "spardl", {"spardl_density": "0.05"}),
     ("spardl:0.05:teams=switch", "spardl", {"spardl_density": "0.05", "spardl_teams": "switch"}),
     ("spardl:teams=1", "spardl", {"spardl_teams": "1"}),
@@ -220,6 +229,13 @@ def test_variant_specs_parse_as_before(spec, name, values):
     assert scheme.name == name and list(got.items()) == list(values.items())
 
 
-def test_a_switch_in_a_variant_takes_no_value():
-    with pytest.raises(ValueError, match=r"ternary takes no value \(write pactrain:ternary\)"):
-        parse_args(["--scheme", "pactrain:ternary=false"], raise_errors=True)
+def test_a_switch_in_a_variant_is_a_word_or_on_or_off():
+    assert parse_args(["--scheme", "pactrain:ternary=false"], raise_errors=True).ternary is False
+    assert parse_args(["--scheme", "pactrain:ternary"], raise_errors=True).ternary is True
+    assert parse_args(["--scheme", "pactrain:exact"], raise_errors=True).ternary is False
+    assert parse_args(["--scheme", "pactrain", "--no-ternary"], raise_errors=True).ternary is False
+    with pytest.raises(ValueError, match=r"ternary=maybe is not a switch's value; write pactrain:ternary or "
+                                         r"pactrain:exact"):
+        parse_args(["--scheme", "pactrain:ternary=maybe"], raise_errors=True)
+    with pytest.raises(ValueError, match=r"--ternary is given twice"):
+        parse_args(["--scheme", "pactrain:exact", "--no-ternary"], raise_errors=True)

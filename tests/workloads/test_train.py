@@ -17,7 +17,7 @@ ALL = ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("scheme", ALL)
+@pytest.mark.parametrize("scheme", ALL + ["pactrain:exact"])
 def test_every_scheme_reaches_90_percent_on_digits(scheme, world, tmp_path):
     r = train(world, tmp_path / "run", "--scheme", scheme, "--dataset", "digits", "--model", "cnn",
               "--epochs", "12", "--target-acc", "0.9", "--stop-at-target", "--log-every", "0")
@@ -25,7 +25,7 @@ def test_every_scheme_reaches_90_percent_on_digits(scheme, world, tmp_path):
     s = r.summary()
     assert set(SUMMARY_FIELDS) <= set(s)
     assert s["final_accuracy"] >= 0.9 and s["time_to_target_s"] is not None, s
-    assert s["world_size"] == world and s["scheme"] == scheme
+    assert s["world_size"] == world and s["scheme"] == scheme.split(":")[0] and s["variant"] == scheme
     evals = r.evals()
     assert evals[-1]["accuracy"] == s["final_accuracy"] and evals[-1]["train_s"] == s["time_to_target_s"]
     for rank in range(world):
@@ -79,8 +79,8 @@ def test_payload_bytes_match_what_each_scheme_promises(tmp_path):
     assert tx[-1] - tx[0] >= sum(x["payload_bytes"] for rs in recs for x in rs[1:]) / 2
 
     ratios = {}
-    for name, args in {"p50": ["--prune-ratio", "0.5"], "p80": ["--prune-ratio", "0.8"],
-                       "p50t": ["--prune-ratio", "0.5", "--ternary"]}.items():
+    for name, args in {"p50": ["--prune-ratio", "0.5", "--no-ternary"], "p80": ["--prune-ratio", "0.8", "--no-ternary"],
+                       "p50t": ["--prune-ratio", "0.5"]}.items():  # ternary is pactrain's default
         r = train(2, tmp_path / name, "--scheme", "pactrain", *args, *common)
         assert r.ok, r.logs
         ratios[name] = _last_payload(r, 2) / dense
@@ -207,11 +207,11 @@ def test_compute_time_mode_sends_real_traffic_and_measures_no_accuracy(tmp_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: the NCCL path cannot run here")
-@pytest.mark.parametrize("scheme", ALL + ["pactrain-ternary"])
+@pytest.mark.parametrize("scheme", ALL + ["pactrain-exact"])
 def test_nccl_on_gpu(scheme, tmp_path):
     """Two NCCL ranks (on one GPU when there is one: each rank its own NCCL host, as testbed
     run sets it, so they talk over TCP) train every scheme to 90 %."""
-    extra = ["--ternary"] if scheme.endswith("ternary") else []
+    extra = ["--no-ternary"] if scheme.endswith("exact") else []
     r = train(2, tmp_path / "run", "--scheme", scheme.split("-")[0], *extra, "--backend", "nccl",
               "--dataset", "digits", "--epochs", "12", "--target-acc", "0.9", "--stop-at-target")
     assert r.ok, r.logs

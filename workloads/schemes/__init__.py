@@ -58,8 +58,8 @@ class Scheme:
 
     @property
     def words(self) -> tuple[tuple[str, str, str], ...]:
-        """(word, parameter, value): bare words in a variant spec (``pactrain:0.5:ternary``)."""
-        return tuple((w, p.name, p.word_value(w)) for p in self.parameters for w in p.words)
+        """(word, parameter, value): bare words in a variant spec (``pactrain:0.5:exact``)."""
+        return tuple((w, p.name, p.word_value(w)) for p in self.parameters for w in p.all_words)
 
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in [
@@ -68,7 +68,8 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("topk", "top-k with error feedback, all-gather of values + int32 indices", "topk"),
     Scheme("powersgd", "torch's PowerSGD hook", "powersgd"),
     Scheme("terngrad", "ternary stochastic quantisation, per-layer max scale, clipped, int8 sum", "terngrad"),
-    Scheme("pactrain", "pruning + mask tracker + compact all-reduce (+ ternary)", "pactrain", prunes=True),
+    Scheme("pactrain", "pruning + mask tracker + compact all-reduce + ternary (pactrain:exact: without)", "pactrain",
+           prunes=True),
     Scheme("spardl", "SparDL: sparse reduce-scatter, global residual collection, Bruck all-gather", "spardl"),
     Scheme("prunex", "PruneX: ADMM channel pruning + hierarchical compact all-reduce via switch leaders", "prunex"),
     Scheme("hier-allreduce", "dense hierarchical all-reduce via switch leaders (PruneX without pruning)", "prunex",
@@ -171,12 +172,12 @@ def options(values: Mapping[str, object], **context) -> SchemeOptions:
 
 
 VARIANT_HELP = ("a scheme, or a variant NAME:VALUE[:...] setting its hyper-parameters, e.g. topk:0.1, "
-                "pactrain:0.8:ternary, powersgd:8, terngrad:clip=0, pactrain:0.5:grasp:stable_iters=5")
+                "pactrain:0.8:exact, powersgd:8, terngrad:clip=0, pactrain:0.5:grasp:stable_iters=5")
 
 
 def parse_variant(spec: str) -> tuple[Scheme, dict[str, str]]:
     """``topk:0.1`` -> (topk, {"topk_ratio": "0.1"}): a scheme name, then bare values for its
-    positional parameters in order, words it knows (``ternary``, ``grasp``) and
+    positional parameters in order, words it knows (``exact``, ``grasp``) and
     ``param=value`` for any of its parameters. Values stay strings (the train parser
     converts and checks them); ValueError names what is wrong."""
     if not isinstance(spec, str) or not spec:

@@ -25,7 +25,8 @@ Pruning fixes a global mask (identical on all ranks). In DDP's communication hoo
 * Compact all-reduce: the unmasked elements are gathered into a dense tensor with one
   ``index_select``, all-reduced (no indices travel: the mask is global), and scattered
   back with one ``index_copy_``: no Python loop over parameters on the hot path.
-* Optional ternary quantisation of the compact tensor, as TernGrad does it (the paper
+* Ternary quantisation of the compact tensor (the scheme's default, as in the paper;
+  ``--no-ternary`` / ``pactrain:exact`` leaves it out), as TernGrad does it (the paper
   builds PacTrain's quantisation on TernGrad): per layer, clip to 2.5 standard deviations,
   one scale = max |g| agreed by all ranks (one all-reduce MAX of the bucket's per-layer
   scales, launched without stalling the backward pass), stochastic rounding to
@@ -48,7 +49,8 @@ class PacTrainConfig:
     stable_iters: int = 3
     """K: iterations a bucket's mask must stay unchanged before it is compacted."""
     ternary: bool = False
-    """Quantise the compact tensor to int8 ternary values, one scale per layer."""
+    """Quantise the compact tensor to int8 ternary values, one scale per layer (the scheme's
+    ``--ternary`` flag, on by default, sets it; this config's own default is the exact hook)."""
     clip: float = 2.5
     """ternary: clip each layer to this many standard deviations first (0: off), as TernGrad."""
     overlap: bool = True

@@ -76,6 +76,10 @@ class ImportPath:
         return "package.module:factory"
 
 
+SWITCH_VALUES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+"""What ``name=value`` may write for a switch (in a variant spec or a sweep's grid)."""
+
+
 @dataclass(frozen=True)
 class Param:
     """One hyper-parameter of one or more schemes."""
@@ -84,7 +88,7 @@ class Param:
     """The one name it has everywhere: the ``SchemeOptions`` field, the workloads.train
     argument, the key in the summary's ``hyper`` and in variant specs (``name=value``)."""
     type: type
-    """float, int or str; bool is a switch (the flag sets it true; it defaults to False)."""
+    """float, int or str; bool is a switch (``--NAME`` sets it true, ``--no-NAME`` false)."""
     default: object
     help: str
     """What it does, for the flag's help (the schemes, valid values and default are added)."""
@@ -97,6 +101,8 @@ class Param:
     words: tuple[str, ...] = ()
     """Bare words in a variant spec that set it: a bool's word sets it true
     (``pactrain:ternary``), a choice's word sets it to that word (``pactrain:grasp``)."""
+    off_words: tuple[str, ...] = ()
+    """Bare words in a variant spec that set a bool false (``pactrain:exact``)."""
     needs: str | None = None
     """A bool parameter without which it changes nothing, in schemes that have that
     parameter: left out of ``hyper`` while that is off (pactrain's clip needs ternary)."""
@@ -107,8 +113,10 @@ class Param:
     """Also a top-level key of summary.json (null under schemes without it)."""
 
     def __post_init__(self):
-        if self.type is bool and (self.default is not False or self.check is not None):
-            raise ValueError(f"{self.name}: a switch defaults to False and takes no check")
+        if self.type is bool and (not isinstance(self.default, bool) or self.check is not None):
+            raise ValueError(f"{self.name}: a switch defaults to True or False and takes no check")
+        if self.off_words and self.type is not bool:
+            raise ValueError(f"{self.name}: only a switch has words that turn it off")
         if self.type is str and self.words and not (isinstance(self.check, Choice)
                                                     and set(self.words) <= set(self.check.values)):
             raise ValueError(f"{self.name}: its words must be among its choices")
@@ -121,14 +129,32 @@ class Param:
         """The workloads.train flag: ``--`` and the name with dashes (``--topk-ratio``)."""
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def no_flag(self) -> str:
+        """A switch's flag that turns it off (``--no-ternary``)."""
+        return "--no-" + self.name.replace("_", "-")
+
+    def switch_flag(self, value: str) -> str | None:
+        """A switch's flag for a written value (``off`` -> ``--no-ternary``); None when the value
+        is not one of ``SWITCH_VALUES`` (or this is not a switch)."""
+        on = SWITCH_VALUES.get(value.lower()) if self.type is bool else None
+        return None if on is None else (self.flag if on else self.no_flag)
+
     def validate(self, value) -> None:
         """ValueError naming the flag and the values it accepts, unless ``value`` is one."""
         if self.check is not None and not self.check.accepts(value):
             raise ValueError(f"{self.flag} must be {self.check}, got {value!r}")
 
+    @property
+    def all_words(self) -> tuple[str, ...]:
+        """Every bare word of a variant spec that sets it (``words`` then ``off_words``)."""
+        return self.words + self.off_words
+
     def word_value(self, word: str) -> str:
         """The value a bare ``word`` of a variant spec stands for (a string, as on a command line)."""
-        return "true" if self.type is bool else word
+        if self.type is bool:
+            return "false" if word in self.off_words else "true"
+        return word
 
 
 PARAMETERS: tuple[Param, ...] = (
@@ -139,8 +165,9 @@ PARAMETERS: tuple[Param, ...] = (
           Choice(("magnitude", "grasp")), words=("magnitude", "grasp")),
     Param("grasp_batches", int, 2, "batches scored by --prune-method grasp", ("pactrain",), Range(1),
           recorded=False),
-    Param("ternary", bool, False, "ternary-quantise the compact tensor", ("pactrain",), words=("ternary",),
-          summary_key=True),
+    Param("ternary", bool, True, "ternary-quantise the compact tensor, as the paper's PacTrain does "
+          "(--no-ternary: an exact fp32 compact all-reduce)", ("pactrain",), words=("ternary",),
+          off_words=("exact",), summary_key=True),
     Param("stable_iters", int, 3, "K iterations of an unchanged mask before a bucket is compacted",
           ("pactrain",), Range(1)),
     # topk
