@@ -34,7 +34,9 @@ accuracy's difference from allreduce's. ``testbed report`` on its sweep director
 prune_ratio.png.
 
 Section ``prunex`` (PruneX's claim: about 60 % less inter-node traffic than a flat dense
-all-reduce): allreduce, hier-allreduce and prunex on three_switch at ``--prunex-bw``; it
+all-reduce): allreduce, hier-allreduce and prunex on three_switch at ``--prunex-bw`` (or
+``--prunex-workers`` N behind its two edge switches, with ``--prunex-model`` such as
+resnet18, whose batch norm PruneX masks too); it
 prints the bytes per iteration on the switches' uplinks (tc counters, all directions) of
 prunex relative to allreduce and to hier-allreduce (hierarchy's gain apart from pruning's),
 with iteration time and time to accuracy.
@@ -155,6 +157,11 @@ def main() -> None:
                    help="the shared checkpoint is pre-trained on this dataset, then fine-tuned on digits")
     p.add_argument("--pretrain-epochs", type=float, default=2.0)
     p.add_argument("--prunex-bw", default="100mbit")
+    p.add_argument("--prunex-model", default=None, help="the prunex section's model (default: the CNN; "
+                   "resnet18 or vgg19 for batch norm, as the paper's)")
+    p.add_argument("--prunex-width", default=None, help="the prunex section's --width")
+    p.add_argument("--prunex-workers", type=int, default=8,
+                   help="ranks of the prunex section, half behind each edge switch (8: three_switch itself)")
     p.add_argument("--prune-bw", default="1gbit", help="the rate of the prune section (accuracy, not time)")
     p.add_argument("--prune-ratios", default=PRUNE_RATIOS)
     p.add_argument("--spardl-bw", default="100mbit")
@@ -177,7 +184,9 @@ def main() -> None:
             dirs.append(sweep(args.out, "allreduce,pactrain:exact", args.prune_bw, args,
                               "--prune-ratios", args.prune_ratios))
         if "prunex" in sections:
-            dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", f"{args.prunex_bw},{FREE}", args))
+            with tempfile.TemporaryDirectory() as tmp:
+                dirs.append(sweep(args.out, "allreduce,hier-allreduce,prunex", f"{args.prunex_bw},{FREE}", args,
+                                  *_prunex_extra(args, Path(tmp))))
         if "spardl" in sections:
             with tempfile.TemporaryDirectory() as tmp:
                 for n in SCALE:
@@ -195,14 +204,25 @@ def main() -> None:
                        and r.summary["scheme"] in ("allreduce", "pactrain")
                        and not (r.summary.get("hyper") or {}).get("ternary")], args)
     if "prunex" in sections:
-        mine = _sweeps_with(three, {"prunex 0.5", "hier-allreduce"})
+        mine = _sweeps_with(runs, {"prunex 0.5", "hier-allreduce"})
         prunex_section([r for r in mine if r.bw == args.prunex_bw], args)
         efficiency_section("PruneX section", [r for r in mine if r.label in PRUNEX], (args.prunex_bw,))
     if "spardl" in sections:
-        scaled = [r for r in runs if str(r.summary.get("topology")).startswith("scale")]
+        scaled = [r for r in runs if str(r.summary.get("topology")).startswith("scale")
+                  and r.summary.get("scheme") in ("spardl", "topk")]
         spardl_section([r for r in scaled if r.bw == args.spardl_bw], args)
         efficiency_section("SparDL section", scaled, (args.spardl_bw,),
                            key=lambda r: f"{r.summary['world_size']} ranks {r.label}")
+
+
+def _prunex_extra(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The prunex section's model and, below 8 workers, its topology (``scaled_topology``)."""
+    extra = []
+    for flag, value in (("--model", args.prunex_model), ("--width", args.prunex_width)):
+        extra += [flag, str(value)] if value is not None else []
+    if args.prunex_workers != 8:
+        extra += ["--topology", str(scaled_topology(args.prunex_workers, tmp))]
+    return extra
 
 
 def _sweeps_with(runs: list[RunData], labels: set) -> list[RunData]:
@@ -236,8 +256,10 @@ def _group(runs: list[RunData], key) -> dict:
 
 def prunex_section(runs: list[RunData], args) -> None:
     by = _group(runs, lambda r: r.label)
-    print(f"\nPruneX on three_switch at {args.prunex_bw}, 8 ranks (two switches of four); speedup = allreduce / "
-          f"scheme (of medians); median [min-max] over repeats")
+    first = runs[0].summary if runs else {}
+    print(f"\nPruneX on {first.get('topology')} at {args.prunex_bw}, {first.get('world_size')} ranks behind two "
+          f"switches, model {(first.get('hyper') or {}).get('model')}; speedup = allreduce / scheme (of medians); "
+          f"median [min-max] over repeats")
     print(f"{'scheme':<16} {'runs':>4} {'uplinks MB/iter':>23} {'vs allreduce':>12} {'iter s':>21} "
           f"{'iter speedup':>12} {'TTA s':>19} {'TTA speedup':>11} {'final acc':>21} {'kept':>5}")
     med = {}

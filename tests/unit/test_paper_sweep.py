@@ -69,3 +69,23 @@ def test_strong_scaling_topologies_and_their_one_switch_references():
     assert [l.name for l in ref.links if l.bottleneck] == ["w0-s1"]
     with pytest.raises(SystemExit):
         parse_configs("6x4")
+
+
+def test_the_prunex_section_can_run_a_batch_norm_model_on_fewer_workers(tmp_path):
+    """`--prunex-model resnet18 --prunex-workers 4`: the model's flags, and three_switch cut to
+    4 workers, two behind each edge switch (the uplinks still the only way across)."""
+    import argparse
+
+    import yaml
+
+    from benchmarks.paper_sweep import _prunex_extra
+
+    args = argparse.Namespace(prunex_model="resnet18", prunex_width="0.5", prunex_workers=4)
+    extra = _prunex_extra(args, tmp_path)
+    assert extra[:4] == ["--model", "resnet18", "--width", "0.5"] and extra[4] == "--topology"
+    topo = yaml.safe_load(Path(extra[5]).read_text())
+    workers = {k for k, v in topo["nodes"].items() if v.get("kind") != "switch"}
+    edges = {tuple(link["endpoints"]) for link in topo["links"]}
+    assert workers == {"w0", "w1", "w2", "w3"}
+    assert {("w0", "s1"), ("w1", "s1"), ("w2", "s2"), ("w3", "s2")} <= edges
+    assert _prunex_extra(argparse.Namespace(prunex_model=None, prunex_width=None, prunex_workers=8), tmp_path) == []
