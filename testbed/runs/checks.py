@@ -19,17 +19,35 @@ from testbed.nodes.gpus import host_gpus
 from testbed.runs.request import RunRequest
 
 
-def check_out(out: Path) -> None:
-    """``--out`` must take files before anything is built (a clear error, nothing left)."""
+def check_out(out: Path) -> Path | None:
+    """``--out`` must take files before anything is built (a clear error, nothing left).
+    Returns the highest directory this made (None: ``out`` was there), for ``discard_out``."""
     import tempfile
 
+    made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".testbed-write-check-"):
             pass
     except OSError as e:
+        discard_out(out, made)
         raise TestbedError(f"--out {out}: cannot write there ({e.strerror or e})",
                            "choose a writable directory with free space") from None
+    return made
+
+
+def discard_out(out: Path, made: Path | None) -> None:
+    """Remove the directories ``check_out`` made, up to ``made``, while they hold nothing: a
+    run refused after the check leaves no empty ``--out`` behind (a run's files keep it)."""
+    if made is None:
+        return
+    for d in (out, *out.parents):
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == made:
+            return
 
 
 def gpus_for(backend: str) -> list[int]:

@@ -36,7 +36,7 @@ from testbed.common.writes import WriteFailed
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link, Shape
-from testbed.runs.checks import check_out, check_testbed, gpus_for, load_trace
+from testbed.runs.checks import check_out, check_testbed, discard_out, gpus_for, load_trace
 from testbed.runs.exporter import start_run_exporter
 from testbed.runs.diskfull import as_disk_failure
 from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
@@ -62,9 +62,16 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
         on_message: Callable[[str], None] | None = None) -> dict:
     """One training run (see the module's docstring); ``on_status`` gets the progress about
     twice a second, ``on_message`` one line per thing the run does."""
-    say = on_message or (lambda m: None)
     gpus = gpus_for(req.compute_backend)  # the inputs, checked before anything is built
-    check_out(req.out)
+    made = check_out(req.out)
+    try:
+        return _run_checked(req, gpus, on_status, on_message or (lambda m: None))
+    except BaseException:
+        discard_out(req.out, made)  # only what stayed empty: a refused run leaves no --out behind
+        raise
+
+
+def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str], None]) -> dict:
     trace = load_trace(req)
     restore_signals = install_signals()
     r = _Run(req, trace, say)

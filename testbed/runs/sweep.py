@@ -13,6 +13,7 @@ sweep goes on; the sweep then exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from testbed.common import procs
 from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
 from testbed.runs import grid
+from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
 from testbed.runs.request import UserCode
 from testbed.model.units import Rate
@@ -104,19 +106,27 @@ def with_seed(args: list[str], offset: int) -> list[str]:
 
 def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
-    say = on_message or (lambda m: None)
-    check_out(req.out)
-    init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
+    made = check_out(req.out)
+    try:
+        return _sweep_checked(req, on_status, on_message or (lambda m: None))
+    except BaseException:
+        discard_out(req.out, made)  # only what stayed empty: a refused sweep leaves no --out behind
+        raise
+
+
+def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> dict:
     sweep_dir = _new_dir(req.out)
     tb, created = None, False
-    index = {"checkpoint": str(init) if init else None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
+    index = {"checkpoint": None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
              "params": req.params, "repeats": req.repeats, "runs": []}
     if req.code is not None:
         index["code"] = req.code.to_dict()
     plan = [(bw, scheme, point, rep) for bw in req.bws for scheme in req.schemes
             for point in grid.for_scheme(req.params, None if req.code else scheme) for rep in range(req.repeats)]
     try:
-        tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)
+        tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)  # before pre-training
+        init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
+        index["checkpoint"] = str(init) if init else None
         for k, (bw, scheme, point, rep) in enumerate(plan, 1):
             run_id = "-".join(x for x in (variant_slug(scheme), str(bw), grid.slug(point), f"r{rep}") if x)
             where = "".join(f", {key}={v}" for key, v in point.items())
@@ -131,6 +141,10 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
                 say(f"run {run_id} failed: {e.message.splitlines()[0]}")
             index["runs"].append(entry)
             write_json(sweep_dir / "sweep.json", index)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sweep_dir.rmdir()  # when no run got as far as its directory
+        raise
     finally:
         if created and tb is not None:
             tb.down()

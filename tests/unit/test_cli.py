@@ -109,3 +109,25 @@ def test_usage_errors_exit_2():
     assert cli("frobnicate").returncode == 2
     assert cli("link", "set", "--frobnicate").returncode == 2
     assert cli("report").returncode == 2  # DIR... is required
+
+
+def test_a_run_or_sweep_refused_after_the_out_check_leaves_no_out_directory(tmp_path):
+    """`--out` is made to check that it takes files; a run or sweep refused later (here: two
+    rates for the bottleneck, a testbed that is not up) removes it again, and only what it
+    made: a directory that was there, or one holding files, stays."""
+    from testbed.runs.checks import check_out, discard_out
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,100mbit\n")
+    r = cli("run", "allreduce", "--bw", "100mbit", "--bw-trace", str(trace), "--out", str(tmp_path / "a" / "b"))
+    assert r.returncode != 0 and "--bw and --bw-trace" in r.stderr, r.stderr
+    r = cli("sweep", "--schemes", "allreduce", "--bw", "100mbit", "-t", "nosuchtestbed", "--out",
+            str(tmp_path / "c" / "d"))
+    assert r.returncode != 0 and "nosuchtestbed" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+    made = check_out(tmp_path / "e" / "f")
+    assert made == tmp_path / "e"
+    (tmp_path / "e" / "keep").write_text("")
+    discard_out(tmp_path / "e" / "f", made)
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["keep"]
+    assert check_out(tmp_path) is None
