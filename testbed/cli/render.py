@@ -72,8 +72,15 @@ def say(text: str) -> None:
 
 
 def sayer(as_json: bool) -> Callable[[str], None]:
-    """Where the library's progress messages go: stderr, or nowhere under ``--json``."""
-    return (lambda m: None) if as_json else say
+    """Where the library's progress messages go: stderr; under ``--json`` only its warnings
+    (``warning: ...``, e.g. a link exporter that stopped mid-run) still go there, since
+    stdout then carries nothing but the JSON."""
+    return _warnings_only if as_json else say
+
+
+def _warnings_only(text: str) -> None:
+    if text.startswith("warning:"):
+        say(text)
 
 
 def lit(*cells):

@@ -61,6 +61,8 @@ def test_the_link_exporter_killed_during_a_run_is_in_its_summary(clean_kernel, t
         os.kill(_link_exporter(clean_kernel["state_dir"], "mf"), signal.SIGKILL)
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err  # the training went on
+        # under --json stdout is the summary alone, and the warning still reaches stderr
+        assert "warning: the link exporter of testbed 'mf' stopped" in err, err
         s = json.loads(out)
         assert s["status"] == "ok" and s["iterations"] == 200, s
         (exp,) = s["monitoring"]["exporters"]
