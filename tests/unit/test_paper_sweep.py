@@ -89,3 +89,19 @@ def test_the_prunex_section_can_run_a_batch_norm_model_on_fewer_workers(tmp_path
     assert workers == {"w0", "w1", "w2", "w3"}
     assert {("w0", "s1"), ("w1", "s1"), ("w2", "s2"), ("w3", "s2")} <= edges
     assert _prunex_extra(argparse.Namespace(prunex_model=None, prunex_width=None, prunex_workers=8), tmp_path) == []
+
+
+def test_ternary_against_exact_pairs_the_runs_by_seed(capsys):
+    """benchmarks/ternary.py: per rate the two variants' T, and ternary / exact of the medians
+    and of each seed's pair."""
+    from benchmarks.ternary import report
+
+    def run(ternary: bool, seed: int, iter_s: float) -> RunData:
+        return RunData(Path("/nonexistent"), {
+            "scheme": "pactrain", "prune_ratio": 0.5, "ternary": ternary, "seed": seed, "bw": "1gbit",
+            "mean_iter_s": iter_s, "iterations": 10, "bottleneck": {"links": {"s1-s0": {"bytes": 1e7}}}})
+
+    report([run(False, 0, 0.10), run(False, 1, 0.12), run(True, 0, 0.09), run(True, 1, 0.12)], ["1gbit"])
+    out = capsys.readouterr().out
+    assert "pactrain 0.5 exact" in out and "pactrain 0.5 ternary" in out
+    assert "ternary / exact: 0.955 of the medians; per seed 0.900-1.000 over 2 pairs" in out, out
