@@ -116,7 +116,8 @@ def analyse(runs: list[RunData]) -> None:
             variant = r.summary.get("variant") or r.summary.get("scheme")
             cells.setdefault((int(m[1]), int(m[2]), variant), []).append(r)
     t = {k: _median(steady_iter_s(r) for r in rs) for k, rs in cells.items()}
-    any_run = next(iter(cells.values()))[0].summary if cells else {}
+    shaped = [rs[0].summary for (_, switches, _), rs in cells.items() if switches > 1]  # not a reference's
+    any_run = shaped[0] if shaped else next(iter(cells.values()))[0].summary if cells else {}
     print(f"\nStrong scaling, paper-scale mode: {any_run.get('model')} (width as run), stated compute = "
           f"global compute / ranks; bottleneck = the edge switches' uplinks at {any_run.get('bw')}")
     print("speed-up = all-reduce's iteration time on one switch's worth of ranks / this one's (own: the "
