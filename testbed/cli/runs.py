@@ -13,7 +13,7 @@ from rich.table import Table
 
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
     split_list, testbed_name, testbed_option
-from testbed.cli.render import emit, err, guard, lit, out, plain, say, sayer
+from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
 from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
 from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
     with_prune_ratios, with_workload_options, workload_args
@@ -148,7 +148,7 @@ def _with_display(fn, req, as_json: bool):
     live_on = not as_json and err.is_terminal
     with Live(console=err, refresh_per_second=2, transient=True) if live_on else contextlib.nullcontext() as live:
         return fn(req, (lambda st: live.update(_status_table(st))) if live is not None else None,
-                  None if as_json else say)
+                  sayer(as_json))
 
 
 def _status_table(st) -> Table:
