@@ -1,4 +1,4 @@
-"""Run a function in N gloo processes on this machine (for tests)."""
+"""Run a function in N gloo processes on this machine (for tests), and one PruneX training step."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn as nn
 
 
 def _free_port() -> int:
@@ -34,3 +35,13 @@ def _entry(rank, world, port, fn, args):
 def run(fn, world: int, *args) -> None:
     """Raise if any rank raises (its traceback is in the exception)."""
     mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
+
+
+def prunex_step(ddp, state, opt, x, y) -> None:
+    """One training step as workloads' loop takes it under PruneX: backward (the hook
+    exchanges), the ADMM penalty, the optimizer step, then the ADMM updates."""
+    opt.zero_grad()
+    nn.functional.cross_entropy(ddp(x), y).backward()
+    state.before_step()
+    opt.step()
+    state.after_step(opt)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.workloads.dist_util import run
+from tests.workloads.dist_util import prunex_step, run
 from tests.workloads.launch import free_port
 from tests.workloads.test_schemes import _Bucket
 from tests.workloads.test_spardl_prunex import _Net, _opts
@@ -101,12 +101,7 @@ def _prunex_run(rank, sizes, overlap):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(8):
-        x, y = torch.randn(8, 1, 8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        state.before_step()
-        opt.step()
-        state.after_step(opt)
+        prunex_step(ddp, state, opt, torch.randn(8, 1, 8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen))
     assert len(buckets) > 1, "several buckets in flight"
     return [p.detach().clone() for p in model.parameters()], state
 

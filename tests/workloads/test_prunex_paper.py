@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tests.workloads.dist_util import run
+from tests.workloads.dist_util import prunex_step, run
 from workloads import placement as pl
 from workloads.models import MODELS, build_model
 from workloads.schemes import SchemeOptions
@@ -57,12 +57,8 @@ def _pruned_channels_are_zero(rank, world):
         assert set(bns) == {m for m in model.modules() if isinstance(m, nn.BatchNorm2d)}, f"{name}: every BN paired"
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
         for _ in range(4):  # masks fixed after the second step; two more steps must keep them zero
-            x, y = torch.randn(4, 3, 32, 32, generator=gen), torch.randint(0, 3, (4,), generator=gen)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            state.before_step()
-            opt.step()
-            state.after_step(opt)
+            prunex_step(ddp, state, opt, torch.randn(4, 3, 32, 32, generator=gen),
+                        torch.randint(0, 3, (4,), generator=gen))
         assert state.fixed
         x = torch.randn(4, 3, 32, 32, generator=gen)
         for train in (True, False):  # batch statistics, then the running ones
