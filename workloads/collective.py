@@ -10,6 +10,11 @@ Each rank writes ``rank{R}.jsonl`` (one record per all-reduce: seconds, payload 
 interface counters) and rank 0 ``summary.json`` (the same fields a training run's summary
 has where they apply: iterations, mean_iter_s, mean_payload_bytes, world_size), so
 ``testbed run`` machinery can launch and account for it like training.
+
+``--op sum-int8`` times the int8 sum ternary schemes send (as many int8 values as the fp32
+sum has floats) and ``--op ternary`` their whole average (``TernaryReducer.reduce``: clip,
+scales, their dissemination, quantising, the int8 sum, scaling back), so the three add up
+to where a ternary exchange's time goes against the fp32 one.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--iface", default=None)
-    p.add_argument("--op", choices=["sum", "max", "max-dissemination"], default="sum",
-                   help="all-reduce SUM (default), all-reduce MAX, or MAX by dissemination rounds")
+    p.add_argument("--op", choices=list(OPS), default="sum",
+                   help="all-reduce SUM (default), all-reduce MAX, MAX by dissemination rounds, SUM of "
+                        "int8 (--bytes / 4 of them, as many as the fp32 sum's elements), or ternary's whole average "
+                        "of --bytes / 4 floats (TernaryReducer)")
+    p.add_argument("--layers", type=int, default=1, help="--op ternary: equal segments, one scale each")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.bytes < 4 or args.iters < 1:
-        p.error("--bytes must be >= 4 and --iters >= 1")
+    if args.bytes < 4 or args.iters < 1 or args.layers < 1:
+        p.error("--bytes must be >= 4, --iters and --layers >= 1")
     rank, world, device, backend = init_distributed(args.backend)
     try:
         out = Path(args.out)
@@ -49,8 +57,8 @@ def main(argv=None) -> int:
         iface = records.iface_from_env(args.iface)
         counters = records.IfaceCounters(iface) if iface else None
         x = torch.ones(args.bytes // 4, dtype=torch.float32, device=device)
-        payload = x.numel() * 4
-        collective = _collective(args.op)
+        payload = _payload(args.op, x.numel(), args.layers)
+        collective = OPS[args.op](args)
         log = records.JsonlWriter(out / f"rank{rank}.jsonl")
         times = []
         for i in range(args.warmup + args.iters):
@@ -79,11 +87,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _collective(op: str):
-    if op == "sum":
-        return dist.all_reduce
-    if op == "max":
-        return lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX)
+def _max(args):
+    return lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX)
+
+
+def _dissemination(args):
     from workloads.schemes._common import MaxExchange
     exchange = MaxExchange(None)
     done: queue.SimpleQueue = queue.SimpleQueue()
@@ -94,6 +102,49 @@ def _collective(op: str):
         if err is not None:
             raise err
     return run
+
+
+def _sum_int8(args):
+    values: list[torch.Tensor] = []
+
+    def run(x):
+        if not values:
+            values.append(torch.ones(x.numel(), dtype=torch.int8, device=x.device))
+        dist.all_reduce(values[0])
+    return run
+
+
+def _ternary(args):
+    """TernaryReducer's whole average of the buffer, in --layers equal segments: the clip and
+    scales, their dissemination, the quantising callback, the int8 sum and the scaling back.
+    Each call first copies fresh values in (the reducer works in place; about 0.1 ms a MB)."""
+    from workloads.schemes._common import TernaryReducer
+    reducer = TernaryReducer(None, torch.Generator(device="cpu").manual_seed(dist.get_rank()))
+    layers = args.layers
+    fresh: list[torch.Tensor] = []
+
+    def run(x):
+        n = x.numel()
+        if not fresh:
+            fresh.append(torch.randn(n, generator=reducer.generator, dtype=x.dtype).to(x.device))
+        bounds = [n * j // layers for j in range(layers + 1)]
+        segments = [(a, b - a) for a, b in zip(bounds, bounds[1:])]
+        fut, _ = reducer.reduce(x.copy_(fresh[0]), segments)
+        fut.wait()
+    return run
+
+
+def _payload(op: str, n: int, layers: int) -> int:
+    """Bytes a rank hands the collective per call: int8 values (and ternary's scales) or floats."""
+    if op == "sum-int8":
+        return n
+    if op == "ternary":
+        return n + 4 * layers
+    return 4 * n
+
+
+OPS = {"sum": lambda args: dist.all_reduce, "max": _max, "max-dissemination": _dissemination,
+       "sum-int8": _sum_int8, "ternary": _ternary}
 
 
 if __name__ == "__main__":

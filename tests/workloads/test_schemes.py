@@ -346,10 +346,14 @@ def test_synthetic_compute_hands_ddp_real_shaped_gradients_in_reverse_order():
     run(_synthetic_gradients, 2)
 
 
-@pytest.mark.parametrize("op", ["max", "max-dissemination"])
-def test_the_collective_workload_times_the_scale_exchanges(tmp_path, op):
-    res = train(3, tmp_path / op, "--op", op, "--bytes", "64", "--iters", "3", module="workloads.collective")
+@pytest.mark.parametrize("op,payload", [("max", 64), ("max-dissemination", 64), ("sum-int8", 16),
+                                        ("ternary", 16 + 4 * 2)])
+def test_the_collective_workload_times_ternarys_exchanges(tmp_path, op, payload):
+    """Each piece of a ternary exchange runs alone, with the bytes it hands the collective
+    (16 floats' worth: 16 int8 values, and ternary's 2 scales besides)."""
+    res = train(3, tmp_path / op, "--op", op, "--bytes", "64", "--layers", "2", "--iters", "3",
+                module="workloads.collective")
     assert res.ok, res.logs
     s = res.summary()
-    assert (s["op"], s["iterations"], s["world_size"]) == (op, 3, 3)
-    assert all(r["iter_s"] > 0 for r in res.iters(2))
+    assert (s["op"], s["iterations"], s["world_size"], s["mean_payload_bytes"]) == (op, 3, 3, payload)
+    assert all(r["iter_s"] > 0 and r["payload_bytes"] == payload for r in res.iters(2))
