@@ -160,6 +160,12 @@ class Testbed:
     def backend(self, node: str):
         return get_backend(self.node(node).backend)
 
+    def why_stopped(self, node: str) -> str | None:
+        """Why a process in ``node`` may have died beyond its own doing, asked on the node's
+        own host (another host's backend over SSH)."""
+        info = self.node(node)
+        return self.site(info.host).why_stopped(info)
+
     def command(self, node: str, argv: Sequence[str], *, mounts: Sequence[Path] = (),
                 cwd: Path | None = None) -> list[str]:
         """Host argv that runs ``argv`` inside ``node`` (through its backend, on its host; no shell)."""

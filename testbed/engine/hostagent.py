@@ -17,6 +17,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
 ``counters NAME``: egress counters of this host's link ends.
 ``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
 ``exec NAME NODE -- ARGV``: run ARGV in the node, killed if the connection dies.
+``why NAME`` {node}: why a process in that node (on this host) may have stopped, as its
+               backend tells here (its container removed, its VM gone quiet); served only.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ MAX_REQUEST = 64 << 20
 SERVED = {
     "counters": lambda name, payload: counters(name),
     "shape": lambda name, payload: shape(name, dict_of(payload, "request")),
+    "why": lambda name, payload: why(name, dict_of(payload, "request")),
 }
 """What ``testbed _host serve`` answers: the requests a controller repeats (:mod:`testbed.engine.hostserve`)."""
 
@@ -193,6 +196,20 @@ def shape(name: str, req: dict) -> dict:
     if copies:
         _keep_copies(tb, dict_of(copies, "copies"))
     return {"changed": len(todo), "copied": len(copies)}
+
+
+def why(name: str, req: dict) -> dict:
+    """The node's backend's reason a process in it stopped, asked here where the node lives."""
+    from testbed.engine.core import Testbed
+
+    tb = Testbed.attach(name)
+    node = req.get("node")
+    if not isinstance(node, str) or node not in tb.nodes:
+        raise TestbedError(f"testbed '{name}' has no node {node!r}")
+    info = tb.node(node)
+    if info.host != tb.here:
+        raise TestbedError(f"node {node} is on host {info.host}, not on this one")
+    return {"why": tb.site(tb.here).why_stopped(info)}
 
 
 def _keep_copies(tb, copies: dict) -> None:

@@ -31,6 +31,11 @@ from testbed.net.tcbatch import LinkChanger
 from testbed.nodes import get as get_backend
 from testbed.plan.plan import Endpoint, NodeInfo
 
+WHY_TIMEOUT = 20.0
+"""Seconds another host gets to say why a node's process stopped (a VM's probe takes 5)."""
+MAX_WHY = 4000
+"""Characters of another host's reason that are kept (it comes from untrusted input)."""
+
 _IFINDEX: dict[tuple[str, int | None, str], int] = {}
 """(namespace, its inode, interface) -> ifindex. An interface keeps its index for its whole
 life, and the inode tells a namespace apart from a later one of the same name, so
@@ -79,6 +84,11 @@ class Site(ABC):
         """The run directory as the ranks on this site see it (``code``: the user's code,
         which another host gets a copy of)."""
 
+    @abstractmethod
+    def why_stopped(self, info: NodeInfo) -> str | None:
+        """Why a process in node ``info`` may have died beyond its own doing, as its backend
+        tells on the node's own host (None: nothing known)."""
+
     def close(self) -> None:
         pass
 
@@ -90,6 +100,9 @@ class LocalSite(Site):
 
     def command(self, info, argv, *, mounts=(), cwd=None):
         return get_backend(info.backend).command(info, argv, mounts=mounts, cwd=cwd)
+
+    def why_stopped(self, info):
+        return get_backend(info.backend).why_stopped(info)
 
     def shape(self, changes, changer, copies=None):
         if not changes:
@@ -220,6 +233,15 @@ class SshSite(Site):
 
     def open_run(self, run_dir, mounts, code=None):
         return RemoteRun(self, run_dir, mounts, code)
+
+    def why_stopped(self, info):
+        """The node's backend asked on its host (this machine has no such container or VM);
+        a host that does not answer is itself the likely reason."""
+        try:
+            why = self.agent.ask("why", {"node": info.name}, timeout=WHY_TIMEOUT).get("why")
+        except TestbedError as e:
+            return f"its host {self.host} did not say why: {e}"
+        return why[:MAX_WHY] if isinstance(why, str) and why else None
 
     def close(self) -> None:
         if self._session is not None:

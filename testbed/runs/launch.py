@@ -280,7 +280,7 @@ class Launcher:
                     raise RankFailed(f"testbed '{self.tb.name}' was taken down during the run (`testbed down`): "
                                      f"rank {r.rank} (node {r.node}{r.where}) {how} as its node went away; the other "
                                      "ranks were stopped")
-                why = self.tb.backend(r.node).why_stopped(self.tb.node(r.node))
+                why = self.tb.why_stopped(r.node)
                 if why:
                     how += f": {why}"
                 raise RankFailed(f"rank {r.rank} (node {r.node}{r.where}) {how}; the other ranks were stopped. "
@@ -290,7 +290,7 @@ class Launcher:
             stalled = [r for r in self.ranks if r.proc.poll() is None and now - r.last_progress > self.timeout]
             if stalled and len(stalled) == running:
                 # a node that can say why (a VM that stopped answering) is named first
-                why = {r.rank: self.tb.backend(r.node).why_stopped(self.tb.node(r.node)) for r in stalled}
+                why = {r.rank: self.tb.why_stopped(r.node) for r in stalled}
                 first = min(stalled, key=lambda r: (why[r.rank] is None, r.last_progress))
                 self.stop()
                 done = [r for r in self.ranks if r.proc.returncode == 0]

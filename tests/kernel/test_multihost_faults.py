@@ -179,6 +179,22 @@ def test_a_half_built_share_after_the_controller_and_the_hosts_agent_died(clean_
     assert lab.leftovers() == {}
 
 
+def _why_is_asked_where_the_node_lives() -> None:
+    """A failed run asks why a rank's node stopped on the node's own host: w0's container
+    runs on h1, in h1's namespace fc.w0, which this machine does not have (Docker's health
+    asked here would call the container restarted into a new namespace); h1's agent, asked
+    about a node that is not on h1, says so."""
+    from testbed.engine.core import Testbed
+
+    tb = Testbed.attach("fc")
+    try:
+        assert tb.why_stopped("w0") is None and tb.why_stopped("w1") is None
+        wrong = tb.site("h1").why_stopped(tb.node("w1"))
+        assert wrong.startswith("its host h1 did not say why") and "node w1 is on host" in wrong, wrong
+    finally:
+        tb.close()
+
+
 def test_container_workers_on_another_host_carry_that_hosts_state_and_survive_a_lost_ledger(clean_lab, tmp_path):
     """A container worker on h1 is labelled with h1's own state directory (not the
     controller's), so a lost-ledger `down --all` typed on h1 finds and removes it."""
@@ -201,6 +217,7 @@ def test_container_workers_on_another_host_carry_that_hosts_state_and_survive_a_
         w1 = next(n["address"] for n in up["nodes"] if n["name"] == "w1")
         r = cli("exec", "--testbed", "fc", "w0", "--", "ping", "-c1", "-W2", w1)  # across the VXLAN link
         assert r.returncode == 0, r.stdout + r.stderr
+        _why_is_asked_where_the_node_lives()
         h1.in_mounts("rm", "-rf", f"{alt}/fc")  # h1 lost its ledger
         real = str(Path(sys.executable).parent / "testbed")
         r = h1.in_mounts("env", f"TESTBED_STATE_DIR={alt}", real, "down", "--all", "--json")

@@ -10,17 +10,12 @@ import pytest
 from testbed.runs.launch import Launcher, RankFailed, RankProc
 
 
-class _Backend:
-    def why_stopped(self, node):
-        return None
-
-
 class _Testbed:
     here = "local"
     name = "unit"
 
-    def backend(self, name):
-        return _Backend()
+    def why_stopped(self, name):
+        return None
 
     def node(self, name):
         return name
