@@ -35,17 +35,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
 from benchmarks import bounds
-from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter
+from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, testbed_argv
 from testbed.common.files import read_jsonl
 from testbed.runs.report import RunData, find_runs
 from testbed.model.units import Rate
@@ -56,11 +54,6 @@ SCHEMES = ("allreduce", "fp16", "topk:0.01", "pactrain:0.5:exact", "pactrain:0.5
 COMPUTE_S = {"resnet18": 0.02, "resnet152": 0.10, "vgg19": 0.02, "vit_b16": 0.03}
 """Assumed forward + backward seconds per iteration (A40, batch 32, 32x32 images): estimates."""
 NAME = "pscale"
-
-
-def testbed_argv() -> list[str]:
-    exe = shutil.which("testbed")
-    return [exe] if exe else [sys.executable, "-m", "testbed"]
 
 
 def run_sweep(cmd: list[str], what: str) -> Path:

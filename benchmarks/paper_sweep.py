@@ -80,13 +80,14 @@ stuck at chance): `--pretrain-dataset` is there for tasks that transfer."""
 THREE = Path(__file__).resolve().parents[1] / "testbed" / "topologies" / "three_switch.yaml"
 
 
-def _testbed() -> list[str]:
+def testbed_argv() -> list[str]:
+    """The ``testbed`` program beside this Python (or ``python -m testbed``)."""
     exe = shutil.which("testbed")
     return [exe] if exe else [sys.executable, "-m", "testbed"]
 
 
 def sweep(out: Path, schemes: str, bws: str, args: argparse.Namespace, *extra: str) -> Path:
-    cmd = [*_testbed(), "sweep", "--schemes", schemes, "--bw", bws, "--out", str(out),
+    cmd = [*testbed_argv(), "sweep", "--schemes", schemes, "--bw", bws, "--out", str(out),
            "--epochs", str(args.epochs), "--target-acc", str(args.target_acc), "--repeats", str(args.repeats),
            "--eval-every", str(args.eval_every), "--pretrain-epochs", str(args.pretrain_epochs), "--json", *extra]
     if args.pretrain_dataset:

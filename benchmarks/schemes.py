@@ -216,7 +216,7 @@ def grouped(args: argparse.Namespace) -> None:
     mp.spawn(_grouped_rank, args=(args.ranks, _free_port(), args), nprocs=args.ranks, join=True)
 
 
-def main() -> None:
+def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--batch-size", type=int, default=32)
@@ -234,39 +234,34 @@ def main() -> None:
     args = p.parse_args()
     if args.ranks and (args.ranks < 2 or args.ranks % 2):
         p.error("--ranks must be an even number >= 2, or 0")
-    if args.grouped_only:
-        if args.ranks:
-            grouped(args)
-        return
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not args.grouped_only and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA GPU")
-    dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    cuda = dev.type == "cuda"
+    return args
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(dev)
 
+def _group_of_one(device: str) -> torch.device:
+    """A process group of this process alone (NCCL on the GPU, gloo on the CPU); its device."""
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    if cuda:
+    if dev.type == "cuda":
         torch.cuda.set_device(dev)
         torch.backends.cudnn.benchmark = True
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
     else:
         dist.init_process_group("gloo", rank=0, world_size=1)
-    torch.manual_seed(0)
-    base = build_model(args.model, 10).to(dev)
-    masks = pruning.compute_masks(base, args.prune_ratio, "magnitude")
-    x = torch.randn(args.batch_size, 3, 32, 32, device=dev)
-    y = torch.randint(0, 10, (args.batch_size,), device=dev)
+    return dev
 
-    runs = {}  # label -> (ddp, state, hook, captured buckets, hook seconds, payloads)
+
+def _attach_all(args: argparse.Namespace, dev: torch.device, base: nn.Module, masks: dict) -> dict:
+    """label -> [ddp, state, hook, hook's state, captured buckets, hook seconds, payloads],
+    every variant on its own copy of ``base``."""
+    runs = {}
     for label, (name, opts) in VARIANTS.items():
         model = build_model(args.model, 10).to(dev)
         model.load_state_dict(base.state_dict())
         if name == "pactrain":
             pruning.apply_masks(model, masks)
-        ddp = compat.ddp(model, device_ids=[dev] if cuda else None, forward_sync_buffers=False)
+        ddp = compat.ddp(model, device_ids=[dev] if dev.type == "cuda" else None, forward_sync_buffers=False)
         captured = {}
         hooks = {}
         real_register = ddp.register_comm_hook
@@ -283,28 +278,77 @@ def main() -> None:
         else:
             hook_state = state
         runs[label] = (ddp, state, hooks["hook"], hook_state, captured, [], [])
+    return runs
 
+
+def _timed(sync, fn) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def _warm_and_time(args: argparse.Namespace, runs: dict, x, y, sync) -> float:
+    """Warm every variant up (PacTrain's tracker settles, PowerSGD starts, buckets rebuild),
+    recording payloads and backward times, then time each hook over its captured buckets;
+    the median backward after the rebuild."""
     backward = []
-    for _ in range(args.warmup):  # PacTrain's tracker settles, PowerSGD starts, buckets rebuild
+    for _ in range(args.warmup):
         for ddp, state, *_rest in runs.values():
             loss = nn.functional.cross_entropy(ddp(x), y)
-            sync()
-            t0 = time.perf_counter()
-            loss.backward()
-            sync()
-            backward.append(time.perf_counter() - t0)
+            backward.append(_timed(sync, loss.backward))
             ddp.zero_grad(set_to_none=False)
-            payloads = _rest[-1]
-            payloads.append(state.take_payload_bytes())
-    backward = statistics.median(backward[-len(runs) * 2:])  # after the rebuild
+            _rest[-1].append(state.take_payload_bytes())
     for _ in range(args.reps):
-        for _ddp, state, hook, hook_state, captured, times, _ in runs.values():
-            sync()
-            t0 = time.perf_counter()
-            for b in sorted(captured):
-                hook(hook_state, captured[b]).wait()
-            sync()
-            times.append(time.perf_counter() - t0)
+        for _ddp, _state, hook, hook_state, captured, times, _ in runs.values():
+            times.append(_timed(sync, lambda: [hook(hook_state, captured[b]).wait() for b in sorted(captured)]))
+    return statistics.median(backward[-len(runs) * 2:])
+
+
+def _pack_scatter(args: argparse.Namespace, runs: dict, base: nn.Module, masks: dict, backward: float,
+                  dev: torch.device, sync) -> None:
+    """PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets, and its payload
+    against (1 - prune ratio) x dense."""
+    state = runs["pactrain 0.5 exact"][1]
+    buckets = [b for b in state._buckets.values() if b.kept is not None]
+    bufs = [torch.randn(b.size, device=dev) for b in buckets]
+
+    def pack():
+        for buf, b in zip(bufs, buckets):
+            _scatter(buf, b.kept, buf.index_select(0, b.kept))
+    took = statistics.median(_timed(sync, pack) for _ in range(args.reps))
+    kept = sum(int(m.sum()) for m in masks.values()) + sum(
+        q.numel() for n, q in base.named_parameters() if n not in masks)
+    expected = kept / sum(q.numel() for q in base.parameters())
+    measured = runs["pactrain 0.5 exact"][6][-1] / runs["allreduce"][-1][-1]
+    print(f"pactrain pack/scatter: {took * 1000:.1f} ms per iteration over {len(buckets)} buckets = "
+          f"{took / backward:.3f} of backward (target <= 0.05)")
+    print(f"pactrain payload/dense {measured:.4f}; (1 - prune ratio) = {1 - args.prune_ratio:.4f}, "
+          f"off by {abs(measured / (1 - args.prune_ratio) - 1):.2%} (target <= 1 %; biases and "
+          f"batch-norm parameters are not pruned: kept/all = {expected:.4f})")
+
+
+def main() -> None:
+    args = _parse()
+    if args.grouped_only:
+        if args.ranks:
+            grouped(args)
+        return
+    dev = _group_of_one(args.device)
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    torch.manual_seed(0)
+    base = build_model(args.model, 10).to(dev)
+    masks = pruning.compute_masks(base, args.prune_ratio, "magnitude")
+    x = torch.randn(args.batch_size, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (args.batch_size,), device=dev)
+    runs = _attach_all(args, dev, base, masks)
+    backward = _warm_and_time(args, runs, x, y, sync)
 
     dense = runs["allreduce"][-1][-1]
     floor = statistics.median(runs["allreduce"][5])
@@ -316,30 +360,7 @@ def main() -> None:
         times, payloads = runs[label][5], runs[label][6]
         h = statistics.median(times)
         print(f"{label:<22}{payloads[-1] / dense:>18.4f}{h / backward:>15.3f}{(h - floor) / backward:>27.3f}")
-    null = backward
-
-    # PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets
-    state = runs["pactrain 0.5 exact"][1]
-    buckets = [b for b in state._buckets.values() if b.kept is not None]
-    bufs = [torch.randn(b.size, device=dev) for b in buckets]
-    samples = []
-    for _ in range(args.reps):
-        sync()
-        t0 = time.perf_counter()
-        for buf, b in zip(bufs, buckets):
-            _scatter(buf, b.kept, buf.index_select(0, b.kept))
-        sync()
-        samples.append(time.perf_counter() - t0)
-    pack = statistics.median(samples)
-    kept = sum(int(m.sum()) for m in masks.values()) + sum(
-        q.numel() for n, q in base.named_parameters() if n not in masks)
-    expected = kept / sum(q.numel() for q in base.parameters())
-    measured = runs["pactrain 0.5 exact"][6][-1] / dense
-    print(f"pactrain pack/scatter: {pack * 1000:.1f} ms per iteration over {len(buckets)} buckets = "
-          f"{pack / null:.3f} of backward (target <= 0.05)")
-    print(f"pactrain payload/dense {measured:.4f}; (1 - prune ratio) = {1 - args.prune_ratio:.4f}, "
-          f"off by {abs(measured / (1 - args.prune_ratio) - 1):.2%} (target <= 1 %; biases and "
-          f"batch-norm parameters are not pruned: kept/all = {expected:.4f})")
+    _pack_scatter(args, runs, base, masks, backward, dev, sync)
     dist.destroy_process_group()
     if args.ranks:
         grouped(args)
