@@ -96,9 +96,12 @@ def _gpu() -> list[Check]:
             v = torch.cuda.nccl.version()
             vs = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
             out.append(Check("NCCL", True, f"torch {torch.__version__}, NCCL {vs}"))
-        else:
-            out.append(Check("NCCL", False, f"torch {torch.__version__} without CUDA",
+        elif torch.version.cuda is None:
+            out.append(Check("NCCL", False, f"torch {torch.__version__} is a CPU-only build",
                              "install a CUDA build of torch for NCCL runs; gloo works on CPU"))
+        else:
+            out.append(Check("NCCL", False, f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
+                             "NCCL runs need an NVIDIA GPU and its driver (nvidia-smi); gloo works on CPU"))
     except ImportError:
         out.append(Check("NCCL", False, "torch not installed", "pip install torch (workloads need it)"))
     return out
