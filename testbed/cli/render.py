@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -24,7 +25,20 @@ from rich.text import Text
 
 from testbed.common.errors import TestbedError
 
-out = Console(emoji=False)  # ":factory:" in a message stays text, not an emoji
+PIPED_WIDTH = 200
+"""Columns for stdout that is not a terminal (a file, a pipe, ``su -c``): Rich would take 80
+and cut a report's table cells to ``pactr…``; COLUMNS still decides where it is set."""
+
+
+def _width() -> int | None:
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return None if tty or os.environ.get("COLUMNS", "").isdigit() else PIPED_WIDTH
+
+
+out = Console(emoji=False, width=_width())  # emoji off: ":factory:" in a message stays text
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 _click = typer.BadParameter.__module__.rpartition(".")[0]  # click, or the copy typer vendors

@@ -67,6 +67,18 @@ def test_help_as_a_program():
     assert r.returncode == 2 and "Commands:" in r.stdout + r.stderr
 
 
+def test_tables_piped_to_a_file_are_not_cut_at_80_columns():
+    """Rich takes 80 columns when stdout is no terminal and cuts a report's cells to
+    ``pactr…``; piped, the CLI prints wide, unless COLUMNS says otherwise."""
+    code = ("from rich.table import Table; from testbed.cli import render; "
+            "t = Table(*(f'column{i}' for i in range(8))); t.add_row(*['1,234,567,890'] * 8); render.out.print(t)")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "…" not in r.stdout and r.stdout.count("1,234,567,890") == 8, r.stdout
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "COLUMNS": "60"})
+    assert max(len(line) for line in r.stdout.splitlines()) <= 60, r.stdout
+
+
 def _renamed(tmp_path, shipped: str, name: str) -> Path:
     """A shipped topology under a name no other test uses (names are global: namespaces)."""
     d = yaml.safe_load((ROOT / "topologies" / f"{shipped}.yaml").read_text())
