@@ -131,8 +131,14 @@ def _checkpoint(out_dir: Path, pre, as_json: bool) -> Path:
 
 def _announce(scheme: str, w: dict, bottleneck, where) -> None:
     err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(w['model'])}, dataset {escape(w['dataset'])}, "
-              f"{w['epochs']:g} epochs, batch {w['batch_size']}/worker, bottleneck {escape(str(bottleneck))}, "
+              f"{w['epochs']:g} epochs{_at_most(w)}, batch {w['batch_size']}/worker, "
+              f"bottleneck {escape(str(bottleneck))}, "
               f"topology {escape(str(where))}", highlight=False)
+
+
+def _at_most(w: dict) -> str:
+    """`` (at most N iterations)`` where --max-iters ends the run before its epochs do."""
+    return f" (at most {w['max_iters']} iterations)" if w.get("max_iters") is not None else ""
 
 
 def _run_one(req, on_status, on_message):
