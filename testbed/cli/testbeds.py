@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from testbed.cli.params import JsonOpt, NamedTestbedOpt, TestbedOpt, complete_testbed, one_testbed, running
-from testbed.cli.render import emit, err, guard, lit, out, plain, shape_str, usage
+from testbed.cli.render import emit, err, guard, lit, out, plain, sayer, shape_str, usage
 
 ExporterOpt = typer.Option(True, "--exporter/--no-exporter",
                            help="Start the testbed's Prometheus exporter on the host (announced to "
@@ -139,7 +139,7 @@ def down(
             removed = down_all()
         else:
             name = running(name)
-            removed = [name] if take_down(name) else []
+            removed = [name] if take_down(name, sayer(as_json)) else []
         if as_json:
             emit({"removed": removed})
         elif removed:

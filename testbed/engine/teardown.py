@@ -15,6 +15,8 @@ without a tag, or tagged by another state directory, are never touched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from testbed.plan import actions, naming
 from testbed.common import procs
 from testbed.common.errors import KernelError, StateError, TestbedError
@@ -41,8 +43,11 @@ def _namespaces_of(action) -> list[str]:
     return [v for k in ("ns", "peer_ns") if isinstance(v := getattr(action, k, None), str)]
 
 
-def teardown(name: str) -> list[str]:
-    """Undo everything in ``name``'s ledger, newest first; return the failures."""
+def teardown(name: str, notes: list[str] | None = None) -> list[str]:
+    """Undo everything in ``name``'s ledger, newest first, then remove whatever still carries
+    this testbed's tag or labels (what a damaged, truncated or emptied ledger no longer
+    lists); return the failures. ``notes`` gets what the user should hear of: damaged
+    ledger lines, and leftovers the ledger did not list."""
     ledger = Ledger(name)
     todo: list[actions.Action] = []
     problems: list[str] = []
@@ -75,10 +80,15 @@ def teardown(name: str) -> list[str]:
     finally:
         host.close()
     problems += td.problems
-    if damaged and not problems:
-        # what a damaged line named is unknown: remove whatever still carries this
+    if not problems:
+        # what a damaged or lost line named is unknown: remove whatever still carries this
         # testbed's tag or labels (namespaces, containers), then the ledger can go
-        _recover({name}, problems)
+        swept = _recover({name}, problems)
+        if notes is not None:
+            notes += damaged
+            if swept:
+                notes.append(f"testbed '{name}' had namespaces or containers its ledger did not list (a damaged "
+                             "or truncated ledger); they were found by their tags and removed")
     if not problems:
         ledger.remove()
     elif ledger.exists():
@@ -93,13 +103,18 @@ def _guarded(td: actions.Teardown, action, step) -> None:
         td.problems.append(f"{type(action).__name__} {getattr(action, 'ns', '')}: {err}".replace("  ", " "))
 
 
-def down(name: str) -> bool:
-    """Tear down testbed ``name``; False if it was not up. Idempotent."""
+def down(name: str, say: Callable[[str], None] | None = None) -> bool:
+    """Tear down testbed ``name``; False if it was not up. Idempotent. ``say`` hears
+    warnings (a damaged ledger line, leftovers it did not list)."""
     require_root()
+    notes: list[str] = []
     with global_lock():
         if not Ledger(name).exists():
             return False
-        problems = teardown(name)
+        problems = teardown(name, notes)
+    for note in notes:
+        if say is not None:
+            say(f"warning: {note}")
     if problems:
         raise KernelError(f"could not remove everything of '{name}': " + "; ".join(problems),
                           f"fix the cause and run `testbed down {name}` again")

@@ -68,6 +68,25 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> dict[str, str]:
+    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
+
+
+_PLAIN: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+                                       "tuple": (tuple,), "None": (type(None),)}
+
+
+def _fits(annotation: str, v: object) -> bool:
+    """Whether ledger value ``v`` has a type the field's annotation (``str``, ``int | None``,
+    ``tuple``...) allows; an annotation of another kind is left to the action."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    if not all(k in _PLAIN for k in kinds):
+        return True
+    ok = tuple(t for k in kinds for t in _PLAIN[k])
+    return isinstance(v, ok) and not (isinstance(v, bool) and bool not in ok)
+
+
 def from_dict(d: object) -> Action:
     """The action a ledger entry describes; StateError naming the problem otherwise."""
     if not isinstance(d, dict) or not isinstance(d.get("action"), str):
@@ -93,6 +112,9 @@ def from_dict(d: object) -> Action:
             v = tuple(v)
         elif not (isinstance(v, (str, int, float, bool)) or v is None):
             raise StateError(f"ledger entry {d['action']}: field {k!r} is not a plain value")
+        if not _fits(_field_types(cls)[k], v):
+            raise StateError(f"ledger entry {d['action']}: field {k!r} should be {_field_types(cls)[k]}, "
+                             f"got {type(v).__name__}")
         kwargs[k] = v
     try:
         return cls(**kwargs)

@@ -106,11 +106,15 @@ class Ledger:
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                last = i == len(lines) - 1 or all(not x.strip() for x in lines[i + 1:])
-                if not last and problems is not None:
-                    problems.append(f"ledger line {i + 1} is damaged and was skipped: {line[:60]!r}")
+                entry = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, a number past int's digit limit, deep nesting
+                entry = None
+            if isinstance(entry, dict):
+                out.append(entry)
+                continue
+            last = i == len(lines) - 1 or all(not x.strip() for x in lines[i + 1:])
+            if not last and problems is not None:
+                problems.append(f"ledger line {i + 1} is damaged and was skipped: {line[:60]!r}")
         return out
 
     def read_state(self) -> dict | None:

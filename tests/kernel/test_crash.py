@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed.engine.core import FAULT_ENV
 from tests.helpers import star
@@ -88,6 +89,30 @@ def test_lost_ledger_is_recovered_from_ownership_tags(clean_kernel):
     shutil.rmtree(os.environ["TESTBED_STATE_DIR"])
     assert cli_json("down", "--all")["removed"] == ["three_switch"]
     assert ours() == []
+
+
+DUMBBELL = str(ROOT / "topologies" / "dumbbell.yaml")
+
+
+@pytest.mark.parametrize("damage", ["emptied", "garbage only", "truncated", "garbage line", "deep nesting",
+                                    "huge integer"])
+def test_down_removes_what_a_damaged_ledger_no_longer_lists(clean_kernel, damage):
+    """`down NAME` (not only `down --all`) removes the testbed's tagged namespaces when its
+    ledger was emptied, overwritten, cut short or holds lines JSON cannot read; exit 0, a
+    warning, nothing left (clean_kernel checks the kernel as before)."""
+    cli_json("up", DUMBBELL, "--no-exporter")
+    name = yaml.safe_load(Path(DUMBBELL).read_text())["name"]
+    ledger = Path(os.environ["TESTBED_STATE_DIR"]) / name / "ledger.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    bad = {"garbage line": "{garbage\n", "deep nesting": "[" * 100_000 + "]" * 100_000 + "\n",
+           "huge integer": "1" * 5000 + "\n"}.get(damage)
+    ledger.write_text({"emptied": "", "garbage only": "{garbage\n", "truncated": "".join(lines)[:150]}.get(
+        damage, "".join(lines[:2]) + (bad or "") + "".join(lines[2:])))
+    r = cli("down", name)
+    assert r.returncode == 0 and f"removed: {name}" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "warning:" in r.stderr, r.stderr
+    assert [n for n in run(["ip", "netns", "list"]).stdout.split() if n.startswith(name)] == []
+    assert not ledger.exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

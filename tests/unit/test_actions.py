@@ -80,6 +80,10 @@ def test_every_registered_action_round_trips_through_the_ledger():
     ({"action": "CreateNetns", "ns": "a"}, "tag"),
     ({"action": "ShapeEgress", "ns": "a", "ifname": "e", "link": 0, "direction": "forward",
       "shape": {"rate": "fast"}}, "bad shape"),
+    ({"action": "TargetFile", "target": [1]}, "field 'target' should be str, got tuple"),
+    ({"action": "CreateNetns", "ns": 5, "tag": "t"}, "field 'ns' should be str, got int"),
+    ({"action": "CreateVxlan", "ns": "mix", "ifname": "l3a", "vni": True, "local": "192.0.2.1",
+      "remote": "192.0.2.11", "port": 4789, "mtu": 1450}, "field 'vni' should be int, got bool"),
 ])
 def test_untrusted_ledger_entries_are_refused_with_the_reason(entry, words):
     with pytest.raises(StateError) as e:
@@ -148,12 +152,16 @@ def test_a_damaged_ledger_line_does_not_hide_the_entries_after_it(tmp_path, monk
     with open(led.path, "a") as f:
         f.write('{"action": "CreateNe\x00garbage\n')
     led.record(actions.CreateNetns("tb.w1", "testbed:tb").to_dict())
+    with open(led.path, "a") as f:  # lines JSON cannot read, or that are no entry
+        f.write("[" * 100_000 + "]" * 100_000 + "\n" + "1" * 5000 + "\n" + "[1, 2]\n")
+    led.record(actions.CreateNetns("tb.w3", "testbed:tb").to_dict())
     with open(led.path, "a") as f:
         f.write('{"action": "CreateNetns", "ns": "tb.w2"')  # torn by a crash: never ran
     damaged: list[str] = []
     got = [e["ns"] for e in led.entries(damaged)]
-    assert got == ["tb.w0", "tb.w1"]
-    assert len(damaged) == 1 and "line 2" in damaged[0]
+    assert got == ["tb.w0", "tb.w1", "tb.w3"]
+    assert [d.split(" is ")[0] for d in damaged] == ["ledger line 2", "ledger line 4", "ledger line 5",
+                                                     "ledger line 6"], damaged
 
 
 def test_ownership_tags_name_the_state_directory():
