@@ -8,6 +8,33 @@ both and exits non-zero without a traceback. Foreign exceptions (pyroute2's
 
 from __future__ import annotations
 
+import reprlib
+
+MAX_MESSAGE = 10_000
+"""Characters of an error message or hint that are kept: a value quoted from a hostile
+input (a 5 MB line of a trace) must not become a 10 MB error."""
+
+_repr = reprlib.Repr()
+_repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict, _repr.maxlevel = 120, 120, 8, 8, 3
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, bounded (reprlib: long strings and containers
+    are cut with ``...``), so a huge or deeply nested input cannot make a huge message."""
+    return _repr.repr(value)
+
+
+def printable(text: str | None, limit: int = MAX_MESSAGE) -> str | None:
+    """``text`` with control characters (but newlines and tabs) written as escapes, so an
+    input's ESC sequences cannot reach the terminal, and cut to ``limit`` characters."""
+    if text is None:
+        return None
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
 
 class TestbedError(Exception):
     """A failure the user can understand and act on."""
@@ -15,6 +42,7 @@ class TestbedError(Exception):
     __test__ = False  # not a pytest test class despite the name
 
     def __init__(self, message: str, hint: str | None = None):
+        message, hint = printable(str(message)), printable(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

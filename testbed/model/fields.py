@@ -10,7 +10,7 @@ import ipaddress
 import re
 from typing import Any, Iterable
 
-from testbed.common.errors import TopologyError
+from testbed.common.errors import TopologyError, shown
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 MAX_NODE_NAME = 63
@@ -42,7 +42,7 @@ def unknown_keys(d: dict, allowed: Iterable[str], path: str) -> None:
 def check_name(value: Any, path: str, maxlen: int, what: str) -> str:
     """A node, host or testbed name: letters, digits, '-' and '_', at most ``maxlen``."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value) or len(value) > maxlen:
-        raise TopologyError(path, f"invalid {what} {value!r}",
+        raise TopologyError(path, f"invalid {what} {shown(value)}",
                             f"use 1-{maxlen} letters, digits, '-' or '_', starting with a letter or digit")
     return value
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.common.errors import TopologyError
+from testbed.common.errors import TopologyError, shown
 from testbed.model.fields import MAX_NODE_NAME, mapping, unknown_keys
 from testbed.model.nodes import Node
 from testbed.model.schedules import parse_link_schedule, schedule_to_list
@@ -110,8 +110,9 @@ def _check_new_pair(a: str, b: str, i: int, path: str, seen: _Seen) -> None:
 
 
 def _new_link_name(name: Any, i: int, path: str, seen: _Seen) -> str:
-    if not isinstance(name, str) or not name or len(name) > 2 * MAX_NODE_NAME + 1:
-        raise TopologyError(f"{path}.name", f"invalid link name {name!r}")
+    if not isinstance(name, str) or not name or len(name) > 2 * MAX_NODE_NAME + 1 or not name.isprintable():
+        raise TopologyError(f"{path}.name", f"invalid link name {shown(name)}",
+                            f"printable characters, at most {2 * MAX_NODE_NAME + 1} of them")
     if name in seen.names:
         raise TopologyError(f"{path}.name", f"link name '{name}' is used by links[{seen.names[name]}] too",
                             "give one of them a distinct name:")

@@ -213,9 +213,11 @@ def parse_mahimahi(lines: Iterable[str], window_s: float, source: str = "<mahima
         text = line.strip()
         if not text:
             continue
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise _err(f"{source}:{n}", f"{text[:40]!r} is not a millisecond timestamp",
                        "a Mahimahi trace has one integer per line")
+        if len(text) > 12:  # beyond 7 days, and past what int() reads past 4300 digits
+            raise _err(f"{source}:{n}", f"timestamp {text[:20]}... ms is more than 7 days")
         ms = int(text)
         if stamps and ms < stamps[-1]:
             raise _err(f"{source}:{n}", f"timestamp {ms} goes back in time (previous {stamps[-1]})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
-_NUM = r"(\d+(?:\.\d*)?|\.\d+)"
+_NUM = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits: float() would also read "１００"
 
 MIN_RATE_BPS = 8_000  # 8 kbit/s: below that HTB's token arithmetic degenerates
 MAX_RATE_BPS = 400 * 10**9  # HTB's 64-bit rate handles more; beyond this is a typo
@@ -59,10 +59,10 @@ class Rate:
             )
         if unit not in _RATE_UNITS:
             raise UnitError(f"'{value}': unknown rate unit '{unit}'; use one of: {', '.join(_RATE_UNITS)}")
-        bps = round(num * _RATE_UNITS[unit])
-        if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
+        bps = num * _RATE_UNITS[unit]
+        if not (math.isfinite(bps) and MIN_RATE_BPS <= round(bps) <= MAX_RATE_BPS):
             raise UnitError(f"'{value}' is outside the supported range 8kbit..400gbit")
-        return cls(bps)
+        return cls(round(bps))
 
     @property
     def bytes_per_second(self) -> int:

@@ -38,9 +38,20 @@ def read_topology_file(path: str | Path) -> tuple[Any, str]:
     return _parse_yaml(text, path), str(p)
 
 
+MAX_VALUES = 1_000_000
+"""Values a topology document may hold once its YAML aliases are expanded: a few aliases of
+aliases (a "billion laughs") would otherwise make every later pass, and an error message
+that shows the value, as large as the expansion."""
+MAX_DIGITS = 100
+"""Digits of a YAML integer: Python refuses to read more than 4300, and no field needs 100."""
+
+
 def _parse_yaml(text: str, path: str | Path) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        doc = yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:
+        raise TopologyError("", f"'{path}' nests too deeply", "a topology is a few levels of mappings and "
+                            "lists") from None
     except _DuplicateKey as e:
         raise TopologyError("", f"'{path}': duplicate key '{e.key}' at line {e.line} (first at line {e.first})",
                             "YAML keeps only the last of duplicate keys; remove or rename one") from None
@@ -49,6 +60,25 @@ def _parse_yaml(text: str, path: str | Path) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise TopologyError("", f"'{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}",
                             "check indentation and quoting") from None
+    if _expanded_size(doc, MAX_VALUES) > MAX_VALUES:
+        raise TopologyError("", f"'{path}' holds more than {MAX_VALUES:,} values once its YAML aliases are "
+                            "expanded", "write the document out, or use defaults: for what repeats")
+    return doc
+
+
+def _expanded_size(doc: Any, budget: int) -> int:
+    """How many values ``doc`` holds, an alias counted each time it is used; stops counting
+    past ``budget`` (without recursion: a deep document cannot exhaust the stack)."""
+    seen, todo = 0, [doc]
+    while todo and seen <= budget:
+        v = todo.pop()
+        seen += 1
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return seen
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -58,7 +88,15 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last) and
+    integers of more than ``MAX_DIGITS`` digits."""
+
+    def construct_yaml_int(self, node):
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > MAX_DIGITS:
+            raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits (at most "
+                                                    f"{MAX_DIGITS})", node.start_mark)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -72,3 +110,6 @@ class _StrictLoader(yaml.SafeLoader):
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1, first)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)

@@ -116,6 +116,33 @@ def test_bad_topology_is_one_clean_error(tmp_path):
         assert r.returncode == 1 and json.loads(r.stdout)["error"].startswith("links[0].endpoints[1]")
 
 
+@pytest.mark.parametrize("text, words", [
+    # a "billion laughs": 389 bytes that expand to 43 M values (2.1 GB and a 351 MB error before)
+    ("name: [" + ", ".join(f"&a{i} [" + ", ".join([f"*a{i - 1}" if i else '"lol"'] * 9) + "]" for i in range(8))
+     + "]\nnodes: {}\nlinks: []\n", "more than 1,000,000 values once its YAML aliases are expanded"),
+    ("name: t\nnodes: " + "[" * 500 + "]" * 500 + "\nlinks: []\n", "nests too deeply"),
+    ("name: t\nnodes: {w0: {kind: worker, gpu: " + "9" * 4301 + "}}\nlinks: []\n",
+     "an integer of 4301 digits (at most 100)"),
+    ("name: t\nnodes: {w0: {kind: worker}, w1: {kind: worker}}\nlinks:\n  - {endpoints: [w0, w1], rate: "
+     + "1" * 310 + "bit}\n", "outside the supported range"),
+    ("name: t\nnodes: {w0: {kind: worker}, w1: {kind: worker}}\nlinks:\n  - {endpoints: [w0, w1], rate: "
+     "\uff11\uff10\uff10mbit}\n", "is not a rate"),
+    ("name: t\nnodes: {w0: {kind: worker}, w1: {kind: worker}}\nlinks:\n  - {endpoints: [w0, w1], "
+     "name: \"\\e[2J\\e[31mLINK\\nfake: line\"}\n", "invalid link name '\\x1b[2J"),
+])
+def test_hostile_topologies_are_one_bounded_clean_error(tmp_path, text, words):
+    p = tmp_path / "t.yaml"
+    p.write_text(text)
+    r = cli("validate", str(p))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert words in r.stderr and len(r.stderr) < 20_000 and "\x1b" not in r.stderr, r.stderr[-2000:]
+
+
+def test_sweep_repeats_are_bounded_before_anything_is_made():
+    r = cli("sweep", "-t", "nosuch", "--max-iters", "1", "--repeats", "1000000")
+    assert r.returncode == 2 and "--repeats" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
 def test_usage_errors_exit_2():
     assert cli("up").returncode == 2
     assert cli("frobnicate").returncode == 2
