@@ -84,11 +84,30 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     _expand_variant(p, args, sys.argv[1:] if argv is None else list(argv))
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
-    if args.epochs <= 0:
-        p.error("--epochs must be > 0")
+    for flag, ok, what in _LIMITS:
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None and not (math.isfinite(v) and ok(v)):
+            p.error(f"{flag} must be {what}, got {v}")
     if args.target_acc is not None and not 0 < args.target_acc <= 1:
         p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
     return args
+
+
+_LIMITS = (  # flag, its check, what the error says it must be
+    ("--epochs", lambda v: v > 0, "a number > 0"),
+    ("--max-iters", lambda v: v >= 1, "an integer >= 1"),
+    ("--eval-every", lambda v: v >= 0, "an integer >= 0 (0: each epoch)"),
+    ("--log-every", lambda v: v >= 0, "an integer >= 0 (0: no progress lines)"),
+    ("--lr", lambda v: v >= 0, "a number >= 0"),
+    ("--momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("--weight-decay", lambda v: v >= 0, "a number >= 0"),
+    ("--width", lambda v: 0 < v <= 64, "a number in (0, 64]"),
+    ("--depth", lambda v: v >= 1, "an integer >= 1"),
+    ("--bucket-cap-mb", lambda v: 0 < v <= 4096, "a number of MB in (0, 4096]"),
+    ("--threads", lambda v: v >= 1, "an integer >= 1"),
+)
+"""Values the training flags take: a NaN, an infinity or a nonsense number is refused by
+name here, not found by a rank mid-run (``--epochs nan`` died as "cannot convert float NaN")."""
 
 
 def _add_scheme_flags(p: argparse.ArgumentParser) -> None:

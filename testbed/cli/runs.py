@@ -19,6 +19,10 @@ from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretra
     with_prune_ratios, with_workload_options, workload_args
 from testbed.common.errors import TestbedError
 
+MAX_REPEATS = 100
+"""``sweep --repeats``' bound: the sweep's list of runs is made before anything else is
+checked (a million repeats took 1.7 GB before `-t nosuch` was refused)."""
+
 RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
                               help="Serve the training metrics (and, for a testbed brought up here, its link "
                                    "metrics) to Prometheus on loopback, announced through file-based discovery.")
@@ -198,8 +202,9 @@ def sweep(
                                 "allreduce,topk:0.1,pactrain:0.5,pactrain:0.5:exact."),
     bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", metavar="RATE,...", help="Comma-separated bottleneck "
                            "rates."),
-    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, help="Runs per scheme, rate and grid point; "
-                                "repeat k uses --seed + k. Report shows the median and min-max."),
+    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, max=MAX_REPEATS,
+                                help="Runs per scheme, rate and grid point; repeat k uses --seed + k. Report shows "
+                                "the median and min-max."),
     param: Optional[List[str]] = ParamOpt,
     script: Optional[Path] = ScriptOpt,
     module: Optional[str] = ModuleOpt,

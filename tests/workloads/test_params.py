@@ -239,3 +239,20 @@ def test_a_switch_in_a_variant_is_a_word_or_on_or_off():
         parse_args(["--scheme", "pactrain:ternary=maybe"], raise_errors=True)
     with pytest.raises(ValueError, match=r"--ternary is given twice"):
         parse_args(["--scheme", "pactrain:exact", "--no-ternary"], raise_errors=True)
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--epochs", "nan", "--epochs must be a number > 0, got nan"),
+    ("--epochs", "0", "--epochs must be a number > 0"),
+    ("--max-iters", "0", "--max-iters must be an integer >= 1, got 0"),
+    ("--max-iters", "-1", "--max-iters must be an integer >= 1"),
+    ("--lr", "inf", "--lr must be a number >= 0, got inf"),
+    ("--width", "1e308", "--width must be a number in (0, 64]"),
+    ("--eval-every", "-5", "--eval-every must be an integer >= 0"),
+    ("--momentum", "1.5", "--momentum must be in [0, 1)"),
+])
+def test_nonsense_training_values_are_refused_by_name_before_any_rank_runs(flag, value, words):
+    """`--max-iters 0` trained all epochs and `--epochs nan` died inside a rank as 'cannot
+    convert float NaN to integer'; testbed run calls this same check before launching."""
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        check([flag, value])
