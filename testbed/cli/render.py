@@ -63,11 +63,24 @@ class Fail(Exception):
 
 @contextlib.contextmanager
 def guard(as_json: bool) -> Iterator[None]:
-    """Inside a command: a TestbedError ends it with exit status 1 (message and hint, or JSON)."""
+    """Inside a command: a TestbedError ends it with exit status 1 (message and hint, or
+    JSON). So do what hostile input can still cause where no check names it: an OSError
+    (a path too long, a file where a directory should be), input nested past Python's
+    recursion limit, a number past float's range."""
     try:
         yield
     except TestbedError as e:
         raise Fail(e, as_json) from None
+    except OSError as e:
+        where = f": {e.filename}" if e.filename is not None else ""
+        raise Fail(TestbedError(f"{e.strerror or e}{where}", "check the path, and that it is the kind of file "
+                                "(or directory) the command expects"), as_json) from None
+    except RecursionError:
+        raise Fail(TestbedError("an input is nested too deeply to read", "inputs are a few levels of mappings "
+                                "and lists"), as_json) from None
+    except OverflowError as e:
+        raise Fail(TestbedError(f"a number in the input is out of range ({e})", "use a value of a sensible size"),
+                   as_json) from None
 
 
 def emit(obj) -> None:

@@ -142,7 +142,8 @@ def _announce(scheme: str, w: dict, bottleneck, where) -> None:
 
 def _at_most(w: dict) -> str:
     """`` (at most N iterations)`` where --max-iters ends the run before its epochs do."""
-    return f" (at most {w['max_iters']} iterations)" if w.get("max_iters") is not None else ""
+    n = w.get("max_iters")
+    return "" if n is None else f" (at most {n} iteration{'s' if n != 1 else ''})"
 
 
 def _run_one(req, on_status, on_message):

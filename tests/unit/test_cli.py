@@ -180,3 +180,12 @@ def test_the_run_header_says_when_max_iters_ends_the_run_before_its_epochs(capsy
     assert "15 epochs (at most 5 iterations), batch 32/worker" in capsys.readouterr().err
     _announce("pactrain", {**w, "max_iters": None}, "100mbit", "three_switch (default)")
     assert "15 epochs, batch 32/worker" in capsys.readouterr().err
+
+
+def test_os_errors_from_hostile_paths_are_one_clean_error(tmp_path):
+    """A path component past the file system's 255 bytes: `error: File name too long: ...`,
+    exit 1, no traceback (before: OSError tracebacks from run --out and a long state dir)."""
+    r = cli("run", "allreduce", "--out", str(tmp_path / ("a" * 300)), "--max-iters", "1")
+    assert r.returncode == 1 and "File name too long" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = cli("status", env={"TESTBED_STATE_DIR": str(tmp_path / ("b" * 300))})
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
