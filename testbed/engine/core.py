@@ -12,6 +12,7 @@ another process, also after ``kill -9``) reads the ledger and removes exactly th
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import time
@@ -24,7 +25,7 @@ from testbed.common.version import __version__
 from testbed.plan import naming
 from testbed.engine.apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
 from testbed.nodes import get as get_backend
-from testbed.common.errors import StateError, TestbedError
+from testbed.common.errors import StateError, TestbedError, shown
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
 from testbed.net import tc
@@ -49,12 +50,29 @@ class Testbed:
 
     def __init__(self, state: dict):
         self._state = state
+        try:
+            self._read(state)
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:  # the file is untrusted input
+            name = state.get("name") if isinstance(state, dict) else None
+            raise StateError(f"the state of testbed {shown(name)} is damaged ({type(e).__name__}: {shown(str(e))})",
+                             "`testbed down NAME` still removes it (down reads the ledger)") from None
+
+    def _read(self, state: dict) -> None:
+        if not isinstance(state["name"], str):
+            raise TypeError("name must be a string")
+        ipaddress.ip_network(state["subnet"])  # ValueError unless an IPv4/IPv6 network
         self.name: str = state["name"]
-        self.topology: Topology = load_topology_dict(state["topology"], source=state.get("source"))
+        try:
+            self.topology: Topology = load_topology_dict(state["topology"], source=state.get("source"))
+        except TestbedError as e:
+            raise ValueError(f"its topology: {e.message}") from None
         self.nodes: dict[str, NodeInfo] = {n: NodeInfo(**d) for n, d in state["nodes"].items()}
         self.egress: dict[tuple[int, str], Endpoint] = {
             (int(k.split("/")[0]), k.split("/")[1]): Endpoint(**v) for k, v in state["egress"].items()
         }
+        missing = [f"{l.index}/{d}" for l in self.topology.links for d in DIRECTIONS if (l.index, d) not in self.egress]
+        if missing:
+            raise KeyError(f"egress has no entry for {', '.join(missing[:4])}")
         # the state file is untrusted input: every namespace it names must be this testbed's
         for ns in [n.netns for n in self.nodes.values()] + [e.ns for e in self.egress.values()]:
             if not naming.owned_namespace(self.name, ns):
@@ -107,7 +125,11 @@ class Testbed:
 
     @classmethod
     def attach(cls, name: str) -> "Testbed":
-        state = Ledger(name).read_state()
+        ledger = Ledger(name)
+        state = ledger.read_state()
+        if state is None and ledger.state_damaged():
+            raise StateError(f"testbed '{name}': its state file {ledger.state_path} is damaged",
+                             f"`testbed down {name}` still removes it (down reads the ledger)")
         if state is None:
             up = Ledger.all_names()
             raise StateError(f"testbed '{name}' is not up",

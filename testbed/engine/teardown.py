@@ -178,15 +178,23 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
 
 
 def list_testbeds() -> list[dict]:
+    """Every testbed of the state directory, each field of the type it should have: a
+    damaged state file shows as not ready with what could be read, never a crash."""
     out = []
     for name in Ledger.all_names():
         st = Ledger(name).read_state() or {}
+        nodes, topology = _of(st, "nodes", dict, {}), _of(st, "topology", dict, {})
         out.append({
             "name": name,
-            "ready": st.get("ready", False),
-            "created": st.get("created"),
-            "workers": sum(1 for n in st.get("nodes", {}).values() if n.get("kind") == "worker"),
-            "links": len(st.get("topology", {}).get("links", [])),
-            "source": st.get("source"),
+            "ready": _of(st, "ready", bool, False),
+            "created": _of(st, "created", str, None),
+            "workers": sum(1 for n in nodes.values() if isinstance(n, dict) and n.get("kind") == "worker"),
+            "links": len(_of(topology, "links", list, [])),
+            "source": _of(st, "source", str, None),
         })
     return out
+
+
+def _of(d: dict, key: str, kind: type, default):
+    v = d.get(key, default)
+    return v if isinstance(v, kind) else default

@@ -118,10 +118,17 @@ class Ledger:
         return out
 
     def read_state(self) -> dict | None:
+        """The state file's mapping; None when there is none, or it is damaged (not JSON,
+        nested too deeply, not a mapping): :meth:`state_damaged` tells which."""
         try:
-            return read_json(self.state_path, "state", "state file")
-        except (FileNotFoundError, json.JSONDecodeError):
+            state = read_json(self.state_path, "state", "state file")
+        except (FileNotFoundError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
             return None
+        return state if isinstance(state, dict) else None
+
+    def state_damaged(self) -> bool:
+        """A state file exists beside the ledger, but :meth:`read_state` cannot read it."""
+        return self.exists() and self.state_path.exists() and self.read_state() is None
 
     def write_state(self, state: dict) -> None:
         from testbed.common.files import write_json

@@ -184,3 +184,30 @@ def test_down_all_removes_exactly_what_this_state_directory_owns(clean_kernel, t
     finally:
         cli("down", "--all", env=other)
         run(["ip", "netns", "del", "foreign1"])
+
+
+def test_a_damaged_state_file_is_one_clean_error_and_down_still_works(clean_kernel, tmp_path):
+    """state.json is untrusted input: a key missing, a value of the wrong type, an egress map
+    that misses a link, a bad subnet, nesting past the parser, a non-mapping. `status`,
+    `status NAME` and `link show` say it is damaged (or list it), never a traceback; `down`
+    reads the ledger and removes everything."""
+    import json
+
+    p = tmp_path / "dmg.yaml"
+    p.write_text(yaml.safe_dump(dumbbell("dmg")))
+    assert cli("up", str(p), "--no-exporter").returncode == 0
+    path = Path(os.environ["TESTBED_STATE_DIR"]) / "dmg" / "state.json"
+    good = json.loads(path.read_text())
+    damaged = [{k: v for k, v in good.items() if k != key} for key in ("subnet", "egress", "nodes", "name")]
+    damaged += [{**good, "name": 5}, {**good, "source": 5}, {**good, "nodes": []}, {**good, "egress": {}},
+                {**good, "subnet": "x"}, {**good, "created": {"a": 1}}, {**good, "topology": "x"}]
+    texts = [json.dumps(d) for d in damaged] + ["[" * 100_000 + "]" * 100_000, "1" * 5000, "[1, 2]", "{garbage"]
+    for text in texts:
+        path.write_text(text)
+        for cmd in (("status",), ("status", "dmg"), ("link", "show", "-t", "dmg")):
+            r = cli(*cmd)
+            assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (text[:80], cmd, r.stderr[-1500:])
+            if cmd != ("status",) and text not in (json.dumps(damaged[5]), json.dumps(damaged[9])):
+                assert r.returncode == 1 and "damaged" in r.stderr, (text[:80], cmd, r.stderr[-500:])
+    r = cli("down", "dmg")
+    assert r.returncode == 0 and "removed: dmg" in r.stdout, r.stderr
