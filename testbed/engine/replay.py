@@ -21,6 +21,7 @@ import math
 import secrets
 import signal
 import statistics
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -261,9 +262,17 @@ def open_log(path: Path | None) -> IO[str] | None:
     if path is None:
         return None
     try:
-        return open(path, "a", encoding="utf-8")
+        # not blocking on a FIFO without a reader, not taking a terminal, not through a link
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise TestbedError(f"--log {path}: cannot write ({e.strerror or e})") from None
+        raise TestbedError(f"--log {path}: cannot write ({e.strerror or e})",
+                           "give a regular file (it is appended to)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TestbedError(f"--log {path}: not a regular file", "give a regular file (it is appended to)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 @dataclass

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.common.errors import TestbedError
+from testbed.common.errors import TestbedError, shown
 from testbed.model.units import Rate, UnitError
 
 MAX_FLOWS = 32
@@ -48,11 +48,18 @@ class Flow:
         return d
 
 
+MAX_PERIOD_S = 86_400.0
+"""An on or off period of a flow: at most a day (a 400-digit one became infinity, and the
+flow's thread died dividing by it)."""
+
+
 def _seconds(value: object, where: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min)", value.strip().lower()) if isinstance(value, str) else None
-    if not m or float(m.group(1)) <= 0:
-        raise TestbedError(f"{where}: {value!r} is not a positive time", "write e.g. '2s', '500ms', '1min'")
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "min": 60.0}[m.group(2)]
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|min)", value.strip().lower()) \
+        if isinstance(value, str) else None
+    s = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "min": 60.0}[m.group(2)] if m else 0.0
+    if not 0 < s <= MAX_PERIOD_S:
+        raise TestbedError(f"{where}: {shown(value)} is not a time in (0 s, 1 day]", "write e.g. '2s', '500ms', '1min'")
+    return s
 
 
 def flow_from_dict(d: object, where: str) -> Flow:

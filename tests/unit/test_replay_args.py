@@ -78,3 +78,34 @@ def test_the_directions_offered_are_those_a_link_change_takes():
     from testbed.model.topology import DIRECTIONS
 
     assert set(replay.DIRECTION_CHOICES) == {*DIRECTIONS, "both"}
+
+
+def test_the_replay_log_is_a_regular_file_and_a_fifo_cannot_hang_it(tmp_path):
+    """`link replay --log FIFO` without a reader hung forever; a FIFO, a device and a link
+    are refused at once, a new or existing regular file is appended to."""
+    import os
+
+    from testbed.common.errors import TestbedError
+    from testbed.engine.replay import open_log
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "link").symlink_to(tmp_path / "target.jsonl")
+    for bad in (fifo, Path("/dev/null"), tmp_path / "link"):
+        with pytest.raises(TestbedError, match="--log"):
+            open_log(bad)
+    log = tmp_path / "steps.jsonl"
+    log.write_text("old\n")
+    with open_log(log) as f:
+        f.write("new\n")
+    assert log.read_text() == "old\nnew\n"
+
+
+def test_cross_traffic_periods_are_finite_and_at_most_a_day():
+    from testbed.common.errors import TestbedError
+    from testbed.model.flows import parse_spec
+
+    for spec in ("w0->w1,rate=1mbit,on=" + "1" * 400 + "s,off=1s", "w0->w1,on=2s,off=25h", "w0->w1,on=2min,off=0s"):
+        with pytest.raises(TestbedError, match="is not a time in"):
+            parse_spec(spec)
+    assert parse_spec("w0->w1,on=2s,off=500ms").off_s == 0.5

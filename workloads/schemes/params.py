@@ -35,7 +35,10 @@ class Range:
     """``high`` itself is excluded."""
 
     def accepts(self, value) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return False
+        except OverflowError:  # an int past float's range (400 digits)
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
