@@ -147,8 +147,9 @@ def write_json(path: Path, obj, indent: int | None = 2) -> None:
 
 
 def read_jsonl(path: Path, kind: str = "records") -> list[dict]:
-    """Complete records of a JSONL file (bounded by ``LIMITS[kind]``); a line cut short by a
-    crash ends the list."""
+    """Complete records of a JSONL file (bounded by ``LIMITS[kind]``): its JSON objects; a
+    line cut short by a crash ends the list; a line that is valid JSON but no object (a
+    list, a number), or nested past the parser's depth, is skipped."""
     try:
         data = read_bounded(Path(path), kind, "records file")
     except FileNotFoundError:
@@ -158,9 +159,13 @@ def read_jsonl(path: Path, kind: str = "records") -> list[dict]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
+        except RecursionError:
+            continue
         except ValueError:
             break  # a crash mid-line: keep what came before
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 

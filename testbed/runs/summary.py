@@ -17,6 +17,7 @@ from testbed.common.version import __version__
 from testbed.model.topology import DIRECTIONS
 from testbed.model.topology import Link
 from testbed.runs.rundir import code_version
+from testbed.runs.userrecords import sane_number
 
 MIN_WIRE_FRACTION = 0.25
 """The bottlenecks must carry at least this fraction of the bytes one rank handed to
@@ -71,7 +72,9 @@ def _mean_wire_tx(run_dir: Path, world: int) -> float | None:
     """What each rank's interface put on the wire per iteration, from the records (tx counters)."""
     wire = []
     for r in range(world):
-        tx = [x["tx_bytes"] for x in read_jsonl(run_dir / f"rank{r}.jsonl") if x.get("tx_bytes") is not None]
+        tx = [x["tx_bytes"] for x in read_jsonl(run_dir / f"rank{r}.jsonl")
+              if isinstance(x.get("tx_bytes"), (int, float)) and not isinstance(x["tx_bytes"], bool)
+              and sane_number(x["tx_bytes"])]
         if len(tx) >= 2:
             wire.append((tx[-1] - tx[0]) / (len(tx) - 1))
     return sum(wire) / len(wire) if wire else None

@@ -39,9 +39,21 @@ def clean(rec) -> dict | None:
         out["iter"] = it
     for k in NUMERIC:
         v = rec.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and sane_number(v):
             out[k] = float(v)
     return out
+
+
+MAX_MAGNITUDE = 1e18
+"""A record's numbers are at most this large (a byte count of an exabyte, a Unix time):
+1e308 overflowed the means, and a 400-digit integer could not become a float."""
+
+
+def sane_number(v: int | float) -> bool:
+    try:
+        return math.isfinite(v) and abs(v) <= MAX_MAGNITUDE
+    except OverflowError:
+        return False
 
 
 def rank_records(run_dir: Path, rank: int) -> list[dict]:

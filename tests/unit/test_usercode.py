@@ -94,6 +94,19 @@ def test_a_summary_and_evaluations_come_from_the_records(tmp_path):
     assert evals == [{"iter": 2, "time": t0 + 2, "train_s": 2.0, "accuracy": pytest.approx(0.2)}]  # from step 1's start
 
 
+def test_hostile_records_leave_a_summary(tmp_path):
+    """Numbers past float's range or near it, lists, deep nesting: each was a traceback after
+    training (OverflowError in isfinite or fsum, AttributeError, RecursionError), and the
+    run ended without summary.json."""
+    good = json.dumps({"iter": 1, "time": 1000.0, "iter_s": 1.0, "payload_bytes": 100, "tx_bytes": 5})
+    hostile = ['{"iter": 2, "payload_bytes": 1' + "0" * 400 + ', "tx_bytes": 1' + "0" * 400 + "}",
+               '{"iter": 3, "payload_bytes": 1e308, "loss": 1e308, "time": 1e308}', "[1, 2, 3]",
+               "[" * 50_000 + "]" * 50_000]
+    (tmp_path / "rank0.jsonl").write_text("\n".join([good, *hostile, good.replace('"iter": 1', '"iter": 4')]) + "\n")
+    s = summary_from_records(tmp_path, _req(tmp_path), 1, t_start=990.0, duration=20.0)
+    assert s["iterations"] == 4 and s["mean_payload_bytes"] == 100.0 and s["final_loss"] is None
+
+
 def test_no_records_at_all_is_a_summary_without_figures(tmp_path):
     s = summary_from_records(tmp_path, _req(tmp_path), 3, t_start=0.0, duration=5.0)
     assert s["iterations"] == 0 and s["mean_payload_bytes"] is None and s["final_accuracy"] is None
