@@ -4,6 +4,7 @@ its evaluations and its link samples. Torn files are skipped with a warning."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,5 +96,66 @@ def find_runs(dirs: list[Path], warn=lambda m: None) -> list[RunData]:
                     if run is not None:
                         warn(f"skipped {c}: run.json lacks run_id/request")
                     continue
-            runs.append(RunData(c, summary, read_jsonl(c / "eval.jsonl"), read_jsonl(c / "links.jsonl")))
+            dropped = _typed(summary)
+            if dropped:
+                warn(f"{c}: summary.json's {', '.join(dropped[:10])} had the wrong type and were left out")
+            runs.append(RunData(c, summary, _numeric(read_jsonl(c / "eval.jsonl"), EVAL_FIELDS),
+                                _numeric(read_jsonl(c / "links.jsonl"), LINK_FIELDS, ("link", "direction"))))
     return runs
+
+
+_NUMBER = (int, float)
+SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    **{k: (str,) for k in ("scheme", "variant", "status", "bw", "run_id", "hook", "model", "dataset")},
+    **{k: _NUMBER for k in ("topk_ratio", "spardl_density", "prunex_sparsity", "prune_ratio", "time_to_target_s",
+                            "target_accuracy", "final_accuracy", "final_loss", "mean_iter_s", "median_iter_s",
+                            "mean_payload_bytes", "final_payload_bytes", "train_s", "wall_s", "world_size",
+                            "iterations", "seed", "epochs", "mean_wire_tx_bytes_per_iteration")},
+    "ternary": (bool,), "hyper": (dict,), "params": (dict,), "bottleneck": (dict,), "records": (dict,),
+}
+"""The summary keys reports read, with their types: summary.json is untrusted input (a run
+directory can come from anywhere), so a value of another type is left out, not crashed on."""
+BOTTLENECK_TYPES = {"bytes": _NUMBER, "bytes_per_iteration": _NUMBER, "max_utilisation": _NUMBER,
+                    "mean_utilisation": _NUMBER, "links": (dict,)}
+EVAL_FIELDS = ("accuracy", "train_s")
+LINK_FIELDS = ("time", "utilisation", "bytes_per_s", "rate_bps")
+
+
+def _typed(summary: dict, types: dict | None = None) -> list[str]:
+    """Remove the keys of ``summary`` whose value has the wrong type (numbers must be finite
+    and not bools); the keys removed."""
+    types = SUMMARY_TYPES if types is None else types
+    bad = [k for k, kinds in types.items() if k in summary and summary[k] is not None
+           and not _is_a(summary[k], kinds)]
+    for k in bad:
+        del summary[k]
+    if types is SUMMARY_TYPES:
+        if isinstance(summary.get("bottleneck"), dict):
+            bad += [f"bottleneck.{k}" for k in _typed(summary["bottleneck"], BOTTLENECK_TYPES)]
+        for key in ("hyper", "params"):  # runs are grouped by these: plain values only
+            group = summary.get(key)
+            if isinstance(group, dict):
+                odd = [k for k, v in group.items() if not (v is None or isinstance(v, (str, int, float, bool)))]
+                for k in odd:
+                    del group[k]
+                bad += [f"{key}.{k}" for k in odd]
+    return bad
+
+
+def _is_a(v: object, kinds: tuple[type, ...]) -> bool:
+    if kinds is _NUMBER:
+        return isinstance(v, _NUMBER) and not isinstance(v, bool) and _finite(v)
+    return isinstance(v, kinds)
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _numeric(records: list[dict], numbers: tuple[str, ...], strings: tuple[str, ...] = ()) -> list[dict]:
+    """The records whose ``numbers`` fields are finite numbers and ``strings`` fields strings."""
+    return [r for r in records if all(_is_a(r.get(k), _NUMBER) for k in numbers)
+            and all(isinstance(r.get(k), str) for k in strings)]
