@@ -10,6 +10,7 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, read_json, read_jsonl
+from testbed.runs.userrecords import sane_number
 
 
 @dataclass
@@ -144,15 +145,8 @@ def _typed(summary: dict, types: dict | None = None) -> list[str]:
 
 def _is_a(v: object, kinds: tuple[type, ...]) -> bool:
     if kinds is _NUMBER:
-        return isinstance(v, _NUMBER) and not isinstance(v, bool) and _finite(v)
+        return isinstance(v, _NUMBER) and not isinstance(v, bool) and sane_number(v, math.inf)
     return isinstance(v, kinds)
-
-
-def _finite(v: int | float) -> bool:
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def _numeric(records: list[dict], numbers: tuple[str, ...], strings: tuple[str, ...] = ()) -> list[dict]:

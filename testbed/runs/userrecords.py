@@ -49,9 +49,10 @@ MAX_MAGNITUDE = 1e18
 1e308 overflowed the means, and a 400-digit integer could not become a float."""
 
 
-def sane_number(v: int | float) -> bool:
+def sane_number(v: int | float, limit: float = MAX_MAGNITUDE) -> bool:
+    """``v`` is finite and at most ``limit`` in size (an int past float's range is not)."""
     try:
-        return math.isfinite(v) and abs(v) <= MAX_MAGNITUDE
+        return math.isfinite(v) and abs(v) <= limit
     except OverflowError:
         return False
 
