@@ -41,10 +41,10 @@ def check_backend(value: Any, path: str) -> str:
 def parse_defaults(value: Any) -> Defaults:
     """``defaults:`` (absent, null or empty: none), each key checked as it is where it applies."""
     keys = option_keys()
-    d = mapping(value or {}, "defaults", "backend and link defaults")
+    d = mapping({} if value is None else value, "defaults", "backend and link defaults")
     unknown_keys(d, DEFAULT_KEYS + keys, "defaults")
     backend = check_backend(d.get("backend", DEFAULT_BACKEND), "defaults.backend")
     options = {k: d[k] for k in keys if k in d}
-    link = shape_from_dict(d.get("link") or {}, "defaults.link")
+    link = shape_from_dict({} if d.get("link") is None else d["link"], "defaults.link")
     sysctls = parse_sysctls(d.get("sysctls"), "defaults.sysctls")
     return Defaults(backend, options, link, sysctls)

@@ -105,6 +105,8 @@ def parse_spec(spec: str, where: str = "--cross-traffic") -> Flow:
         k, eq, v = o.partition("=")
         if not eq or k not in _KEYS[2:]:
             raise TestbedError(f"{where} {spec!r}: {o!r} is not one of flows=N, rate=R, on=T, off=T")
+        if k in d:
+            raise TestbedError(f"{where} {spec!r}: {k}= is given twice", "give each of flows, rate, on, off once")
         d[k] = int(v) if k == "flows" and v.isdigit() else v
     return flow_from_dict(d, f"{where} {spec!r}")
 

@@ -41,7 +41,7 @@ def _check_loops(by_name: dict[str, Node], links: list[Link]) -> dict[str, str]:
     for l in links:
         ra, rb = _find(parent, l.a), _find(parent, l.b)
         if ra == rb:
-            cycle = _path(adj, l.b, l.a) + [l.b]
+            cycle = _path(adj, l.b, l.a) + [l.a]  # a ... b, back to a
             if not all(by_name[n].stp for n in cycle if not by_name[n].is_worker):
                 raise TopologyError(f"{l.path}.endpoints",
                                     f"link {l.a}-{l.b} closes the loop {' - '.join(cycle)}; "

@@ -126,7 +126,7 @@ def _direction_shapes(spec: dict, path: str, default_shape: Shape) -> dict[str, 
     both = shape_fields(spec, path)
     shapes = {}
     for d in DIRECTIONS:
-        dspec = shape_mapping(spec.get(d) or {}, f"{path}.{d}")
+        dspec = shape_mapping({} if spec.get(d) is None else spec[d], f"{path}.{d}")
         fields = {**default_shape.__dict__, **both, **shape_fields(dspec, f"{path}.{d}")}
         shapes[d] = check_shape(Shape(**fields), f"{path}.{d}" if dspec else path)
     return shapes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.common.errors import TopologyError
+from testbed.common.errors import TopologyError, shown
 from testbed.model.backend_options import OPTIONS
 from testbed.model.defaults import Defaults, check_backend, option_keys
 from testbed.model.fields import MAX_NODE_NAME, check_name, mapping, unknown_keys
@@ -15,6 +15,8 @@ from testbed.model.sysctls import parse_sysctls
 NODE_KINDS = ("worker", "switch")
 NODE_KEYS = {"worker": ("kind", "backend", "gpu", "sysctls", "host"), "switch": ("kind", "stp", "host")}
 """Keys each kind takes; a worker takes its backend's own keys too (:mod:`testbed.model.backend_options`)."""
+MAX_GPU = 1024
+"""A worker's gpu: a device index below this (a host has far fewer; a 31-digit one passed)."""
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def _worker(name: str, spec: dict, path: str, defaults: Defaults, host_names: se
     backend = check_backend(spec.get("backend", defaults.backend), f"{path}.backend")
     options = _backend_options(spec, path, backend, defaults)
     gpu = spec.get("gpu")
-    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
-        raise TopologyError(f"{path}.gpu", f"gpu must be a device index >= 0, got {gpu!r}")
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < MAX_GPU):
+        raise TopologyError(f"{path}.gpu", f"gpu must be a device index in 0..{MAX_GPU - 1}, got {shown(gpu)}")
     sysctls = {**defaults.sysctls, **parse_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
     return Node(name, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items()), options=options,
                 host=_node_host(spec, path, host_names))

@@ -113,7 +113,7 @@ def _finish(steps: list[Step], loop: bool, where: str) -> Trace:
     if not steps:
         raise _err(where, "the trace has no steps", "give at least one line: time_s,rate")
     if len(steps) > MAX_STEPS:
-        raise _err(where, f"{len(steps)} steps, more than {MAX_STEPS}", "use a coarser window or a shorter trace")
+        raise _err(where, f"more than {MAX_STEPS} steps", "use a coarser window or a shorter trace")
     if steps[-1].at_s > MAX_SPAN_S:
         raise _err(where, f"the trace lasts {steps[-1].at_s:g} s, more than 7 days", "check the time column's unit")
     if not loop:

@@ -31,8 +31,11 @@ def parse(specs: list[str]) -> dict[str, list[str]]:
         vals = [v.strip() for v in values.split(",")]
         if not all(vals):
             raise TestbedError(f"--param {spec!r} has an empty value", "e.g. --param lr=0.1,0.05")
-        if len(vals) > MAX_VALUES or len(set(vals)) != len(vals):
-            raise TestbedError(f"--param {key}: give at most {MAX_VALUES} distinct values, got {len(vals)}")
+        if len(vals) > MAX_VALUES:
+            raise TestbedError(f"--param {key}: give at most {MAX_VALUES} values, got {len(vals)}")
+        if len(set(vals)) != len(vals):
+            twice = sorted({v for v in vals if vals.count(v) > 1})
+            raise TestbedError(f"--param {key}: {', '.join(twice)} given twice", "list each value once")
         if norm(key) in {norm(k) for k in grid}:
             raise TestbedError(f"--param {key} is given twice", "list its values once: --param KEY=V1,V2")
         grid[key] = vals

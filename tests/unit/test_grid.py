@@ -59,7 +59,7 @@ def test_a_schemes_own_parameter_goes_only_to_the_schemes_that_have_it():
 
 @pytest.mark.parametrize("specs, words", [
     (["lr"], "is not KEY=VALUE"), (["=1"], "is not KEY=VALUE"), (["l r=1"], "is not KEY=VALUE"),
-    (["--lr=1"], "is not KEY=VALUE"), (["lr=1,,2"], "empty value"), (["lr=1,1"], "distinct values"),
+    (["--lr=1"], "is not KEY=VALUE"), (["lr=1,,2"], "empty value"), (["lr=1,1"], "1 given twice"),
     (["lr=1", "lr=2"], "given twice"), (["batch-size=1", "batch_size=2"], "given twice"),
     ([f"k{i}=1,2" for i in range(11)], "2048 points"),
 ])

@@ -87,6 +87,11 @@ def mutate(fn, base=None):
     (lambda d: d["nodes"]["w0"].update(kind="router"), "nodes.w0.kind", "choose one of: worker, switch"),
     (lambda d: d["nodes"]["w0"].update(backend="kvm"), "nodes.w0.backend", "choose one of: netns"),
     (lambda d: d["nodes"]["w0"].update(gpu=-1), "nodes.w0.gpu", "device index"),
+    (lambda d: d["nodes"]["w0"].update(gpu=10 ** 30), "nodes.w0.gpu", "device index in 0..1023"),
+    (lambda d: d.update(defaults=0), "defaults", "expected a mapping"),
+    (lambda d: d.update(defaults=""), "defaults", "expected a mapping"),
+    (lambda d: d.update(defaults={"link": []}), "defaults.link", "expected a mapping"),
+    (lambda d: d["links"][2].update(forward=[]), "links[2].forward", "expected a mapping"),
     (lambda d: d["nodes"]["w0"].update(sysctls={"kernel.panic": 1}), "nodes.w0.sysctls", "not a network sysctl"),
     (lambda d: d.update(defaults={"sysctls": {"net.ipv4.tcp_congestion_control": "x;reboot"}}),
      "defaults.sysctls.net.ipv4.tcp_congestion_control", "invalid value"),
@@ -135,6 +140,7 @@ def test_switch_loop_is_refused_unless_stp():
                    {"endpoints": ["b", "c"]}, {"endpoints": ["c", "a"]}]}
     e = _err(d)
     assert e.path == "links[4].endpoints" and "loop" in e.message and "stp" in e.hint
+    assert "closes the loop c - b - a - c;" in e.message, e.message  # back where it started
     for s in "abc":
         d["nodes"][s]["stp"] = True
     assert len(load_topology_dict(d).links) == 5

@@ -45,7 +45,7 @@ def test_specs_parse_and_bad_ones_are_named():
     for spec, words in [("w0", "start with SRC->DST"), ("w0->w1,flows=0", "flows"), ("w0->w1,flows=x", "flows"),
                         ("w0->w1,speed=1", "'speed=1' is not one of"), ("w0->w1,rate=10mbps", "rate"),
                         ("w0->w1,on=1s", "needs both on and off"), ("w0->w1,on=0s,off=1s", r"not a time in \(0 s"),
-                        ("w0->w0", "both 'w0'")]:
+                        ("w0->w0", "both 'w0'"), ("w0->w1,flows=2,flows=3", "flows= is given twice")]:
         with pytest.raises(TestbedError, match=words):
             parse_spec(spec)
     with pytest.raises(TestbedError, match="'w9' is not a worker"):
