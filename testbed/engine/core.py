@@ -43,6 +43,10 @@ from testbed.model.units import Duration, Loss, Rate
 
 
 
+_DAMAGED_HINT = "`testbed down {name}` still removes it (down reads the ledger)"
+"""The hint for a testbed whose state file is damaged (unreadable, or of the wrong shape)."""
+
+
 class Testbed:
     """A running testbed (built by :meth:`up`, or found by :meth:`attach`)."""
 
@@ -55,7 +59,7 @@ class Testbed:
         except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:  # the file is untrusted input
             name = state.get("name") if isinstance(state, dict) else None
             raise StateError(f"the state of testbed {shown(name)} is damaged ({type(e).__name__}: {shown(str(e))})",
-                             "`testbed down NAME` still removes it (down reads the ledger)") from None
+                             _DAMAGED_HINT.format(name="NAME")) from None
 
     def _read(self, state: dict) -> None:
         if not isinstance(state["name"], str):
@@ -129,7 +133,7 @@ class Testbed:
         state = ledger.read_state()
         if state is None and ledger.state_damaged():
             raise StateError(f"testbed '{name}': its state file {ledger.state_path} is damaged",
-                             f"`testbed down {name}` still removes it (down reads the ledger)")
+                             _DAMAGED_HINT.format(name=name))
         if state is None:
             up = Ledger.all_names()
             raise StateError(f"testbed '{name}' is not up",
