@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads import records
+from workloads import collectives, records
 from workloads.train import init_distributed
 
 
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.bytes < 4 or args.iters < 1 or args.layers < 1:
         p.error("--bytes must be >= 4, --iters and --layers >= 1")
+    collectives.activate()
     rank, world, device, backend = init_distributed(args.backend)
     try:
         out = Path(args.out)
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
                 "payload_bits_per_s": payload * 8 / mean})
         dist.barrier()
     finally:
+        collectives.finish()
         dist.destroy_process_group()
     return 0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from workloads import compat, data, records
+from workloads import collectives, compat, data, records
 from workloads.evaluation import evaluate, sync_buffers
 from workloads.measure import DDPTimes
 
@@ -75,10 +75,12 @@ class Loop:
                     self.evaluate(progress, epoch)
                 if progress.iterations >= self.total or progress.reached_target:
                     return progress
-                if self.synthetic is not None and progress.iterations == 1:
-                    # DDP rebuilds its buckets once, at the start of the second iteration; a
-                    # synthetic run times single iterations, so it does that here, off the clock
-                    compat.rebuild_buckets_now(self.ddp)
+                if progress.iterations == 1:
+                    # DDP rebuilds its buckets once, at the start of the second iteration (two
+                    # broadcasts of bucket indices); done here, off the clock and aside from the
+                    # training's exchange (a hook that exchanges nothing has no collective left)
+                    with collectives.aside():
+                        compat.rebuild_buckets_now(self.ddp)
             epoch += 1
 
     def _batches(self, epoch: int, aug: torch.Generator):
@@ -136,8 +138,9 @@ class Loop:
 
     def evaluate(self, progress: Progress, epoch: int) -> None:
         """Test accuracy now (all ranks), time to the target, the evaluation record (rank 0)."""
-        sync_buffers(self.model, self.world)
-        acc, test_loss = evaluate(self.model, self.ds, self.rank, self.world, self.device)
+        with collectives.aside():  # its collectives are not the training's exchange
+            sync_buffers(self.model, self.world)
+            acc, test_loss = evaluate(self.model, self.ds, self.rank, self.world, self.device)
         progress.accuracy = acc
         target = self.args.target_acc
         if target is not None and progress.time_to_target_s is None and acc >= target:

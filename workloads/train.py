@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from workloads import compat, data, placement, pruning, records, schemes
+from workloads import collectives, compat, data, placement, pruning, records, schemes
 from workloads.arguments import hyper_params, parse_args, prepare
 from workloads.checkpoint import CheckpointError, load_into
 from workloads.distributed import free_port as _free_port
@@ -65,6 +65,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     set_determinism(args.seed, args.threads, deterministic=args.compute_time is None)
+    collectives.activate()  # under testbed: count what this rank hands to torch.distributed
     rank, world, device, backend = init_distributed(args.backend)
     try:
         return train(args, scheme, ds, rank, world, device, backend)
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
             print(f"error (rank {rank}): could not write {e.filename}: {e.strerror}", file=sys.stderr)
         return 3
     finally:
+        collectives.finish()
         dist.destroy_process_group()
 
 
@@ -121,7 +123,9 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     loop = Loop(args, ds, rank, world, device, model, ddp, state, opt, sched, timers, synthetic, total, per_epoch,
                 counters, it_log, ev_log)
     start = time.time()
+    collectives.training()
     progress = loop.run()
+    collectives.trained()
 
     totals = gather(progress, world, device)
     if rank == 0 and out:

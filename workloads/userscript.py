@@ -10,6 +10,9 @@ environment already set (RANK, WORLD_SIZE, MASTER_ADDR, ...): the user's code ru
 (the directory `testbed run` was started from, as ``python -m`` would use) does. Nothing
 else of the rank's working directory (the run directory) is importable.
 
+Every collective the script issues, whoever calls it, is counted for testbed's proof
+(``workloads.collectives``; nothing in the script changes).
+
 The exit status is the script's: ``sys.exit(n)`` and an uncaught exception end the rank as
 they end ``python FILE``. The rank then leaves without the interpreter's teardown (as
 ``workloads.train`` does): a process group still alive at exit can abort the process in
@@ -23,6 +26,8 @@ import os
 import runpy
 import sys
 import traceback
+
+from workloads import collectives
 
 
 def _usage() -> int:
@@ -59,6 +64,7 @@ def _status(code) -> int:
 
 
 def run(argv: list[str]) -> int:
+    collectives.activate()  # under testbed: count what the script hands to torch.distributed
     try:
         return main(argv)
     except SystemExit as e:
@@ -66,6 +72,8 @@ def run(argv: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - printed as python would, then the rank's status
         traceback.print_exc()
         return 1
+    finally:
+        collectives.finish()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from rich.table import Table
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
     split_list, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
-from testbed.cli.usercode import ExpectBytesOpt, ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
+from testbed.cli.usercode import ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
 from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
     with_prune_ratios, with_workload_options, workload_args
 from testbed.common.errors import TestbedError
@@ -46,7 +46,6 @@ def run(
                                            "your code."),
     script: Optional[Path] = ScriptOpt,
     module: Optional[str] = ModuleOpt,
-    expect_bytes: Optional[int] = ExpectBytesOpt,
     bw: Optional[str] = typer.Option(None, "--bw", metavar="RATE", help="Rate of the bottleneck links for this "
                                      "run, e.g. 100mbit."),
     bw_trace: Optional[Path] = typer.Option(None, "--bw-trace", metavar="FILE", help="The bottleneck links follow "
@@ -83,7 +82,7 @@ def run(
         from testbed.model.flows import parse_spec
         from testbed.runs.experiment import RunRequest
 
-        code = user_code(ctx, scheme, script, module, expect_bytes)  # SCHEME checked there when it is one
+        code = user_code(ctx, scheme, script, module)  # SCHEME checked there when it is one
         rate = _rate(bw) if bw is not None else None
         check_timeout(timeout)
         if not (math.isfinite(trace_window) and trace_window > 0):
@@ -96,7 +95,7 @@ def run(
                        trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows)
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
-            req = RunRequest(scheme=code.label, workload_args=args, code=code, expect_bytes=expect_bytes, **shaping)
+            req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
         else:
             wargs = workload_args(workload, ctx.args)
             check_workload(scheme, wargs)
@@ -209,7 +208,6 @@ def sweep(
     param: Optional[List[str]] = ParamOpt,
     script: Optional[Path] = ScriptOpt,
     module: Optional[str] = ModuleOpt,
-    expect_bytes: Optional[int] = ExpectBytesOpt,
     pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", metavar="NUMBER",
                                           help="Epochs of the shared pre-training."),
     pretrain_dataset: Optional[str] = PretrainDatasetOpt,
@@ -231,7 +229,7 @@ def sweep(
         from testbed.runs import grid
         from testbed.runs.sweep import SweepRequest
 
-        code = own_code(ctx, script, module, expect_bytes)
+        code = own_code(ctx, script, module)
         params = grid.parse(param or [])
         rates = _rates(bw)
         check_timeout(timeout)
@@ -239,7 +237,7 @@ def sweep(
                       testbed=testbed_name(testbed) if testbed else None, exporter=exporter)
         if code is not None:
             req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
-                               expect_bytes=expect_bytes, **shared)
+                               **shared)
         else:
             req = SweepRequest(**_builtin_sweep(ctx, schemes, prune_ratios, params, workload, pretrain_dataset,
                                                 pretrain_epochs), **shared)

@@ -23,9 +23,6 @@ ParamOpt = typer.Option(None, "--param", metavar="KEY=V1,V2", help="A parameter 
                         "as --KEY VALUE after the arguments after `--` (repeatable: every combination runs); a "
                         "scheme's own parameter (e.g. hook, topk-ratio) goes to the schemes that have it. Report "
                         "groups runs by it.")
-ExpectBytesOpt = typer.Option(None, "--expect-bytes", metavar="BYTES", min=1, help="With --script/-m: bytes each "
-                              "rank hands to collectives over the whole run, for the tc-counter proof when the "
-                              "records carry no payload_bytes.")
 
 TRAINER_ONLY = {name for name, _, _ in WORKLOAD_OPTIONS} | {"pretrain", "pretrain_dataset", "pretrain_epochs",
                                                              "schemes", "prune_ratios"}
@@ -33,12 +30,11 @@ TRAINER_ONLY = {name for name, _, _ in WORKLOAD_OPTIONS} | {"pretrain", "pretrai
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path], module: Optional[str],
-              expect_bytes: Optional[int]):
+def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path], module: Optional[str]):
     """The UserCode to run (None: the built-in SCHEME, checked), after checking that the command
     line asks for one of them and, for the user's code, nothing that only the built-in trainer
     takes (a SCHEME given with --script/-m is the code's first argument)."""
-    code = own_code(ctx, script, module, expect_bytes)
+    code = own_code(ctx, script, module)
     if code is None:
         if scheme is None:
             raise usage("give a SCHEME (e.g. `testbed run pactrain`), or your own code with --script FILE or -m MODULE")
@@ -49,14 +45,12 @@ def user_code(ctx: typer.Context, scheme: Optional[str], script: Optional[Path],
     return code
 
 
-def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str], expect_bytes: Optional[int]):
+def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
     """The UserCode of --script/-m (None when neither is given), after checking that nothing
-    that only the built-in trainer takes is on the command line, and --expect-bytes only with it."""
+    that only the built-in trainer takes is on the command line."""
     from testbed.runs.request import UserCode
 
     if script is None and module is None:
-        if expect_bytes is not None:
-            raise usage("--expect-bytes goes with --script/-m (a built-in scheme reports its own bytes)")
         return None
     if script is not None and module is not None:
         raise usage("give --script FILE or -m MODULE, not both")

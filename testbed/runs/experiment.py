@@ -45,15 +45,15 @@ from testbed.runs.monitoring import Every, ExporterWatch
 from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
 from testbed.runs.sampling import LinkSampler, Progress
-from testbed.runs.summary import MIN_WIRE_FRACTION, TrafficBypassed, access_links, mark, rank_tx_bytes, summarise, \
-    verify_crossed
+from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
+from testbed.runs.summary import mark, rank_tx_bytes, summarise
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
 from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
 
 __all__ = [  # the names callers import from here (the CLI, sweep, benchmarks, tests)
-    "DEFAULT_TOPOLOGY", "MIN_WIRE_FRACTION", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest",
-    "Status", "TrafficBypassed", "annotate_rates", "check_out", "host_paths", "new_run_id", "obtain_testbed",
+    "DEFAULT_TOPOLOGY", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest",
+    "Status", "TrafficBypassed", "TrafficUnproven", "annotate_rates", "check_out", "host_paths", "new_run_id", "obtain_testbed",
     "run", "run_lock", "variant_slug",
 ]
 
@@ -84,7 +84,7 @@ def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str
         r.watch(on_status)
         r.collect()
         summary = r.write_summary()
-        verify_crossed(summary, r.run_dir, req.expect_bytes, say)  # the tc-counter proof
+        refuse(summary, r.run_dir)  # the proof: a run that is not "ok" ends in its error
         return summary
     except KeyboardInterrupt:
         ignore_interrupts()  # from here on nothing interrupts the cleanup (restored at the end)
@@ -93,8 +93,8 @@ def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str
         mark(r.run_dir, "interrupted", "interrupted by a signal")
         raise RunInterrupted("interrupted: all ranks stopped, shaping restored, the testbed removed if the "
                              "run made it", f"records so far are in {r.run_dir}" if r.run_dir else None) from None
-    except TrafficBypassed:
-        raise  # verify_crossed marked the run "bypassed" already
+    except (TrafficBypassed, TrafficUnproven):
+        raise  # its summary says "bypassed" or "unproven" already
     except TestbedError as e:  # a rank failed, a write failed, a node refused its rank
         failure = as_disk_failure(e, r.run_dir)
         try:
@@ -137,9 +137,10 @@ class _Run:
         """The testbed's link exporters, watched while the ranks run."""
         self.start_counters: dict = {}
         self.end_counters: dict = {}
-        self.start_access: dict = {}
-        self.end_access: dict = {}
-        """Counters of the workers' own links: what each rank put on the wire."""
+        self.start_all: dict = {}
+        self.end_all: dict = {}
+        """Counters of every link before the first rank starts and after the last one exits:
+        the proof's measured bytes (and what each rank put on its own link)."""
         self.t_start, self.duration = 0.0, 0.0
 
     def get_testbed(self) -> None:
@@ -204,7 +205,7 @@ class _Run:
         """The counters at the start, then one rank per worker."""
         req, tb = self.req, self.tb
         self.start_counters = self.sampler.sample()
-        self.start_access = tb.link_counters(access_links(tb))
+        self.start_all = tb.link_counters()
         self.t_start = time.time()
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
@@ -227,7 +228,7 @@ class _Run:
         """The counters at the end; the trace replay (shapes from before put back) and the
         cross-traffic stopped, the flows' last reports written."""
         self.end_counters = self.sampler.sample()
-        self.end_access = self.tb.link_counters(access_links(self.tb))
+        self.end_all = self.tb.link_counters()
         self.duration = time.time() - self.t_start
         if self.replayer is not None:
             self.replayer.stop()  # the shapes from before are put back
@@ -243,7 +244,9 @@ class _Run:
                                                                       self.t_start, self.duration))
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
                             self.end_counters, self.duration, self.shapes)
-        summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_access, self.end_access)
+        summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
+        apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
+                             self.end_all))
         if trace is not None:
             rates, late = RateTimeline.from_run(run_dir, self.shapes)
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)

@@ -36,6 +36,7 @@ from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text, write_json
 from testbed.common.writes import writing
+from workloads.collectives import RECORDER_ENTRIES
 
 COLLECT_EVERY_S = 2.0
 MASTER_PORT = 29500  # every node has its own network stack: no clash between testbeds
@@ -212,6 +213,9 @@ class Launcher:
             env["TESTBED_PLACEMENT"] = str(where.resolve())
             env["TESTBED_RUN_DIR"] = str(self.run_dir.resolve())  # the records contract (workloads.records)
             env["TESTBED_RECORDS"] = str(self.run_dir.resolve() / f"rank{w.rank}.jsonl")
+            # the proof's counts (workloads.collectives): torch's flight recorder on, and where to write them
+            env["TESTBED_COLLECTIVES"] = str(self.run_dir.resolve() / f"collectives{w.rank}.json")
+            env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(RECORDER_ENTRIES)
             env.update(self.extra_env)
             cmd, env = place.command(backend, w, self.argv, env)
             starts.append((w, place, cmd, env))

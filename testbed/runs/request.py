@@ -91,9 +91,6 @@ class RunRequest:
     code: UserCode | None = None
     """The user's own script or module instead of a built-in scheme (``scheme`` is its label;
     ``workload_args`` are its arguments)."""
-    expect_bytes: int | None = None
-    """Bytes each rank hands to collectives over the whole run, for the tc-counter proof of a
-    user's code whose records carry no payload_bytes."""
     params: dict[str, str] = field(default_factory=dict)
     """A sweep's grid point (:mod:`testbed.runs.grid`): passed as ``--KEY VALUE`` after
     ``workload_args``, kept in the summary's ``params`` and grouped by in reports."""

@@ -45,7 +45,6 @@ def request_record(req: RunRequest, tb: Testbed, created: bool, flows: list, tra
         request["params"] = req.params
     if req.code is not None:
         request["code"] = req.code.to_dict()
-        request["expect_bytes"] = req.expect_bytes
     if flows:
         request["cross_traffic"] = [f.to_dict() for f in flows]
     if trace is not None:

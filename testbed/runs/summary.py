@@ -1,9 +1,7 @@
-"""A run's summary.json, and the proof that its collectives crossed the shaped links.
+"""A run's summary.json (the proof that its collectives crossed the links: testbed.runs.proof).
 
     summarise        the workload's summary plus the request, bottleneck bytes and utilisation
-                     (from the tc counters at start and end), wire bytes per rank, versions
-    verify_crossed   the bottlenecks carried at least MIN_WIRE_FRACTION of what one rank
-                     handed to collectives, else the run is marked "bypassed" and refused
+                     (from the tc counters), wire bytes per rank, versions
     mark             a run that failed or was interrupted: its status and error
 """
 
@@ -18,16 +16,6 @@ from testbed.model.topology import DIRECTIONS
 from testbed.model.topology import Link
 from testbed.runs.rundir import code_version
 from testbed.runs.userrecords import sane_number
-
-MIN_WIRE_FRACTION = 0.25
-"""The bottlenecks must carry at least this fraction of the bytes one rank handed to
-collectives. An all-reduce or all-gather across a cut moves at least a full vector per
-direction, so a real run is far above it (2x to 7x on the shipped topologies)."""
-
-
-class TrafficBypassed(TestbedError):
-    pass
-
 
 def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], start: dict, end: dict,
               duration: float, shapes: dict) -> dict:
@@ -92,50 +80,6 @@ def rank_tx_bytes(tb, start: dict, end: dict) -> dict[str, int]:
         d = DIRECTIONS[0] if l.a == w.name else DIRECTIONS[1]  # the worker's egress
         out[str(w.rank)] = end.get((l.index, d), {}).get("bytes", 0) - start.get((l.index, d), {}).get("bytes", 0)
     return out
-
-
-def verify_crossed(summary: dict, run_dir: Path, expect_bytes: int | None = None, say=lambda m: None) -> None:
-    """The tc-counter proof: the bottlenecks carried the collectives (and, given what each
-    rank should send, each rank's own link carried its share). A run whose traffic went
-    around them is marked "bypassed" in summary.json and refused; a run with nothing to
-    compare with (the user's code, no payload_bytes in its records, no --expect-bytes) is
-    marked as not proven."""
-    per_rank = expect_bytes if expect_bytes is not None else \
-        (summary.get("mean_payload_bytes") or 0) * (summary.get("iterations") or 0)
-    if not per_rank:
-        if summary.get("code"):
-            summary["proof"] = "skipped: no payload_bytes in the records and no --expect-bytes"
-            write_json(run_dir / "summary.json", summary)
-            say("note: the tc-counter proof was skipped: the records carry no payload_bytes and --expect-bytes "
-                "was not given")
-        return
-    wire = summary["bottleneck"]["bytes"]
-    short = [(r, b) for r, b in (summary.get("rank_tx_bytes") or {}).items() if b < MIN_WIRE_FRACTION * per_rank]
-    if wire >= MIN_WIRE_FRACTION * per_rank and not (summary.get("code") and short):
-        summary["proof"] = "passed"
-        write_json(run_dir / "summary.json", summary)
-        return
-    summary["status"] = "bypassed"
-    summary["proof"] = "failed"
-    write_json(run_dir / "summary.json", summary)
-    if not (summary.get("code") and short):
-        raise TrafficBypassed(
-            f"the collective traffic did not cross the bottleneck links: they carried {wire} bytes while "
-            f"each rank handed {per_rank:.0f} bytes to collectives", "the summary in "
-            f"{run_dir} says which links were counted; are the ranks on both sides of a bottleneck?")
-    rank, sent = short[0]
-    node = next((w["node"] for w in _workers(run_dir) if str(w.get("rank")) == rank), "?")
-    raise TrafficBypassed(
-        f"rank {rank} (node {node}) put {sent} bytes on its link, under {MIN_WIRE_FRACTION:.0%} of the "
-        f"{per_rank:.0f} bytes it should hand to collectives", "did it join the process group, and are its "
-        "collectives pinned to the data plane (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, set by testbed)?")
-
-
-def _workers(run_dir: Path) -> list[dict]:
-    try:
-        return read_json(run_dir / "run.json", "json", "run file").get("workers") or []
-    except (OSError, ValueError, AttributeError, TestbedError):
-        return []
 
 
 def mark(run_dir: Path | None, status: str, error: str) -> None:

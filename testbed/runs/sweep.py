@@ -49,7 +49,6 @@ class SweepRequest:
     """The parameter grid (:mod:`testbed.runs.grid`): every run gets one of its points."""
     code: UserCode | None = None
     """The user's own script or module instead of ``schemes`` (its label is the one scheme)."""
-    expect_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +165,6 @@ def _request(req: SweepRequest, scheme: str, point: dict, rep: int, init: Path |
              sweep_dir: Path, run_id: str) -> RunRequest:
     """One run of the sweep: repeat ``rep`` (seed + rep) of ``scheme`` at ``bw`` with grid ``point``."""
     args = with_seed(req.workload_args, rep) + (["--init", str(init)] if init else [])
-    return RunRequest(scheme=scheme, workload_args=args, params=point, code=req.code, expect_bytes=req.expect_bytes,
+    return RunRequest(scheme=scheme, workload_args=args, params=point, code=req.code,
                       testbed=testbed, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
                       extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter)

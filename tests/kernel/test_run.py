@@ -158,7 +158,9 @@ def test_traffic_that_misses_the_bottleneck_fails_loudly(tmp_path, clean_kernel)
                    {"endpoints": ["s0", "s1"], "rate": "100mbit", "bottleneck": True}]}
     r = cli("run", "allreduce", "--topology", str(_topology(tmp_path, d)), "--out", str(tmp_path / "runs"),
             "--max-iters", "3")
-    assert r.returncode == 1 and "did not cross the bottleneck links" in r.stderr
+    assert r.returncode == 1 and "no collective had to cross the bottleneck link(s) s0-s1" in r.stderr, r.stderr
+    s = json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())
+    assert (s["status"], s["proof"]) == ("unproven", "unproven")
 
 
 def test_bad_input_creates_nothing(tmp_path, clean_kernel):

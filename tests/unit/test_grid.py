@@ -72,7 +72,7 @@ def test_bad_grids_are_refused_naming_what_is_wrong(specs, words):
     (("--script", "{ex}", "--lr", "0.1"), "--lr configures the built-in trainer", 2),
     (("--script", "{ex}", "--schemes", "topk"), "--schemes configures the built-in trainer", 2),
     (("--script", "{ex}", "-m", "x"), "not both", 2),
-    (("--expect-bytes", "10",), "--expect-bytes goes with --script", 2),
+    (("--expect-bytes", "10",), "No such option: --expect-bytes", 2),
     (("--script", "{ex}", "--param", "lr"), "--param 'lr' is not KEY=VALUE", 1),
     (("--schemes", "allreduce,hook", "--param", "hook=os;rm"), "--hook must be package.module:factory", 1),
     (("--schemes", "allreduce", "--param", "nosuch=1"), "nosuch", 1),

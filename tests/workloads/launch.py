@@ -56,7 +56,7 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
                  # may share one GPU), here on loopback
                  NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_HOSTID=f"test-rank{r}",
                  NCCL_MULTI_RANK_GPU_ENABLE="1")
-        e.update(env or {})
+        e.update({k: v.replace("{rank}", str(r)) for k, v in (env or {}).items()})  # a file per rank
         if domains:
             g, i, n = where[r]
             e.update(GROUP_RANK=str(g), LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(n), TESTBED_SWITCH=f"s{g + 1}")
