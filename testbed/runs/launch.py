@@ -215,7 +215,7 @@ class Launcher:
             env["TESTBED_RECORDS"] = str(self.run_dir.resolve() / f"rank{w.rank}.jsonl")
             # the proof's counts (workloads.collectives): torch's flight recorder on, and where to write them
             env["TESTBED_COLLECTIVES"] = str(self.run_dir.resolve() / f"collectives{w.rank}.json")
-            env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(RECORDER_ENTRIES)
+            env["TORCH_FR_BUFFER_SIZE"] = str(RECORDER_ENTRIES)
             env.update(self.extra_env)
             cmd, env = place.command(backend, w, self.argv, env)
             starts.append((w, place, cmd, env))
