@@ -58,6 +58,8 @@ class _Run:
     """When training started: config.json's mtime (the workload writes it then; a trace starts on it)."""
     end_s: float | None = None
     """When training ended, once summary.json exists: the newest rank record's mtime."""
+    proof: dict | None = None
+    """Once summary.json holds it: {"verdict", "links": {(link, direction): (bound, measured)}}."""
 
     def update(self) -> None:
         for p in self.path.glob("rank*.jsonl"):
@@ -86,6 +88,8 @@ class _Run:
         for rec in self.evals.read():
             self.accuracy = rec.get("accuracy")
             self.epoch = rec.get("epoch")
+        if self.proof is None and (self.path / "summary.json").exists():
+            self.proof = _proof(self.path / "summary.json")
         if self.end_s is None and (self.path / "summary.json").exists():
             ends = [_mtime(p) for p in self.path.glob("rank*.jsonl")]
             self.end_s = max((e for e in ends if e), default=None) or _mtime(self.path / "summary.json")
@@ -102,6 +106,23 @@ class _Run:
             f = self.flows.setdefault(flow, {"label": str(rec.get("label", flow))[:128], "bytes": 0.0})
             f["bps"] = bps
             f["bytes"] += got
+
+
+def _proof(path: Path) -> dict | None:
+    """The proof in a summary.json (None until testbed wrote it there; bad values left out)."""
+    try:
+        s = read_json(path, "json", "summary")
+    except (OSError, ValueError, TestbedError):
+        return None
+    links = s.get("proof_links") if isinstance(s, dict) else None
+    if not isinstance(links, dict) or not isinstance(s.get("proof"), str):
+        return None
+    out = {}
+    for name, row in list(links.items())[:4096]:
+        link, _, direction = str(name).rpartition(" ")
+        if isinstance(row, dict) and all(type(row.get(k)) is int for k in ("bound_bytes", "measured_bytes")):
+            out[(link[:128], direction[:16])] = (row["bound_bytes"], row["measured_bytes"])
+    return {"verdict": s["proof"], "links": out}
 
 
 def _load(path: Path) -> _Run | None:
@@ -214,6 +235,14 @@ class TrainingCollector(Collector):
                                 "When the run's training ended (Unix time); absent while it runs.", labels=TIME_LABELS)
         active = GaugeMetricFamily("testbed_cross_traffic_active",
                                    "1 while a cross-traffic flow is on, 0 while it is off.", labels=flow_labels)
+        proof_labels = ["run_id", "link", "direction"]
+        proven = GaugeMetricFamily("testbed_run_proof_passed", "1 when every link carried the bytes the run's "
+                                   "collectives must move across it, else 0; absent until the run ends.",
+                                   labels=["run_id"])
+        bound = GaugeMetricFamily("testbed_run_proof_bound_bytes", "Bytes the run's collectives must move across "
+                                  "the link in this direction (the proof's lower bound).", labels=proof_labels)
+        measured = GaugeMetricFamily("testbed_run_proof_measured_bytes", "Bytes the link's tc counters measured in "
+                                     "this direction over the run (L2, headers included).", labels=proof_labels)
         for run in self._discover():
             run.update()
             i = run.info
@@ -222,6 +251,11 @@ class TrainingCollector(Collector):
                 start.add_metric([i[k] for k in TIME_LABELS], run.start_s)
             if run.end_s is not None:
                 end.add_metric([i[k] for k in TIME_LABELS], run.end_s)
+            if run.proof is not None:
+                proven.add_metric([run.run_id], 1 if run.proof["verdict"] == "passed" else 0)
+                for (link, d), (b, m) in run.proof["links"].items():
+                    bound.add_metric([run.run_id, link, d], b)
+                    measured.add_metric([run.run_id, link, d], m)
             for n, f in sorted(run.flows.items()):
                 if "bps" in f:
                     cross.add_metric([run.run_id, str(n), f["label"]], f["bps"])
@@ -245,7 +279,7 @@ class TrainingCollector(Collector):
                 if run.dense_bytes and st.last_payload is not None:
                     ratio.add_metric(labels, st.last_payload / run.dense_bytes)
         yield from (info, start, end, iters, loss, acc, epoch, hist, payload, wire, compute, ratio, cross, cross_bytes,
-                    active)
+                    active, proven, bound, measured)
 
 
 class RunExporter:

@@ -28,9 +28,12 @@ def report(
                                                help="Recompute time-to-accuracy for this target."),
     out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Where tables and plots go "
                                            "(default: FIRST_DIR/report)."),
+    include_unproven: bool = typer.Option(False, "--include-unproven", help="Rank runs whose proof had nothing "
+                                          "to compare with (status unproven) beside proven ones; bypassed and "
+                                          "failed runs are never ranked."),
     as_json: bool = JsonOpt,
 ):
-    """Tables and plots comparing schemes by time-to-accuracy, per bandwidth."""
+    """Tables and plots comparing schemes by time-to-accuracy, per bandwidth (proven runs only)."""
     with guard(as_json):
         from testbed.runs.report import find_runs, write
 
@@ -39,7 +42,7 @@ def report(
         runs = find_runs(dirs, warn=lambda m: err.print(Text(f"warning: {m}", style="yellow")))
         if not runs:
             raise TestbedError("no readable runs in " + ", ".join(map(str, dirs)), "see the warnings above")
-        result = write(runs, out_dir or dirs[0] / "report", target_acc)
+        result = write(runs, out_dir or dirs[0] / "report", target_acc, include_unproven)
         if as_json:
             emit(result)
             return

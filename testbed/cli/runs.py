@@ -186,12 +186,25 @@ def _render_summary(s: dict) -> None:
         ("payload / iteration", "-" if s.get("mean_payload_bytes") is None else f"{s['mean_payload_bytes']:,.0f} B"),
         ("bottleneck bytes / iteration", f"{b.get('bytes_per_iteration') or 0:,.0f} B"),
         ("bottleneck utilisation", f"mean {b.get('mean_utilisation') or 0:.0%}, max {b.get('max_utilisation') or 0:.0%}"),
-        ("tc-counter proof", str(s.get("proof", "-"))),
+        ("proof", str(s.get("proof", "-")) + (f": {s['proof_reason']}" if s.get("proof_reason") else "")),
+        *_proof_rows(s),
     ]
     for k, v in rows:
         t.add_row(*lit(k, v))
     out.print(t)
     plain(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)")
+
+
+def _proof_rows(s: dict) -> list[tuple[str, str]]:
+    """Measured against bound, per bottleneck direction (every link's: summary.json's proof_links)."""
+    rows = []
+    for name in (s.get("bottleneck") or {}).get("links") or {}:
+        row = (s.get("proof_links") or {}).get(name) or {}
+        bound, got = row.get("bound_bytes"), row.get("measured_bytes")
+        if isinstance(bound, int) and isinstance(got, int):
+            ratio = f" ({got / bound:.2f}x)" if bound else ""
+            rows.append((f"  {name}", f"measured {got:,} B, bound {bound:,} B{ratio}"))
+    return rows
 
 
 @with_workload_options

@@ -44,7 +44,7 @@ from testbed.runs.launch import Launcher
 from testbed.runs.monitoring import Every, ExporterWatch
 from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
-from testbed.runs.sampling import LinkSampler, Progress
+from testbed.runs.sampling import LinkSampler, Progress, TrainStart
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
 from testbed.runs.summary import mark, rank_tx_bytes, summarise
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
@@ -141,7 +141,8 @@ class _Run:
         self.end_all: dict = {}
         """Counters of every link before the first rank starts and after the last one exits:
         the proof's measured bytes (and what each rank put on its own link)."""
-        self.t_start, self.duration = 0.0, 0.0
+        self.t_start, self.duration, self.t_end = 0.0, 0.0, 0.0
+        self.train_start: TrainStart | None = None
 
     def get_testbed(self) -> None:
         """Attach or bring up the testbed, and hold its run lock."""
@@ -207,6 +208,8 @@ class _Run:
         self.start_counters = self.sampler.sample()
         self.start_all = tb.link_counters()
         self.t_start = time.time()
+        if not self.tb.topology.hosts:  # (its thread reads only this host's counters)
+            self.train_start = TrainStart(tb, self.bottlenecks, self.run_dir / "config.json", self.t_start)
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,
@@ -229,7 +232,10 @@ class _Run:
         cross-traffic stopped, the flows' last reports written."""
         self.end_counters = self.sampler.sample()
         self.end_all = self.tb.link_counters()
-        self.duration = time.time() - self.t_start
+        self.t_end = time.time()
+        self.duration = self.t_end - self.t_start
+        if self.train_start is not None:
+            self.train_start.stop()
         if self.replayer is not None:
             self.replayer.stop()  # the shapes from before are put back
         if self.traffic is not None:
@@ -242,8 +248,10 @@ class _Run:
         if self.req.code is not None:  # testbed writes its summary, from the records
             write_json(run_dir / "summary.json", summary_from_records(run_dir, self.req, len(self.tb.workers),
                                                                       self.t_start, self.duration))
+        ts = self.train_start
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
-                            self.end_counters, self.duration, self.shapes)
+                            self.end_counters, self.duration, self.shapes,
+                            (ts.counters, self.t_end - ts.time) if ts and ts.counters is not None else None)
         summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
         apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
                              self.end_all))
@@ -268,6 +276,8 @@ class _Run:
         """Stop what runs, put the shapes back, release the lock, take down a testbed made here."""
         if self.launcher:
             self.launcher.stop()
+        if self.train_start is not None:
+            self.train_start.stop()
         if self.replayer is not None:
             self.replayer.stop()
         if self.traffic is not None:

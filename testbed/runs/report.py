@@ -4,7 +4,9 @@ Reads run directories (or directories holding them, such as a sweep's), groups r
 bottleneck bandwidth and scheme variant (the scheme with every hyper-parameter in the
 summary's ``hyper``; repeats give the median and min-max), and writes:
 
-    report.json, report.csv   one row per (bandwidth, variant)
+    report.json, report.csv   one row per (bandwidth, variant); only proven runs ("ok") are
+                              ranked, "unproven" ones too with include_unproven
+    proof.csv                 per run, link and direction: the proof's bound and measured bytes
     tta.png                   time-to-accuracy normalised to allreduce, per bandwidth (Fig. 3 style),
                               median with min-max over repeats
     accuracy.png              accuracy vs wall-clock training time per run (Fig. 5 style)
@@ -33,9 +35,9 @@ from testbed.runs.tables import freeze, table
 __all__ = ["RunData", "find_runs", "table", "write"]
 
 
-def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
+def write(runs: list[RunData], out: Path, target: float | None = None, include_unproven: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    rows = table(runs, target)
+    rows = table(runs, target, include_unproven)
     write_json(out / "report.json", {"rows": rows, "runs": [str(r.path) for r in runs]})
     with writing(out / "report.csv", "report.json is written; the run records are untouched"), \
             open(out / "report.csv", "w", newline="") as f:
@@ -44,5 +46,26 @@ def write(runs: list[RunData], out: Path, target: float | None = None) -> dict:
         for row in rows:
             w.writerow({**row, "failed": "; ".join(row["failed"]), "hyper": freeze(row["hyper"]),
                         "paths": "; ".join(row["paths"])})
+    _proof_csv(runs, out / "proof.csv")
     files = plots(runs, rows, out, target)
-    return {"rows": rows, "out": str(out), "files": ["report.json", "report.csv", *files]}
+    return {"rows": rows, "out": str(out), "files": ["report.json", "report.csv", "proof.csv", *files]}
+
+
+PROOF_FIELDS = ("run_id", "status", "proof", "link", "direction", "bound_bytes", "shared_bound_bytes",
+                "measured_bytes")
+
+
+def _proof_csv(runs: list[RunData], path: Path) -> None:
+    """Every run's proof, a row per link and direction (summary.json's proof_links)."""
+    with writing(path, "report.json and report.csv are written; the run records are untouched"), \
+            open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=PROOF_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in runs:
+            links = r.summary.get("proof_links")
+            for name, row in (links.items() if isinstance(links, dict) else ()):
+                link, _, direction = str(name).rpartition(" ")
+                if isinstance(row, dict):
+                    w.writerow({**{k: row.get(k) for k in PROOF_FIELDS if isinstance(row.get(k), int)},
+                                "run_id": r.path.name, "status": r.status, "proof": r.summary.get("proof"),
+                                "link": link, "direction": direction})

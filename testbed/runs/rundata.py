@@ -107,12 +107,13 @@ def find_runs(dirs: list[Path], warn=lambda m: None) -> list[RunData]:
 
 _NUMBER = (int, float)
 SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
-    **{k: (str,) for k in ("scheme", "variant", "status", "bw", "run_id", "hook", "model", "dataset")},
+    **{k: (str,) for k in ("scheme", "variant", "status", "bw", "run_id", "hook", "model", "dataset", "proof")},
     **{k: _NUMBER for k in ("topk_ratio", "spardl_density", "prunex_sparsity", "prune_ratio", "time_to_target_s",
                             "target_accuracy", "final_accuracy", "final_loss", "mean_iter_s", "median_iter_s",
                             "mean_payload_bytes", "final_payload_bytes", "train_s", "wall_s", "world_size",
                             "iterations", "seed", "epochs", "mean_wire_tx_bytes_per_iteration")},
     "ternary": (bool,), "hyper": (dict,), "params": (dict,), "bottleneck": (dict,), "records": (dict,),
+    "proof_links": (dict,),
 }
 """The summary keys reports read, with their types: summary.json is untrusted input (a run
 directory can come from anywhere), so a value of another type is left out, not crashed on."""

@@ -2,6 +2,7 @@
 
     LinkSampler   the bottleneck links' tc counters: appended to links.jsonl (bytes, drops,
                   rate, utilisation) and kept as the live utilisation
+    TrainStart    the bottleneck counters when rank 0 starts its first iteration
     Progress      the launcher's tick: a link sample every second, the newest records of
                   rank 0 and the evaluations, and the progress display's Status
 """
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +75,41 @@ class LinkSampler:
 
     def close(self):
         self.f.close()
+
+
+class TrainStart:
+    """The bottleneck counters when training starts, so that utilisation and bytes per
+    iteration leave out torch's import, the rendezvous and DDP's start-up broadcast. The
+    built-in workloads' rank 0 writes config.json just before its first iteration; a thread
+    polls for it every 10 ms (the counters are read within about 10 ms of the start). Code
+    whose config.json testbed wrote before launch (the user's) has no such moment: None."""
+
+    POLL_S = 0.01
+
+    def __init__(self, tb: Testbed, links: list[Link], marker: Path, since: float):
+        self.tb, self.links, self.marker, self.since = tb, links, marker, since
+        self.counters: dict | None = None
+        self.time: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="train-start", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            try:
+                if self.marker.stat().st_mtime < self.since:
+                    continue
+            except OSError:
+                continue
+            try:
+                self.counters, self.time = self.tb.link_counters(self.links), time.time()
+            except TestbedError:
+                pass  # the summary measures from the launch instead
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 class Progress:

@@ -18,7 +18,9 @@ from testbed.runs.rundir import code_version
 from testbed.runs.userrecords import sane_number
 
 def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], start: dict, end: dict,
-              duration: float, shapes: dict) -> dict:
+              duration: float, shapes: dict, train_start: tuple[dict, float] | None = None) -> dict:
+    """``train_start``: the bottleneck counters when the first iteration began, and how long
+    before the end that was: bytes and utilisation are measured from then (else from the launch)."""
     try:
         summary = read_json(run_dir / "summary.json", "json", "summary")
     except FileNotFoundError:
@@ -29,14 +31,15 @@ def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], star
         "run_id": run_id, "run_dir": str(run_dir), "status": "ok", "request": request,
         "bw": request["bw"] or (rates[0] if len(rates) == 1 else ",".join(rates)),
         "topology": request["testbed"], "params": request.get("params", {}), "bottleneck_shapes": shapes,
-        "bottleneck": _bottleneck(links, start, end, duration, iters),
+        "bottleneck": _bottleneck(links, *(train_start or (start, duration)), end, iters),
         "run_s": duration, "testbed_version": __version__, "code_version": code_version(),
     })
+    summary["bottleneck"]["measured_from"] = "first iteration" if train_start else "launch"
     summary["mean_wire_tx_bytes_per_iteration"] = _mean_wire_tx(run_dir, summary.get("world_size", 0))
     return summary
 
 
-def _bottleneck(links: list[Link], start: dict, end: dict, duration: float, iters: int) -> dict:
+def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iters: int) -> dict:
     """Bytes, drops and utilisation per bottleneck direction between two counter readings."""
     per = {}
     total = 0

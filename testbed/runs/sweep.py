@@ -26,6 +26,7 @@ from testbed.common.errors import TestbedError
 from testbed.runs import grid
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
+from testbed.runs.proof import TrafficBypassed, TrafficUnproven
 from testbed.runs.request import UserCode
 from testbed.model.units import Rate
 
@@ -135,6 +136,12 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
                 run(_request(req, scheme, point, rep, init, tb.name, bw, sweep_dir, run_id),
                     on_status=on_status, on_message=say)
                 entry["status"] = "ok"
+            except TrafficBypassed as e:
+                entry.update(status="bypassed", error=e.message)
+                say(f"run {run_id} bypassed the links: {e.message.splitlines()[0]}")
+            except TrafficUnproven as e:
+                entry.update(status="unproven", error=e.message)
+                say(f"run {run_id} is unproven: {e.message.splitlines()[0]}")
             except TestbedError as e:
                 entry.update(status="failed", error=e.message)
                 say(f"run {run_id} failed: {e.message.splitlines()[0]}")

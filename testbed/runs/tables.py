@@ -73,7 +73,7 @@ def _labels(groups: dict) -> dict:
     return out
 
 
-def table(runs: list[RunData], target: float | None = None) -> list[dict]:
+def table(runs: list[RunData], target: float | None = None, include_unproven: bool = False) -> list[dict]:
     """One row per (bandwidth, world size, variant), a variant being the scheme with all its
     hyper-parameters (the summary's ``hyper``: model, dataset, batch, lr, prune ratio, ...):
     runs differing in any of them are never averaged together. Repeats give the median and
@@ -85,7 +85,8 @@ def table(runs: list[RunData], target: float | None = None) -> list[dict]:
         groups.setdefault((r.bw, _world(r), r.label, freeze(_hyper(r))), []).append(r)
     labels = _labels(groups)
     several = len({w for _, w, _, _ in groups}) > 1
-    rows = [_row(key, rs, labels[key], target, several) for key, rs in groups.items()]
+    ranked = ("ok", "unproven") if include_unproven else ("ok",)
+    rows = [_row(key, rs, labels[key], target, several, ranked) for key, rs in groups.items()]
     for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
         base = _baseline(row, rows)
         row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
@@ -96,10 +97,12 @@ def table(runs: list[RunData], target: float | None = None) -> list[dict]:
     return rows
 
 
-def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: float | None, several: bool) -> dict:
-    """One group's row: its runs' median and min-max (only runs with status "ok" count)."""
+def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: float | None, several: bool,
+         ranked: tuple[str, ...] = ("ok",)) -> dict:
+    """One group's row: its runs' median and min-max (only runs whose status is in ``ranked``
+    count: "ok", proven, and "unproven" only when asked; never "bypassed" or "failed")."""
     bw, world, _, hyper = key
-    ok = [r for r in rs if r.status == "ok"]
+    ok = [r for r in rs if r.status in ranked]
     ttas = [r.tta(target) for r in ok]
     reached = [t for t in ttas if t is not None]
     ordered = sorted(reached) + [float("inf")] * (len(ttas) - len(reached))  # not reached: after all
@@ -108,7 +111,7 @@ def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: 
     return {
         "bw": bw, "scheme": f"{label} ({world} ranks)" if several else label, "variant": label,
         "base_scheme": str(rs[0].summary.get("scheme", "?")), "world_size": world or None,
-        "runs": len(rs), "ok": len(ok),
+        "runs": len(rs), "ok": len(ok), "unproven_included": sum(r.status == "unproven" for r in ok),
         "target_accuracy": target if target is not None else _mean(r.summary.get("target_accuracy") for r in ok),
         "reached": len(reached),
         "tta_s": tta_median if tta_median is not None and tta_median != float("inf") else None,
@@ -119,7 +122,7 @@ def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: 
         "payload_bytes_per_iter": _mean(r.summary.get("mean_payload_bytes") for r in ok),
         "wire_bytes_per_iter": _mean((r.summary.get("bottleneck") or {}).get("bytes_per_iteration") for r in ok),
         "hyper": json.loads(hyper), "paths": [str(r.path) for r in rs],
-        "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status != "ok"],
+        "failed": [f"{r.path.name}: {r.status}" for r in rs if r.status not in ranked],
     }
 
 

@@ -348,3 +348,20 @@ def test_grafana_hint_names_the_password_compose_requires():
     var = required.split("${")[1].split(":")[0]
     assert var == "GRAFANA_ADMIN_PASSWORD" and f"export {var}=" in GRAFANA_HINT
     assert "compose/docker-compose.yml up -d grafana" in GRAFANA_HINT
+
+
+def test_the_proof_is_exported_per_link_and_direction_once_the_summary_holds_it(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2))
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    assert not any(k[0].startswith("testbed_run_proof") for k in _samples(reg))  # running: no verdict yet
+    (d / "summary.json").write_text(json.dumps({"status": "ok"}))  # a user's code: written before the proof
+    assert not any(k[0].startswith("testbed_run_proof") for k in _samples(reg))
+    (d / "summary.json").write_text(json.dumps({"status": "bypassed", "proof": "bypassed", "proof_links": {
+        "s1-s0 forward": {"bound_bytes": 1000, "measured_bytes": 10}, "s1-s0 reverse": {"bound_bytes": "x"}}}))
+    s = _samples(reg)
+    fwd = (("direction", "forward"), ("link", "s1-s0"), ("run_id", "r1"))
+    assert s[("testbed_run_proof_bound_bytes", fwd)] == 1000 and s[("testbed_run_proof_measured_bytes", fwd)] == 10
+    assert s[("testbed_run_proof_passed", (("run_id", "r1"),))] == 0
+    assert not any(k[0] == "testbed_run_proof_bound_bytes" and ("direction", "reverse") in k[1] for k in s)

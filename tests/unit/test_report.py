@@ -118,9 +118,9 @@ def test_write_makes_the_table_files_and_one_figure_each(tmp_path):
     assert [r.path.name for r in found] == ["a", "ct", "p5", "p8", "tr"] and "torn" in warnings[0]
 
     got = write(found, tmp_path / "report", target=0.7)
-    assert got["files"] == ["report.json", "report.csv", "tta.png", "accuracy.png", "bytes.png", "prune_ratio.png",
+    assert got["files"] == ["report.json", "report.csv", "proof.csv", "tta.png", "accuracy.png", "bytes.png", "prune_ratio.png",
                             "utilisation.png", "timeline-ct.png", "timeline-tr.png"]
-    assert all((tmp_path / "report" / f).stat().st_size > 1000 for f in got["files"][2:])
+    assert all((tmp_path / "report" / f).stat().st_size > 1000 for f in got["files"][3:])
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     assert saved["rows"] == got["rows"] and len(saved["runs"]) == 5
     with open(tmp_path / "report" / "report.csv", newline="") as f:
@@ -179,3 +179,31 @@ def test_hostile_run_directories_are_reported_without_the_values_of_the_wrong_ty
     assert len(p.evals) == 4 and len(p.links) == 12
     got = write(found, tmp_path / "report", target=0.7)
     assert "report.csv" in got["files"] and len(got["rows"]) == 2
+
+
+def test_only_proven_runs_are_ranked_unless_unproven_ones_are_asked_for():
+    runs = [_run("allreduce", 2, 1.0), _run("allreduce", 2, 3.0, status="unproven"),
+            _run("allreduce", 2, 9.0, status="bypassed"), _run("allreduce", 2, 9.0, status="failed")]
+    (row,) = table(runs)
+    assert (row["ok"], row["mean_iter_s"], row["unproven_included"]) == (1, 1.0, 0)
+    assert row["failed"] == ["allreduce-2: unproven", "allreduce-2: bypassed", "allreduce-2: failed"]
+    (row,) = table(runs, include_unproven=True)
+    assert (row["ok"], row["mean_iter_s"], row["unproven_included"]) == (2, 2.0, 1)  # never the bypassed one
+    assert row["failed"] == ["allreduce-2: bypassed", "allreduce-2: failed"]
+
+
+def test_proof_csv_has_a_row_per_run_link_and_direction(tmp_path):
+    import csv
+
+    from testbed.runs.report import find_runs, write
+
+    links = {"s1-s0 forward": {"bound_bytes": 100, "shared_bound_bytes": 0, "measured_bytes": 190},
+             "s1-s0 reverse": {"bound_bytes": 100, "shared_bound_bytes": 0, "measured_bytes": "lots"}}
+    _write_run(tmp_path / "runs" / "a", "allreduce", "100mbit", 2.0, {}, proof="passed", proof_links=links)
+    _write_run(tmp_path / "runs" / "b", "allreduce", "100mbit", 2.0, {}, proof_links=["not", "a", "dict"])
+    write(find_runs([tmp_path / "runs"]), tmp_path / "report")
+    with open(tmp_path / "report" / "proof.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["run_id"], r["link"], r["direction"], r["bound_bytes"], r["measured_bytes"]) for r in rows] == [
+        ("a", "s1-s0", "forward", "100", "190"), ("a", "s1-s0", "reverse", "100", "")]  # a bad value left out
+    assert rows[0]["status"] == "ok" and rows[0]["proof"] == "passed"
