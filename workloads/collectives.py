@@ -38,6 +38,8 @@ from pathlib import Path
 
 ENV = "TESTBED_COLLECTIVES"
 """This rank's collectives file (set by testbed's launcher)."""
+STARTED_ENV = "TESTBED_STARTED"
+"""A file rank 0 creates when training starts: testbed reads the links' counters then."""
 RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 RECORDER_ENTRIES = 1 << 17
 """Flight-recorder ring size testbed asks for: about 800 B per entry when full (measured),
@@ -180,23 +182,34 @@ def _int(v) -> int:
 _ledger: Ledger | None = None
 
 
-def activate() -> Ledger | None:
-    """Start counting when testbed asked for it (``$TESTBED_COLLECTIVES``); idempotent."""
+def activate(started_at_init: bool = False) -> Ledger | None:
+    """Start counting when testbed asked for it (``$TESTBED_COLLECTIVES``); idempotent.
+    ``started_at_init``: training starts when the process group is up (user code, which has
+    no other moment testbed can know); else at :func:`training`."""
     global _ledger
     path = os.environ.get(ENV)
     if _ledger is not None or not path:
         return _ledger
     _ledger = Ledger(Path(path), _int(os.environ.get("RANK")))
-    _wrap()
+    _wrap(started_at_init)
     return _ledger
 
 
-def _wrap() -> None:
-    """``isend`` counts its bytes and peer; ``destroy_process_group`` folds first."""
+def _started() -> None:
+    """Rank 0 tells testbed that training starts (an empty file; a failure only costs that)."""
+    path = os.environ.get(STARTED_ENV)
+    if path and os.environ.get("RANK") == "0":
+        with contextlib.suppress(OSError):
+            Path(path).touch()
+
+
+def _wrap(started_at_init: bool) -> None:
+    """``isend`` counts its bytes and peer; ``destroy_process_group`` folds first;
+    ``init_process_group`` marks the start when asked to."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    isend, destroy = c10d.isend, c10d.destroy_process_group
+    isend, destroy, init = c10d.isend, c10d.destroy_process_group, c10d.init_process_group
     sig = inspect.signature(isend)
 
     @functools.wraps(isend)
@@ -217,13 +230,22 @@ def _wrap() -> None:
             _ledger.fold()
         return destroy(*args, **kwargs)
 
+    @functools.wraps(init)
+    def marking_init(*args, **kwargs):
+        out = init(*args, **kwargs)
+        _started()
+        return out
+
     c10d.isend = dist.isend = counted_isend
     c10d.destroy_process_group = dist.destroy_process_group = folding_destroy
+    if started_at_init:
+        c10d.init_process_group = dist.init_process_group = marking_init
 
 
 def training() -> None:
     if _ledger is not None:
         _ledger.train_from = time.time_ns()
+        _started()
 
 
 def trained() -> None:

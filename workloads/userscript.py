@@ -64,7 +64,7 @@ def _status(code) -> int:
 
 
 def run(argv: list[str]) -> int:
-    collectives.activate()  # under testbed: count what the script hands to torch.distributed
+    collectives.activate(started_at_init=True)  # under testbed: count what the script hands to torch.distributed
     try:
         return main(argv)
     except SystemExit as e:

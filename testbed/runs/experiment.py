@@ -209,7 +209,7 @@ class _Run:
         self.start_all = tb.link_counters()
         self.t_start = time.time()
         if not self.tb.topology.hosts:  # (its thread reads only this host's counters)
-            self.train_start = TrainStart(tb, self.bottlenecks, self.run_dir / "config.json", self.t_start)
+            self.train_start = TrainStart(tb, self.bottlenecks, self.run_dir / "started", self.t_start)
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,

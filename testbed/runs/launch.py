@@ -216,6 +216,7 @@ class Launcher:
             # the proof's counts (workloads.collectives): torch's flight recorder on, and where to write them
             env["TESTBED_COLLECTIVES"] = str(self.run_dir.resolve() / f"collectives{w.rank}.json")
             env["TORCH_FR_BUFFER_SIZE"] = str(RECORDER_ENTRIES)
+            env["TESTBED_STARTED"] = str(self.run_dir.resolve() / "started")  # rank 0: training starts
             env.update(self.extra_env)
             cmd, env = place.command(backend, w, self.argv, env)
             starts.append((w, place, cmd, env))

@@ -79,10 +79,11 @@ class LinkSampler:
 
 class TrainStart:
     """The bottleneck counters when training starts, so that utilisation and bytes per
-    iteration leave out torch's import, the rendezvous and DDP's start-up broadcast. The
-    built-in workloads' rank 0 writes config.json just before its first iteration; a thread
-    polls for it every 10 ms (the counters are read within about 10 ms of the start). Code
-    whose config.json testbed wrote before launch (the user's) has no such moment: None."""
+    iteration leave out torch's import, the rendezvous and DDP's start-up broadcast. Rank 0
+    creates ``started`` in the run directory (workloads.collectives): the built-in trainer
+    just before its first iteration, the user's code when its process group is up. A thread
+    polls for it every 10 ms (the counters are read within about 10 ms of the start); a
+    workload that never says so has no such moment: None."""
 
     POLL_S = 0.01
 

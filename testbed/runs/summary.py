@@ -34,7 +34,7 @@ def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], star
         "bottleneck": _bottleneck(links, *(train_start or (start, duration)), end, iters),
         "run_s": duration, "testbed_version": __version__, "code_version": code_version(),
     })
-    summary["bottleneck"]["measured_from"] = "first iteration" if train_start else "launch"
+    summary["bottleneck"]["measured_from"] = "training start" if train_start else "launch"
     summary["mean_wire_tx_bytes_per_iteration"] = _mean_wire_tx(run_dir, summary.get("world_size", 0))
     return summary
 

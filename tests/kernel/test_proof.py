@@ -110,11 +110,13 @@ def test_every_scheme_and_the_example_pass_the_proof_at_100mbit(tproof):
             assert s["dense_iterations"] < s["iterations"], s  # its compact all-reduce ran
         assert (s["status"], s["proof"]) == ("ok", "passed"), (scheme, s.get("proof_reason"))
         assert s["collectives"]["collectives"]["train"], s["collectives"]  # the training's own exchange counted
+        assert s["bottleneck"]["measured_from"] == "training start"
         for name, row in s["proof_links"].items():  # every link (the workers' own too) carried its bound
             assert row["bound_bytes"] > 0 and row["measured_bytes"] >= row["bound_bytes"], (scheme, name, row)
         _print_bottlenecks(scheme, s)
     rc, err, s = _run(tproof, "--script", str(ROOT / "examples" / "ddp_digits.py"), "--", "20")
     assert rc == 0 and (s["status"], s["proof"]) == ("ok", "passed"), err
+    assert s["bottleneck"]["measured_from"] == "training start"  # its process group was up
     _print_bottlenecks("examples/ddp_digits.py", s)
 
 

@@ -43,7 +43,7 @@ dist.destroy_process_group()
 def _env(tmp_path: Path, rank: int, port: int) -> dict:
     return dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                 OMP_NUM_THREADS="1", TESTBED_COLLECTIVES=str(tmp_path / f"collectives{rank}.json"),
-                TORCH_FR_BUFFER_SIZE=str(RECORDER_ENTRIES))
+                TORCH_FR_BUFFER_SIZE=str(RECORDER_ENTRIES), TESTBED_STARTED=str(tmp_path / "started"))
 
 
 def _ops(doc: dict, phase: str | None = None) -> dict:
@@ -60,6 +60,7 @@ def test_a_user_scripts_collectives_are_counted_whoever_issues_them(tmp_path):
                               stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+    assert (tmp_path / "started").exists()  # rank 0 said when its process group was up
     docs = [json.loads((tmp_path / f"collectives{r}.json").read_text()) for r in range(2)]
     for r, doc in enumerate(docs):
         assert doc["rank"] == r and doc["recorder_entries"] == RECORDER_ENTRIES and doc["uncounted"] == 0
@@ -77,10 +78,12 @@ def test_a_user_scripts_collectives_are_counted_whoever_issues_them(tmp_path):
 
 def test_the_trainers_window_holds_its_exchange_and_not_evaluations_or_ddp_bookkeeping(tmp_path):
     env = {"TESTBED_COLLECTIVES": str(tmp_path / "collectives{rank}.json"),
-           "TORCH_FR_BUFFER_SIZE": str(RECORDER_ENTRIES)}
+           "TORCH_FR_BUFFER_SIZE": str(RECORDER_ENTRIES), "TESTBED_STARTED": str(tmp_path / "started")}
     res = train(2, tmp_path / "run", "--scheme", "allreduce", "--max-iters", "4", "--eval-every", "2",
                 env=env)
     assert res.ok, res.logs
+    first = min(r["time"] - r["iter_s"] for r in res.iters(0))
+    assert (tmp_path / "started").stat().st_mtime <= first  # just before the first iteration
     doc = json.loads((tmp_path / "collectives0.json").read_text())
     train_ops, other = _ops(doc, "train"), _ops(doc, "other")
     assert set(train_ops) == {("0", "all_reduce")}, train_ops  # only the gradients' all-reduces
