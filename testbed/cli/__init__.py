@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from testbed.cli import doctor, host, images, links, monitor, reports, runs, testbeds
+from testbed.cli import doctor, host, images, links, monitor, reports, runs, selftest, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
 from testbed.common import rootless
@@ -54,6 +54,7 @@ testbeds.register(app)
 runs.register(app)
 reports.register(app)
 doctor.register(app)
+selftest.register(app)
 host.register(app)
 app.add_typer(links.app, name="link")
 app.add_typer(monitor.app, name="monitor")
@@ -65,7 +66,7 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in (argv[:list(argv).index("--")] if "--" in argv else argv)
 
 
-KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor"}
+KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor", "selftest"}
 """What an ordinary user's command does in their rootless namespaces (the others, e.g.
 ``validate``, ``report``, ``--help``, never start the holder)."""
 
