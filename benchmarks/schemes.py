@@ -98,8 +98,9 @@ def _grouped_variants(args: argparse.Namespace) -> dict:
 
 def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     half = world // 2
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GROUP_RANK=str(rank // half),
-                      LOCAL_RANK=str(rank % half), LOCAL_WORLD_SIZE=str(half), TESTBED_SWITCH=f"s{rank // half + 1}")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TESTBED_SWITCH_INDEX=str(rank // half),
+                      TESTBED_SWITCH_RANK=str(rank % half), TESTBED_SWITCH_SIZE=str(half),
+                      TESTBED_SWITCH=f"s{rank // half + 1}")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     where = placement.discover()

@@ -4,10 +4,12 @@ Hierarchical schemes (``prunex``, ``hier-allreduce``) and SparDL's teams need to
 which ranks share fast links. The launcher says it with torchrun's own variables, read
 here the same way under both launchers:
 
-* ``testbed run``: a domain is the switch a worker hangs off. ``GROUP_RANK`` is the
-  index of that switch, ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` the rank's place in and
-  the size of its domain; ``TESTBED_SWITCH`` and ``TESTBED_HOST`` name them and
-  ``TESTBED_PLACEMENT`` is the run's placement.json (every rank's node and switch).
+* ``testbed run``: a domain is the switch a worker hangs off. ``TESTBED_SWITCH_INDEX``
+  is the index of that switch, ``TESTBED_SWITCH_RANK`` / ``TESTBED_SWITCH_SIZE`` the
+  rank's place in and the size of its domain; ``TESTBED_SWITCH`` and ``TESTBED_HOST``
+  name them and ``TESTBED_PLACEMENT`` is the run's placement.json (every rank's node and
+  switch). torchrun's own variables say that each worker is a node of one process with
+  one GPU (``LOCAL_RANK`` 0), as ``torch.cuda.set_device(LOCAL_RANK)`` needs.
 * plain ``torchrun``: a domain is a machine (``GROUP_RANK`` = torchrun's node rank).
 * neither (a single process, or a launcher without ``GROUP_RANK``): one domain.
 
@@ -26,6 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+SWITCH_VARS = ("TESTBED_SWITCH_INDEX", "TESTBED_SWITCH_RANK", "TESTBED_SWITCH_SIZE")
+"""testbed run's: the switch's index, the rank's place in its group, the group's size."""
+TORCHRUN_VARS = ("GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+"""torchrun's: the machine's index, the rank's place on it, the ranks on it."""
 MAX_NAME = 64
 """Longest switch or host name accepted from the environment (bytes)."""
 _SLOT = 256
@@ -88,9 +94,12 @@ def _int_env(name: str, default: int) -> int:
 def discover(group=None) -> Placement:
     """The placement of every rank of the default group (one all-gather of small tuples)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = (_int_env("GROUP_RANK", 0), _int_env("LOCAL_RANK", 0) if "GROUP_RANK" in os.environ else rank,
-            _int_env("LOCAL_WORLD_SIZE", world) if "GROUP_RANK" in os.environ else world,
-            os.environ.get("TESTBED_SWITCH") or "", os.environ.get("TESTBED_HOST") or "local")
+    names = next((n for n in (SWITCH_VARS, TORCHRUN_VARS) if n[0] in os.environ), None)
+    if names is None:  # no launcher said: one domain
+        seat = (0, rank, world)
+    else:
+        seat = (_int_env(names[0], 0), _int_env(names[1], 0), _int_env(names[2], world))
+    mine = (*seat, os.environ.get("TESTBED_SWITCH") or "", os.environ.get("TESTBED_HOST") or "local")
     for what, name in ((mine[3], "TESTBED_SWITCH"), (mine[4], "TESTBED_HOST")):
         if len(what.encode()) > MAX_NAME:
             raise PlacementError(f"{name} is longer than {MAX_NAME} bytes")

@@ -147,7 +147,9 @@ class Testbed:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.down()
+        """A testbed this object brought up (``up``) is taken down; one it attached to is not."""
+        if self._owned:
+            self.down()
 
     def down(self) -> None:
         down(self.name)

@@ -7,11 +7,14 @@ only (no InfiniBand, peer-to-peer or shared memory, a distinct host id per node)
 CUDA_VISIBLE_DEVICES comes from the node's ``gpu:``; for a GPU run (backend auto or nccl)
 namespace workers without one share the host's GPUs round-robin by rank. Output goes to ``rank{R}.log``.
 
-Every rank is also told where it sits (``placement``), in torchrun's variables with a
-"node" being the switch the worker hangs off: GROUP_RANK (the switch's index, switches
-numbered in the order of their lowest rank), LOCAL_RANK and LOCAL_WORLD_SIZE (the rank's
-place in and the size of that switch's group), plus TESTBED_SWITCH, TESTBED_HOST and
-TESTBED_PLACEMENT (the run's placement.json). ``workloads.placement`` reads them.
+torchrun's variables say what a worker is: a node with one process and (for a GPU run) the
+one GPU its CUDA_VISIBLE_DEVICES shows, so LOCAL_RANK is 0, LOCAL_WORLD_SIZE 1 and
+GROUP_RANK the rank: ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` works in
+every rank. Where it sits (``placement``) has names of its own: TESTBED_SWITCH_INDEX (the
+switch's index, switches numbered in the order of their lowest rank), TESTBED_SWITCH_RANK
+and TESTBED_SWITCH_SIZE (the rank's place in and the size of that switch's group), plus
+TESTBED_SWITCH, TESTBED_HOST and TESTBED_PLACEMENT (the run's placement.json).
+``workloads.placement`` reads them.
 
 A rank that exits non-zero or is killed ends the run at once; so does a run in which no
 rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
@@ -107,8 +110,9 @@ class Seat:
     host: str = "local"
 
     def env(self) -> dict[str, str]:
-        return {"GROUP_RANK": str(self.group_rank), "LOCAL_RANK": str(self.local_rank),
-                "LOCAL_WORLD_SIZE": str(self.local_world_size), "TESTBED_SWITCH": self.switch,
+        """The placement variables (torchrun's own are rank_env's: one process per worker)."""
+        return {"TESTBED_SWITCH_INDEX": str(self.group_rank), "TESTBED_SWITCH_RANK": str(self.local_rank),
+                "TESTBED_SWITCH_SIZE": str(self.local_world_size), "TESTBED_SWITCH": self.switch,
                 "TESTBED_HOST": self.host}
 
 

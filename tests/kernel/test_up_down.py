@@ -36,6 +36,9 @@ def test_three_switch_all_pairs_reachable_and_down_leaves_nothing(clean_kernel):
         for dev in ("l8a", "l8b", "l9a", "l9b"):
             assert tc_rate("three_switch", dev) == "1Gbit"
         assert tc_rate("three_switch.w0", "eth0") == "10Gbit"
+        with Testbed.attach("three_switch") as attached:  # leaving an attached testbed leaves it up
+            assert attached.name == "three_switch"
+        assert "three_switch" in kernel_snapshot()["netns"]
         bridges = run(["ip", "netns", "exec", "three_switch", "ip", "-o", "link", "show", "type", "bridge"]).stdout
         assert len(bridges.splitlines()) == 3
         procs = [(s, d, tb.spawn(s, ["ping", "-c1", "-W3", tb.address(d)], stdout=subprocess.DEVNULL))

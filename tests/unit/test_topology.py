@@ -214,10 +214,16 @@ def test_placement_groups_workers_by_the_switch_they_hang_off():
     # what the ranks build from these variables is the same placement
     envs = [rank_env(rank=s.rank, world=8, node=s.node, iface="eth0", master_addr="10.0.0.1", gpu=None,
                      threads=1, base={}, seat=s) for s in seats]
-    seen = [(int(e["GROUP_RANK"]), int(e["LOCAL_RANK"]), int(e["LOCAL_WORLD_SIZE"]), e["TESTBED_SWITCH"],
-             e["TESTBED_HOST"]) for e in envs]
+    seen = [(int(e["TESTBED_SWITCH_INDEX"]), int(e["TESTBED_SWITCH_RANK"]), int(e["TESTBED_SWITCH_SIZE"]),
+             e["TESTBED_SWITCH"], e["TESTBED_HOST"]) for e in envs]
     built = wp.build(5, seen)
     assert [list(g) for g in built.groups] == d["groups"] and list(built.names) == d["names"]
+    # torchrun's variables: each worker a node of one process, so a stock script's
+    # torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) picks the one GPU it sees
+    gpu_envs = [rank_env(rank=s.rank, world=8, node=s.node, iface="eth0", master_addr="10.0.0.1", gpu=s.rank % 2,
+                         threads=1, base={}, seat=s) for s in seats]
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in gpu_envs] \
+        == [("0", "1", str(r), str(r % 2)) for r in range(8)]
     # two workers wired to each other: each is a domain of its own
     t = load_topology_dict({"name": "pair", "nodes": {"a": {"kind": "worker"}, "b": {"kind": "worker"}},
                             "links": [{"endpoints": ["b", "a"]}]})

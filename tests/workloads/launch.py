@@ -44,7 +44,7 @@ class Result:
 def train(world: int, out: Path, *args: str, module: str = "workloads.train", timeout: float = 300,
           env: dict | None = None, domains: list[int] | None = None) -> Result:
     """``domains``: sizes of the switch domains (ranks in order), told to each rank as
-    testbed run does (GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, TESTBED_SWITCH)."""
+    testbed run does (TESTBED_SWITCH_INDEX, _RANK, _SIZE, TESTBED_SWITCH)."""
     port = free_port()
     procs, logs = [], []
     where = [(g, i, n) for g, n in enumerate(domains or []) for i in range(n)]
@@ -59,7 +59,8 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
         e.update({k: v.replace("{rank}", str(r)) for k, v in (env or {}).items()})  # a file per rank
         if domains:
             g, i, n = where[r]
-            e.update(GROUP_RANK=str(g), LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(n), TESTBED_SWITCH=f"s{g + 1}")
+            e.update(TESTBED_SWITCH_INDEX=str(g), TESTBED_SWITCH_RANK=str(i), TESTBED_SWITCH_SIZE=str(n),
+                     TESTBED_SWITCH=f"s{g + 1}")
         log = out.parent / f"{out.name}.rank{r}.log"
         logs.append(log)
         f = open(log, "w")
