@@ -20,8 +20,10 @@ class NetnsBackend(Backend):
         return [CreateNetns(ns, tag), *self.namespace_sysctls(ns, sysctls)]
 
     def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
-        # The host's file system is the node's: mounts and cwd need nothing.
-        return procs.python_argv("testbed.nodes.nsexec", info.netns, "--", *argv)
+        # The host's file system is the node's: mounts need nothing; the working directory is
+        # set inside, as for container and VM workers (a rank runs in its run directory)
+        where = ["--cwd", str(Path(cwd).resolve())] if cwd is not None else []
+        return procs.python_argv("testbed.nodes.nsexec", info.netns, *where, "--", *argv)
 
     def python(self, info) -> str:
         return sys.executable

@@ -1,8 +1,9 @@
 """Run a command inside a node (no shell ever sees it).
 
-``python -m testbed.nodes.nsexec NETNS -- CMD [ARGS...]``
+``python -m testbed.nodes.nsexec NETNS [--cwd DIR] -- CMD [ARGS...]``
     A netns worker: like ``ip netns exec``: joins the network namespace, remounts /sys in a
-    private mount namespace so /sys/class/net shows the node's interfaces, execs CMD.
+    private mount namespace so /sys/class/net shows the node's interfaces, changes to DIR
+    (when given), execs CMD.
 
 ``python -m testbed.nodes.nsexec --container PID --netns NETNS [--mount DIR]... [--cwd DIR] -- CMD...``
     A container worker: like ``docker exec``: joins the cgroups and the network, UTS, IPC,
@@ -147,7 +148,7 @@ def die_like(sig: int) -> int:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        print("usage: python -m testbed.nodes.nsexec NETNS -- CMD [ARGS...]\n"
+        print("usage: python -m testbed.nodes.nsexec NETNS [--cwd DIR] -- CMD [ARGS...]\n"
               "       python -m testbed.nodes.nsexec --container PID --netns NETNS [--mount DIR]... [--cwd DIR] -- CMD...",
               file=sys.stderr)
         return 2
@@ -164,15 +165,22 @@ def main(argv: list[str]) -> int:
         p.add_argument("--cwd")
         a = p.parse_args(opts)
         return container(a.container, a.netns, a.mount, a.cwd, cmd)
+    cwd = None
+    if len(opts) == 3 and opts[1] == "--cwd":
+        opts, cwd = opts[:1], opts[2]
     if len(opts) != 1:
-        return _fail("give one namespace before --", 2)
+        return _fail("give one namespace (and optionally --cwd DIR) before --", 2)
     from testbed.common.errors import TestbedError
     from testbed.net import netns
 
     try:
         netns.enter(opts[0])
+        if cwd is not None:
+            os.chdir(cwd)
     except TestbedError as e:
         return _fail(str(e))
+    except OSError as e:
+        return _fail(f"--cwd {cwd}: {e.strerror}")
     return _exec(cmd)
 
 

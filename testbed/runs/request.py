@@ -151,12 +151,18 @@ into container workers at the same path."""
 
 
 def host_paths(args: list[str]) -> tuple[list[str], list[Path]]:
-    """``args`` with the paths of PATH_FLAGS made absolute, and the directories they need."""
+    """``args`` with the paths of PATH_FLAGS made absolute (``--flag PATH`` and
+    ``--flag=PATH``), and the directories they need: ranks run in the run directory."""
     out, mounts = list(args), []
-    for i, a in enumerate(args[:-1]):
-        kind = PATH_FLAGS.get(a)
-        if kind:
-            p = Path(args[i + 1]).resolve()
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        kind = PATH_FLAGS.get(flag)
+        if not kind or not (eq or i + 1 < len(args)):
+            continue
+        p = Path(value if eq else args[i + 1]).resolve()
+        if eq:
+            out[i] = f"{flag}={p}"
+        else:
             out[i + 1] = str(p)
-            mounts.append(p.parent if kind == "file" else p)
+        mounts.append(p.parent if kind == "file" else p)
     return out, list(dict.fromkeys(mounts))

@@ -109,7 +109,8 @@ def test_failing_silent_and_bypassing_scripts_end_naming_the_rank(tmp_path, clea
         pkg.mkdir()
         (pkg / "__init__.py").write_text("")
         (pkg / "reduce.py").write_text(
-            "import torch, torch.distributed as dist\nfrom workloads.records import record\n"
+            "import os, torch, torch.distributed as dist\nfrom workloads.records import record\n"
+            "assert os.getcwd() == os.environ['TESTBED_RUN_DIR'], os.getcwd()  # every backend: the run directory\n"
             "dist.init_process_group('gloo')\nt = torch.ones(250_000)\ndist.all_reduce(t)\n"
             "record(iter=1, loss=0.0, payload_bytes=t.numel() * 4)\ndist.destroy_process_group()\n")
         r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "-t", "us", "-m", "mypkg.reduce", "--out",
