@@ -113,6 +113,7 @@ def _prunex_ddp_equal(rank, sizes):
     _same(w1, w0, "PruneX under DDP, weights after 8 steps")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [[2, 2], [1, 2]])
 def test_hierarchical_and_prunex_overlapped_equal_synchronous(sizes):
     run(_hier_equal, sum(sizes), sizes)
@@ -136,6 +137,7 @@ def _spardl_equal(rank, world):
         assert len(teams) == 1 or len({h.h for h in states[True].h.values()}) > 1, "h adapted per bucket"
 
 
+@pytest.mark.slow
 def test_spardl_overlapped_equals_synchronous():
     run(_spardl_equal, 4)
 
@@ -162,6 +164,7 @@ def _pactrain_equal(rank, world):
     assert states[True].compact_buckets() == len(SIZES), "the ternary path ran"
 
 
+@pytest.mark.slow
 def test_ternary_pactrain_overlapped_equals_synchronous():
     run(_pactrain_equal, 3)
 

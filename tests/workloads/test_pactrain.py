@@ -79,16 +79,18 @@ def _lossless(rank, world, iters, ternary, stable_iters=2):
             assert torch.count_nonzero(p.detach()[~masks[n]]) == 0, f"{n}: masked weights must stay exactly zero"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_compact_allreduce_equals_dense_allreduce_of_masked_gradients(world):
     run(_lossless, world, 12, False)
 
 
+@pytest.mark.slow
 def test_buckets_rebuilt_from_compact_ones_are_compact_at_once_and_lossless():
     run(_lossless, 3, 8, False, 1)
     run(_lossless, 2, 6, True, 1)
 
 
+@pytest.mark.slow
 def test_ternary_keeps_masked_weights_zero_and_sends_a_quarter():
     run(_lossless, 2, 8, True)
 

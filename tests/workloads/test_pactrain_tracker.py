@@ -66,6 +66,7 @@ def _disagree(rank, world):
         nn.functional.cross_entropy(ddp(torch.randn(4, 1, 8, 8)), torch.randint(0, 10, (4,))).backward()
 
 
+@pytest.mark.slow
 def test_ranks_whose_masks_differ_are_named_in_an_error():
     run(_disagree, 3)
 

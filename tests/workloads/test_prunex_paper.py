@@ -1,6 +1,7 @@
 """PruneX as its paper builds it: pruned channels output zero (batch norm included), control
 traffic counted, the leaders' exchange compacted while the ADMM phase runs."""
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -72,6 +73,7 @@ def _pruned_channels_are_zero(rank, world):
         model.train()
 
 
+@pytest.mark.slow
 def test_pruned_channels_output_exactly_zero_in_every_bn_model():
     run(_pruned_channels_are_zero, 2)
 
@@ -164,6 +166,7 @@ def _dynamic(rank, world, sizes):
     assert torch.equal(lo, hi), "weights identical on all ranks"
 
 
+@pytest.mark.slow
 def test_dynamic_compaction_equals_the_dense_exchange_of_masked_gradients():
     run(_dynamic, 4, [2, 2])
 

@@ -113,6 +113,7 @@ def _terngrad_unbiased_per_layer(rank, world, vectorise=False):
         assert 0.85 < ratio < 1.15, f"layer at {off}: variance {ratio:.3f} x the per-layer prediction"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorise", [False, True], ids=["loop", "whole-buffer"])
 def test_terngrad_is_unbiased_per_layer_with_per_layer_variance(vectorise):
     run(_terngrad_unbiased_per_layer, 2, vectorise)
@@ -158,7 +159,8 @@ def _max_exchange(rank, world):
         assert torch.equal(t, wanted[b]), (rank, b, t, wanted[b])
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("world", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow),
+                                   pytest.param(8, marks=pytest.mark.slow)])
 def test_scale_exchange_is_the_max_over_ranks_for_any_world_size(world):
     run(_max_exchange, world)
 

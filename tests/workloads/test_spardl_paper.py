@@ -129,6 +129,7 @@ def _adaptive_rule(rank, world, teams, rule):
         assert not state.h
 
 
+@pytest.mark.slow
 def test_spardl_with_adaptive_or_fixed_h_equals_the_reference():
     run(_adaptive, 4, ((0, 1), (2, 3)))
 

@@ -145,8 +145,10 @@ def _spardl(rank, world, teams, density, n):
 
 
 @pytest.mark.parametrize("world,teams", [
-    (2, ((0, 1),)), (3, ((0, 1, 2),)), (4, ((0, 1, 2, 3),)), (8, (tuple(range(8)),)),
-    (4, ((0, 1), (2, 3))), (8, ((0, 1, 2, 3), (4, 5, 6, 7))), (3, ((0,), (1,), (2,))),
+    (2, ((0, 1),)), (3, ((0, 1, 2),)),
+    pytest.param(4, ((0, 1, 2, 3),), marks=pytest.mark.slow), pytest.param(8, (tuple(range(8)),), marks=pytest.mark.slow),
+    pytest.param(4, ((0, 1), (2, 3)), marks=pytest.mark.slow),
+    pytest.param(8, ((0, 1, 2, 3), (4, 5, 6, 7)), marks=pytest.mark.slow), (3, ((0,), (1,), (2,))),
 ])
 def test_spardl_equals_the_reference_and_loses_no_gradient_mass(world, teams):
     run(_spardl, world, teams, 0.05, 1001)  # 1001: blocks are zero-padded and layers span blocks
@@ -197,7 +199,9 @@ def _hier(rank, world, sizes):
     assert state.take_payload_bytes() == intra + inter + bcast
 
 
-@pytest.mark.parametrize("sizes", [[1, 1], [2, 1], [2, 2], [4, 4], [3], [2, 3, 3]])
+@pytest.mark.parametrize("sizes", [[1, 1], [2, 1], pytest.param([2, 2], marks=pytest.mark.slow),
+                                   pytest.param([4, 4], marks=pytest.mark.slow), [3],
+                                   pytest.param([2, 3, 3], marks=pytest.mark.slow)])
 def test_hierarchical_allreduce_equals_the_flat_allreduce_of_masked_gradients(sizes):
     run(_hier, sum(sizes), sizes)
 
@@ -260,5 +264,6 @@ def _admm(rank, world):
     assert torch.equal(lo, hi), "weights (and so masks) identical on all ranks"
 
 
+@pytest.mark.slow
 def test_prunex_admm_prunes_channels_consistently_and_they_stay_zero():
     run(_admm, 2)
