@@ -15,7 +15,7 @@ import pytest
 
 from testbed.nodes.gpus import gpu_names
 
-from .conftest import cli
+from .conftest import _processes_naming, cli
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
@@ -30,19 +30,6 @@ def tmpdir_env(tmp_path):
     d = tmp_path / "tmp"
     d.mkdir()
     return {"TMPDIR": str(d)}, d
-
-
-def _pids_naming(text: str) -> list[int]:
-    out = []
-    for e in os.scandir("/proc"):
-        if e.name.isdigit():
-            try:
-                with open(f"/proc/{e.name}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        out.append(int(e.name))
-            except OSError:
-                pass
-    return out
 
 
 def test_selftest_json_rows_and_exit_status(clean_kernel, tmpdir_env):
@@ -74,7 +61,7 @@ def test_selftest_json_rows_and_exit_status(clean_kernel, tmpdir_env):
     assert run["verdict"] == "pass" and (run["data"]["status"], run["data"]["proof"]) == ("ok", "passed"), run
     assert res["seconds"] < 90, "about a minute on a 2-core machine"
     assert not list(tmp.glob("testbed-selftest-*")), "the scratch directory is removed"
-    assert not _pids_naming("testbed-selftest-"), "no iperf3 left"
+    assert not _processes_naming("testbed-selftest-"), "no iperf3 left"
 
 
 def test_a_failed_check_exits_1_with_one_line_per_failed_row(clean_kernel, tmpdir_env):
@@ -114,10 +101,10 @@ def test_ctrl_c_mid_flow_removes_everything(clean_kernel, tmpdir_env):
         if select.select([p.stderr], [], [], 1)[0]:
             seen += p.stderr.readline()
     time.sleep(1.5)  # iperf3 is sending
-    assert _pids_naming("testbed-selftest-"), f"an iperf3 flow runs: {seen}"
+    assert _processes_naming("testbed-selftest-"), f"an iperf3 flow runs: {seen}"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, seen + err
     assert "interrupted" in err and "Traceback" not in err
-    assert not _pids_naming("testbed-selftest-"), "no iperf3 left"
+    assert not _processes_naming("testbed-selftest-"), "no iperf3 left"
     assert not list(tmp.glob("testbed-selftest-*"))
