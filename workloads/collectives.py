@@ -7,6 +7,7 @@ sets in every rank's environment). That is why the recorder, not a wrapping proc
 or the profiler, is the counter here: it sees C++ callers, needs no change to the user's
 code, and costs one ring-buffer entry per collective (``benchmarks.proof_overhead``).
 
+NCCL keeps a recorder of its own (its entries hold CUDA events), dumped here too.
 It does not record gloo's point-to-point operations, and records neither a broadcast's root
 nor a send's peer. So ``isend`` (which ``send`` and ``batch_isend_irecv`` go through) is
 wrapped here and counts bytes per destination rank; NCCL's recorded send/recv entries are
@@ -48,6 +49,9 @@ ITEM_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int
               "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "UInt16": 2,
               "UInt32": 4, "UInt64": 8, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1,
               "Float8_e5m2fnuz": 1}
+DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
+"""The recorders' dumps: gloo's (and other CPU backends'), and NCCL's own recorder (its
+entries hold CUDA events; in CUDA builds only). Record ids count per recorder."""
 KINDS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
          "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
          "alltoall": "all_to_all", "alltoallsingle": "all_to_all", "barrier": "barrier", "send": "send",
@@ -78,7 +82,8 @@ class Ledger:
 
     def __init__(self, path: Path, rank: int):
         self.path, self.rank = path, rank
-        self.next_id = 0
+        self.next_id: dict[str, int] = {}
+        """Per recorder: the first record id not yet folded."""
         self.uncounted = 0
         self.entries = 0
         self.groups: dict[str, list[int]] = {}
@@ -109,27 +114,38 @@ class Ledger:
         c[1] += b
 
     def fold(self) -> None:
-        """The recorder's entries since the last fold into the totals; the groups' members."""
+        """The recorders' entries since the last fold into the totals; the groups' members."""
         self._groups()
         try:
-            from torch._C._distributed_c10d import _dump_fr_trace
-            dump = pickle.loads(_dump_fr_trace(True, False, False))  # torch's own bytes, this process
-        except (ImportError, RuntimeError, AttributeError, pickle.UnpicklingError):
+            from torch._C import _distributed_c10d as c10d_c
+        except ImportError:
             return
-        for e in sorted(dump.get("entries") or [], key=lambda e: e["record_id"]):
-            if e["record_id"] < self.next_id:
+        for name in DUMPS:
+            dump = getattr(c10d_c, name, None)
+            try:
+                entries = pickle.loads(dump(True, False, False)).get("entries") if dump else None  # torch's own bytes
+            except (RuntimeError, pickle.UnpicklingError, AttributeError):
                 continue
-            self.uncounted += e["record_id"] - self.next_id  # the ring wrapped before this fold
-            self.next_id = e["record_id"] + 1
-            self.entries += 1
-            self._add(e)
+            for e in sorted(entries or [], key=lambda e: e["record_id"]):
+                first = self.next_id.get(name, 0)
+                if e["record_id"] < first:
+                    continue
+                self.uncounted += e["record_id"] - first  # the ring wrapped before this fold
+                self.next_id[name] = e["record_id"] + 1
+                self.entries += 1
+                self._add(e)
+
+    @property
+    def recorded(self) -> int:
+        """Entries the recorders have made so far (as far as the last fold saw)."""
+        return sum(self.next_id.values())
 
     def maybe_fold(self) -> None:
         self.since_fold += 1
         if self.per_interval is None or (self.since_fold + 1) * self.per_interval > RECORDER_ENTRIES // 2:
-            before = self.next_id
+            before = self.recorded
             self.fold()
-            self.per_interval = (self.next_id - before) / self.since_fold
+            self.per_interval = (self.recorded - before) / self.since_fold
             self.since_fold = 0
 
     def _add(self, e: dict) -> None:

@@ -117,3 +117,30 @@ def test_profiling_names_map_to_kinds():
         == "all_gather"
     assert kind_of("nccl:_reduce_scatter_base") == "reduce_scatter" and kind_of("gloo:alltoall_base") == "all_to_all"
     assert kind_of("nccl:send") == "send" and kind_of("gloo:something_new") == "something_new"
+
+
+def test_entries_lost_to_a_wrapped_ring_are_counted_as_uncounted_per_recorder(tmp_path, monkeypatch):
+    import pickle
+    import types
+
+    import torch
+
+    from workloads.collectives import Ledger
+
+    def entry(i, name="gloo:all_reduce"):
+        return {"record_id": i, "profiling_name": name, "process_group": ("0", "default_pg"), "time_created_ns": 1,
+                "input_sizes": [[10]], "input_dtypes": ["Float"], "output_sizes": [[10]], "output_dtypes": ["Float"],
+                "is_p2p": False}
+
+    dumps = {"_dump_fr_trace": [entry(i) for i in range(5)], "_dump_nccl_trace": [entry(0, "nccl:all_gather")]}
+    fake = types.SimpleNamespace(**{k: (lambda *a, k=k: pickle.dumps({"entries": dumps[k]})) for k in dumps})
+    monkeypatch.setattr(torch._C, "_distributed_c10d", fake)
+    ledger = Ledger(tmp_path / "c.json", 0)
+    ledger.fold()
+    dumps["_dump_fr_trace"] = [entry(i) for i in range(10, 13)]  # 5..9 were overwritten before this fold
+    ledger.fold()
+    ledger.fold()  # nothing new: nothing counted twice
+    doc = ledger.to_dict()
+    assert doc["uncounted"] == 5 and doc["entries"] == 9
+    assert {(o["kind"], o["count"], o["in_bytes"]) for o in doc["ops"]} == {("all_reduce", 8, 320),
+                                                                           ("all_gather", 1, 40)}
