@@ -54,7 +54,7 @@ def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iter
                                     "utilisation": b * 8 / duration / rate if duration > 0 else None}
             total += b
             util.append(per[f"{l.name} {d}"]["utilisation"] or 0)
-    return {"bytes": total, "bytes_per_iteration": total / iters if iters else None,
+    return {"bytes": total, "bytes_per_iteration": total / iters if iters else None, "seconds": duration,
             "links": per, "max_utilisation": max(util) if util else None,
             "mean_utilisation": sum(util) / len(util) if util else None}
 
