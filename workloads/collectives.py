@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import math
 import os
 import pickle
@@ -181,8 +182,6 @@ class Ledger:
         }
 
     def write(self) -> None:
-        import json
-
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
@@ -272,8 +271,8 @@ def trained() -> None:
 @contextlib.contextmanager
 def aside():
     """Collectives that are not the training's exchange (an evaluation, DDP's one-time bucket
-    rebuild). The recorder is folded after them when the entries to the next could fill half its ring (a fold dumps the whole ring:
-    about 40 us per entry, so it is not done at every evaluation)."""
+    rebuild). The recorder is folded after them when the entries to the next could fill half
+    its ring (a fold dumps the whole ring: about 40 us per entry, so not at every evaluation)."""
     if _ledger is None:
         yield
         return

@@ -52,9 +52,9 @@ from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
 
 __all__ = [  # the names callers import from here (the CLI, sweep, benchmarks, tests)
-    "DEFAULT_TOPOLOGY", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest",
-    "Status", "TrafficBypassed", "TrafficUnproven", "annotate_rates", "check_out", "host_paths", "new_run_id", "obtain_testbed",
-    "run", "run_lock", "variant_slug",
+    "DEFAULT_TOPOLOGY", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest", "Status", "TrafficBypassed",
+    "TrafficUnproven", "annotate_rates", "check_out", "host_paths", "new_run_id", "obtain_testbed", "run", "run_lock",
+    "variant_slug",
 ]
 
 

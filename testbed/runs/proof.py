@@ -165,7 +165,8 @@ def _short(cut: Cut, b: Bound, rows: dict) -> list[str]:
     """Why ``cut`` fails its bound (empty when it does not)."""
     fwd, rev = (rows[f"{cut.name} {d}"]["measured_bytes"] for d in DIRECTIONS)
     out = []
-    for d, need, got, src, dst in (("forward", b.forward, fwd, cut.a, cut.b), ("reverse", b.reverse, rev, cut.b, cut.a)):
+    for d, need, got, src, dst in (("forward", b.forward, fwd, cut.a, cut.b),
+                                   ("reverse", b.reverse, rev, cut.b, cut.a)):
         if need and (got is None or got < need * (1 - TOLERANCE)):
             out.append(f"link {cut.name} {d} carried {_n(got)} bytes, under the {need:,} bytes the run's collectives "
                        f"must move from ranks {_ranks(src)} to ranks {_ranks(dst)}")
