@@ -15,12 +15,13 @@ of iterations.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from workloads import untrusted
 
 MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -49,14 +50,26 @@ def _normalise(x_uint8: torch.Tensor, name: str) -> torch.Tensor:
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
+REFETCH = "extract the python version again from https://www.cs.toronto.edu/~kriz/cifar.html"
+
+
 def _unpickle(path: Path) -> dict:
+    """A CIFAR batch, through the restricted unpickler: a planted file that names anything
+    but numpy arrays (``os.system``, ``builtins.exec``) is refused before it can run."""
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f, encoding="bytes")
+        return untrusted.load_cifar_pickle(path)
     except FileNotFoundError:
         raise DatasetError(f"missing {path}") from None
-    except Exception as e:  # a truncated or foreign file
-        raise DatasetError(f"cannot read {path} as a CIFAR pickle: {e}") from None
+    except untrusted.Refused as e:
+        raise DatasetError(f"cannot read {path} as a CIFAR batch: {e}; {REFETCH}") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+        raise DatasetError(f"cannot read {path} as a CIFAR pickle: {type(e).__name__}: {_one_line(e)}; "
+                           f"{REFETCH}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
 
 
 def _cifar_dir(data_dir: str | None, sub: str, name: str) -> Path:
@@ -78,10 +91,14 @@ def _cifar_part(d: Path, files: list[str], label_key: bytes) -> tuple[torch.Tens
         batch = _unpickle(d / f)
         try:
             data, labels = batch[b"data"], batch[label_key]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, IndexError, ValueError):  # not a dict (a list, an array)
             raise DatasetError(f"{d / f}: not a CIFAR batch (no {b'data'!r}/{label_key!r})") from None
-        xs.append(torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32))
-        ys.append(torch.as_tensor(labels, dtype=torch.int64))
+        try:
+            xs.append(torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32))
+            ys.append(torch.as_tensor(labels, dtype=torch.int64))
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise DatasetError(f"{d / f}: not a CIFAR batch ({type(e).__name__}: {_one_line(e)}); "
+                               f"{REFETCH}") from None
     return torch.cat(xs), torch.cat(ys)
 
 
