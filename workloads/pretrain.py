@@ -40,9 +40,10 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        checkpoint.check_destination(args.out)  # before training, not after
         ds = data.load(args.dataset, args.data_dir)
         model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
-    except (ValueError, data.DatasetError) as e:
+    except (ValueError, data.DatasetError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -65,8 +66,12 @@ def main(argv=None) -> int:
         correct = sum(int((model(ds.x_test[s:s + 256]).argmax(1) == ds.y_test[s:s + 256]).sum())
                       for s in range(0, len(ds.y_test), 256))
     acc = correct / len(ds.y_test)
-    checkpoint.save(args.out, model, model_name=args.model, width=args.width, depth=args.depth,
-                    num_classes=ds.num_classes, dataset=ds.name, accuracy=acc, epochs=args.epochs)
+    try:
+        checkpoint.save(args.out, model, model_name=args.model, width=args.width, depth=args.depth,
+                        num_classes=ds.num_classes, dataset=ds.name, accuracy=acc, epochs=args.epochs)
+    except (checkpoint.CheckpointError, OSError) as e:
+        print(f"error: could not write {args.out}: {e}", file=sys.stderr)
+        return 2
     print(f"pretrained {args.model} on {ds.name}: {it} iterations in {time.time() - t0:.1f} s, "
           f"test accuracy {acc:.4f} -> {args.out}")
     return 0
