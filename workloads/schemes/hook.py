@@ -32,13 +32,43 @@ def load(spec: str, path: str):
     if path:
         sys.path.insert(0, path)
     module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--hook {spec}: {HINT}")
     try:
         factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--hook {spec}: {type(e).__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code may raise anything while imported
+        raise ValueError(f"--hook {spec}: {_said(e)}") from None
     if not callable(factory):
-        raise ValueError(f"--hook {spec}: {attr} is not callable")
+        raise ValueError(f"--hook {spec}: {attr} is not callable; {HINT}")
     return factory
+
+
+HINT = "name a factory, package.module:function, that takes the process group and returns (state, hook)"
+
+
+def _said(e: BaseException) -> str:
+    """An exception as one line: its type and its message."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def _register(ddp, spec: str, factory, process_group):
+    """``ddp.register_comm_hook(*factory(process_group))``; ValueError (one line naming
+    ``spec``) when the factory fails, returns no ``(state, hook)`` or torch refuses the hook."""
+    try:
+        got = factory(process_group)
+    except Exception as e:  # noqa: BLE001 - a standard-library function is no factory: os.path:join raises TypeError
+        raise ValueError(f"--hook {spec}: calling it with the process group raised {_said(e)}; {HINT}") from None
+    if not (isinstance(got, tuple) and len(got) == 2 and callable(got[1])):
+        raise ValueError(f"--hook {spec}: the factory must return (state, hook), got {type(got).__name__}; "
+                         f"{HINT}")
+    state, hook = got
+    try:
+        ddp.register_comm_hook(state, hook)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"--hook {spec}: DDP refused its hook: {_said(e)}; a hook takes (state, bucket) and "
+                         f"returns a torch.futures.Future") from None
+    return state
 
 
 @dataclass
@@ -63,11 +93,7 @@ class HookState:
 
 def attach(ddp, opts, masks=None) -> HookState:
     factory = load(opts.hook, opts.hook_path)
-    got = factory(opts.process_group or dist.group.WORLD)
-    if not (isinstance(got, tuple) and len(got) == 2 and callable(got[1])):
-        raise ValueError(f"--hook {opts.hook}: the factory must return (state, hook), got {type(got).__name__}")
-    state, hook = got
-    ddp.register_comm_hook(state, hook)
+    state = _register(ddp, opts.hook, factory, opts.process_group or dist.group.WORLD)
     iface = iface_from_env(None)
     wire = IfaceCounters(iface) if iface else None
     return HookState(state, wire, wire.read()[0] if wire else 0)
