@@ -1,5 +1,6 @@
 """End-to-end: python -m workloads.train in several gloo processes, judged by its records."""
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -158,6 +159,7 @@ def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
     r = train(2, tmp_path / "run", "--init", str(ck), "--lr", "0", "--max-iters", "1", "--eval-every", "1")
     assert r.ok, r.logs
     assert r.summary()["final_accuracy"] == pytest.approx(saved, abs=1e-9)
+    assert r.summary()["init"]["sha256"] == hashlib.sha256(ck.read_bytes()).hexdigest()  # what the run started from
     bad = train(1, tmp_path / "bad", "--init", str(ck), "--model", "resnet18", "--depth", "1", "--width", "0.1")
     assert bad.returncodes == [2]
     assert "holds a 'cnn' model, but --model is 'resnet18'" in bad.logs[0] and "Traceback" not in bad.logs[0]
