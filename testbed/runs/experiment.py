@@ -247,7 +247,7 @@ class _Run:
         run_dir, trace = self.run_dir, self.trace
         if self.req.code is not None:  # testbed writes its summary, from the records
             write_json(run_dir / "summary.json", summary_from_records(run_dir, self.req, len(self.tb.workers),
-                                                                      self.t_start, self.duration))
+                                                                      self.t_start, self.duration, self.say))
         ts = self.train_start
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
                             self.end_counters, self.duration, self.shapes,

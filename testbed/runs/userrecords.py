@@ -5,7 +5,9 @@ and an eval.jsonl.
 
 The records come from code testbed does not control: every field is taken only when it has
 the contract's type (a finite number; ``iter`` an integer), anything else is ignored, and a
-file with no usable record is a run without records (the summary says so).
+file with no usable record is a run without records (the summary says so). A line that is no
+JSON object (nested past the parser's depth, a list, torn) is skipped, and the summary's
+``records_skipped`` says which file and how many lines, as the run's warning does.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import json
 import math
 import statistics
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from testbed.common.files import atomic_write, read_jsonl, write_json
+from testbed.common.files import atomic_write, read_bounded, write_json
 from testbed.runs.request import RunRequest
 
 NUMERIC = ("time", "loss", "accuracy", "payload_bytes", "iter_s")
@@ -57,14 +61,60 @@ def sane_number(v: int | float, limit: float = MAX_MAGNITUDE) -> bool:
         return False
 
 
-def rank_records(run_dir: Path, rank: int) -> list[dict]:
-    return [r for r in map(clean, read_jsonl(run_dir / f"rank{rank}.jsonl")) if r is not None]
+def read_records(path: Path) -> tuple[list[dict], Counter]:
+    """The JSON objects of a records file (bounded, as ``read_jsonl``), and how many of its
+    lines were skipped, by why: nested past the parser's depth, JSON but no object, or not
+    JSON (a line cut short by a crash: reading stops there, what follows is skipped too)."""
+    try:
+        data = read_bounded(Path(path), "records", "records file")
+    except FileNotFoundError:
+        return [], Counter()
+    out, skipped = [], Counter()
+    lines = [line for line in data.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except RecursionError:
+            skipped[NESTED] += 1
+            continue
+        except ValueError:
+            skipped[TORN] += len(lines) - i
+            break
+        if isinstance(rec, dict):
+            out.append(rec)
+        else:
+            skipped[NOT_OBJECT] += 1
+    return out, skipped
 
 
-def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: float, duration: float) -> dict:
+NESTED, NOT_OBJECT, TORN = "nested too deeply", "not a JSON object", "not JSON (reading stopped there)"
+
+
+def rank_records(run_dir: Path, rank: int, skipped: list[dict] | None = None) -> list[dict]:
+    """Rank ``rank``'s records, reduced to the contract (:func:`clean`); lines skipped are
+    added to ``skipped`` as ``{"file", "lines", "why"}``."""
+    path = run_dir / f"rank{rank}.jsonl"
+    recs, why = read_records(path)
+    if skipped is not None:
+        skipped.extend({"file": str(path), "lines": n, "why": w} for w, n in why.items())
+    return [r for r in map(clean, recs) if r is not None]
+
+
+def skipped_warning(s: dict) -> str:
+    return (f"warning: {s['file']}: {s['lines']} record line{'s' * (s['lines'] != 1)} skipped ({s['why']}); "
+            f"the summary is made of the rest")
+
+
+def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: float, duration: float,
+                         warn: Callable[[str], None] | None = None) -> dict:
     """summary.json's workload part (the keys a built-in run's rank 0 writes), from the records;
-    eval.jsonl written from rank 0's records that carry an accuracy."""
-    per_rank = [rank_records(run_dir, r) for r in range(world)]
+    eval.jsonl written from rank 0's records that carry an accuracy. Lines that are no record
+    (nested too deeply, no object, torn) are skipped: ``records_skipped`` lists them, and
+    ``warn`` is told one line per file and reason."""
+    skipped: list[dict] = []
+    per_rank = [rank_records(run_dir, r, skipped) for r in range(world)]
+    for s in skipped if warn else ():
+        warn(skipped_warning(s))
     r0 = per_rank[0] if per_rank else []
     iterations = max((r.get("iter", i + 1) for i, r in enumerate(r0)), default=0)
     if r0 and "time" in r0[0]:  # training starts with the first step, not with the ranks' Python
@@ -91,6 +141,7 @@ def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: fl
         "final_payload_bytes": statistics.fmean(last) if last else None,
         "records": {"ranks_with_records": sum(1 for recs in per_rank if recs),
                     "records_rank0": len(r0), "evaluations": len(evals)},
+        "records_skipped": skipped,
     }
 
 

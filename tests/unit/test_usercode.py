@@ -106,6 +106,25 @@ def test_hostile_records_leave_a_summary(tmp_path):
     assert s["iterations"] == 4 and s["mean_payload_bytes"] == 100.0 and s["final_loss"] is None
 
 
+def test_records_skipped_are_named_in_the_summary_and_a_warning(tmp_path):
+    """Records nested too deeply ended a running script's run with no summary.json and no
+    file named (issue 43): the summary says which file lost how many lines, and why."""
+    good = [json.dumps({"iter": i, "time": 1000.0 + i, "loss": 1.0}) for i in (1, 2, 3)]
+    (tmp_path / "rank0.jsonl").write_text("\n".join([good[0], "[" * 100_000, '{"a":' * 5000 + "1" + "}" * 5000,
+                                                       "[1]", good[1], good[2]]) + "\n")
+    (tmp_path / "rank1.jsonl").write_text(good[0] + "\n" + '{"iter": 2, "lo' + "\n" + good[2] + "\n")
+    warned = []
+    s = summary_from_records(tmp_path, _req(tmp_path), 2, t_start=990.0, duration=20.0, warn=warned.append)
+    assert s["iterations"] == 3 and s["records"]["records_rank0"] == 3
+    r0, r1 = str(tmp_path / "rank0.jsonl"), str(tmp_path / "rank1.jsonl")
+    assert s["records_skipped"] == [{"file": r0, "lines": 2, "why": "nested too deeply"},
+                                    {"file": r0, "lines": 1, "why": "not a JSON object"},
+                                    {"file": r1, "lines": 2, "why": "not JSON (reading stopped there)"}]
+    assert warned[0] == f"warning: {r0}: 2 record lines skipped (nested too deeply); the summary is made of the rest"
+    assert len(warned) == 3 and all("\n" not in w for w in warned)
+    assert summary_from_records(tmp_path, _req(tmp_path), 1, 990.0, 20.0)["records_skipped"][0]["file"] == r0
+
+
 def test_no_records_at_all_is_a_summary_without_figures(tmp_path):
     s = summary_from_records(tmp_path, _req(tmp_path), 3, t_start=0.0, duration=5.0)
     assert s["iterations"] == 0 and s["mean_payload_bytes"] is None and s["final_accuracy"] is None
