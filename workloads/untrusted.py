@@ -113,8 +113,15 @@ def _admitted() -> dict[tuple[str, str], object]:
     ``numpy._core``; real CIFAR files are numpy 1 arrays pickled by Python 2)."""
     import numpy as np
 
-    reconstruct = np.ndarray((0,), np.uint8).__reduce__()[0]
+    numpy_reconstruct = np.ndarray((0,), np.uint8).__reduce__()[0]
     scalar = np.uint8(0).__reduce__()[0]
+
+    def reconstruct(subtype, shape, dtype):
+        """An empty array that the pickle's state then fills (numpy pickles ``(0,)``): a
+        shape of terabytes would be allocated here, before any data is read."""
+        if subtype is not np.ndarray or not isinstance(shape, tuple) or len(shape) != 1 or shape[0] not in (0, 1):
+            raise Refused(f"it reconstructs an array as {shape!r}, which numpy's own pickles never do")
+        return numpy_reconstruct(subtype, shape, dtype)
 
     def dtype(spec, align=False, copy=False):
         try:
@@ -123,6 +130,8 @@ def _admitted() -> dict[tuple[str, str], object]:
             raise Refused(f"it holds a dtype numpy refuses ({e})") from None
         if dt.hasobject:
             raise Refused("it holds an array of Python objects, which a CIFAR batch never does")
+        if dt.kind not in "biufc" or dt.itemsize > 16:  # numbers only: no records, no void of a gigabyte
+            raise Refused(f"it holds an array of dtype {dt}, which a CIFAR batch never does")
         return dt
 
     admitted = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): dtype, ("_codecs", "encode"): _latin1}

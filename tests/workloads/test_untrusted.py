@@ -85,6 +85,7 @@ def _write(path: Path, raw: bytes) -> Path:
     (lambda m: {b"data": np.array([_Planted(os.system, f"touch {m}")], dtype=object)},
      "it holds an array of Python objects"),  # refused at its dtype, before its items
     (lambda m: {b"data": np.array([1, "x"], dtype=object)}, "it holds an array of Python objects"),
+    (lambda m: {b"data": np.zeros(2, dtype=[("a", "u1"), ("b", "f4")])}, "it holds an array of dtype |V5"),
 ])
 def test_a_planted_cifar_batch_runs_nothing_and_is_one_line_naming_the_file(tmp_path, payload, named):
     marker = tmp_path / "ran"
@@ -110,6 +111,10 @@ def test_a_cifar_batch_that_is_no_regular_file_or_too_large_is_refused(tmp_path)
             f.write(b"\0" * 1024 * 1024)  # grows past the bound after it was checked
         with pytest.raises(untrusted.Refused, match="larger than 1 MiB"):
             growing.read()
+    huge = _write(tmp_path / "huge", b"\x80\x02cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n"
+                  b"\x8a\x06\x00\x00\x00\x00\x00\x01\x85C\x01b\x87R.")  # an array of 2**40 bytes, empty
+    with pytest.raises(untrusted.Refused, match=r"reconstructs an array as \(1099511627776,\)"):
+        untrusted.load_cifar_pickle(huge)
     codec = _write(tmp_path / "codec", b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x04\x00\x00\x00zlib\x86R.")
     with pytest.raises(untrusted.Refused, match="encodes with 'zlib'"):
         untrusted.load_cifar_pickle(codec)
