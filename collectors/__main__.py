@@ -8,8 +8,11 @@ import sys
 import threading
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from collectors.serve import serve
+from testbed.common.errors import TestbedError
+from testbed.monitor.auth import read_token
 from testbed.monitor.sd import parse_listen, write_target
 
 from .links import LinkCollector
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=float, default=3600.0, help="seconds a finished run stays exported")
     p.add_argument("--sd-file", type=Path, help="once listening, announce the address in this Prometheus "
                    "file-SD target file (removed at exit); with --listen HOST:0 the port is the one bound")
+    p.add_argument("--token-file", type=Path, help="answer only requests with this file's token "
+                   "(Authorization: Bearer TOKEN): an ordinary user's exporter (testbed.monitor.auth)")
     p.add_argument("--sd-label", action="append", default=[], metavar="KEY=VALUE",
                    help="a label for the target file (repeatable)")
     args = p.parse_args(argv)
@@ -62,10 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
         pass
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+    except (OSError, TestbedError) as e:
+        print(f"error: --token-file {args.token_file}: {getattr(e, 'message', None) or e}", file=sys.stderr)
+        return 1
     reg = registry(args.testbed, args.runs, args.keep, args.all_testbeds)
     host, port = args.listen
     try:
-        server, thread = start_http_server(port, addr=host, registry=reg)
+        server, thread = serve(reg, host, port, token)
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1

@@ -290,9 +290,11 @@ class RunExporter:
     that read the final records, so Prometheus holds the end of the run too.
     """
 
-    def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1"):
-        from prometheus_client import CollectorRegistry, start_http_server
+    def __init__(self, run_dir: Path, target: Path, host: str = "127.0.0.1", token: str | None = None):
+        """``token``: answer only requests that carry it (an ordinary user's: testbed.monitor.auth)."""
+        from prometheus_client import CollectorRegistry
 
+        from collectors.serve import serve
         from testbed.monitor.sd import hostport
         from testbed.monitor.sd import write_target
 
@@ -301,7 +303,7 @@ class RunExporter:
         self._scrapes: list[tuple[float, float]] = []  # (start, end) of each collect, monotonic
         reg = CollectorRegistry(auto_describe=False)
         reg.register(self)
-        self.server, self._thread = start_http_server(0, addr=host, registry=reg)
+        self.server, self._thread = serve(reg, host, 0, token)
         self.url = f"http://{hostport(host, self.server.server_port)}/metrics"
         write_target(target, host, self.server.server_port, {"exporter": "training"})
 

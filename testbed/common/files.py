@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -122,10 +123,10 @@ def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically and durably; a full disk or an I/O error is a
     :class:`~testbed.common.writes.WriteFailed` and leaves ``path`` as it was."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # a fresh name: nothing planted to follow
     kept = f"{path.name} is as it was before" if path.exists() else f"{path.name} was not written"
     with writing(path, kept):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -176,6 +177,7 @@ class JsonlTail:
 
     def __init__(self, path: Path):
         self.path, self.offset, self.last = Path(path), 0, None
+        self.skipped = 0  # complete lines that were no JSON object or nested past the parser's depth
 
     def read(self) -> list[dict]:
         try:
@@ -193,9 +195,14 @@ class JsonlTail:
         out = []
         for line in chunk[:end].splitlines():
             try:
-                out.append(json.loads(line))
-            except ValueError:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                self.skipped += bool(line.strip())
                 continue
+            if isinstance(rec, dict):
+                out.append(rec)
+            else:
+                self.skipped += 1
         if out:
             self.last = out[-1]
         return out

@@ -34,6 +34,7 @@ from typing import ClassVar
 from testbed.common import procs
 from testbed.common.errors import StateError, TestbedError
 from testbed.common.files import tail_text
+from testbed.monitor import auth
 from testbed.model.topology import Shape
 from testbed.plan.base import (  # noqa: F401  (the actions' API, one import path)
     Action, ApplyContext, Teardown, from_dict, register, registered,
@@ -214,7 +215,7 @@ class StartExporter(Action):
         target = Path(self.target)
         target.unlink(missing_ok=True)
         argv = procs.python_argv("collectors", "--testbed", ctx.testbed, "--listen", self.listen, self.marker,
-                                 "--sd-label", "exporter=links")
+                                 "--sd-label", "exporter=links", *auth.exporter_args())
         log = Path(self.log)
         with open(log, "ab") as f:
             proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.outdir import OutDir, UnsafeDirectory
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
 from testbed.nodes.gpus import host_gpus
@@ -26,9 +27,13 @@ def check_out(out: Path) -> Path | None:
 
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        with OutDir(out, "--out"):  # ours, and no one else's to swap (made private when new)
+            pass
         with tempfile.NamedTemporaryFile(dir=out, prefix=".testbed-write-check-"):
             pass
+    except UnsafeDirectory:
+        discard_out(out, made)
+        raise
     except OSError as e:
         discard_out(out, made)
         raise TestbedError(f"--out {out}: cannot write there ({e.strerror or e})",

@@ -9,6 +9,7 @@ from pathlib import Path
 from testbed.engine.core import Testbed
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
+from testbed.monitor import auth
 
 
 def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
@@ -20,4 +21,4 @@ def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
     target = targets_dir() / f"run-{tb.name}-{run_id}.json"
     with global_lock():  # recorded first: `testbed down` removes it if this process dies
         Ledger(tb.name).record(TargetFile(str(target)).to_dict())
-    return RunExporter(run_dir, target)
+    return RunExporter(run_dir, target, token=auth.token() if auth.required() else None)

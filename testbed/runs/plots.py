@@ -17,13 +17,13 @@ import re
 from pathlib import Path
 
 from testbed.common.files import read_jsonl
-from testbed.common.writes import writing
+from testbed.common.outdir import OutDir
 from testbed.model.units import Rate, UnitError
 from testbed.runs.rundata import RunData
 from testbed.runs.tables import bw_key
 
 
-def plots(runs: list[RunData], rows: list[dict], out: Path, target: float | None) -> list[str]:
+def plots(runs: list[RunData], rows: list[dict], out: OutDir, target: float | None) -> list[str]:
     """Draws every figure into ``out``; the names of the files written, in order."""
     import matplotlib
 
@@ -45,7 +45,7 @@ def plots(runs: list[RunData], rows: list[dict], out: Path, target: float | None
 class _Figures:
     """Makes figures (one panel per bandwidth) and saves them, keeping the names written."""
 
-    def __init__(self, plt, bws: list[str], out: Path):
+    def __init__(self, plt, bws: list[str], out: OutDir):
         self.plt, self.bws, self.out = plt, bws, out
         self.files: list[str] = []
 
@@ -57,8 +57,8 @@ class _Figures:
     def save(self, fig, name: str) -> None:
         fig.tight_layout()
         try:
-            with writing(self.out / name, f"the figures before it are written ({', '.join(self.files) or 'none'})"):
-                fig.savefig(self.out / name, dpi=110)
+            with self.out.create(name, f"the figures before it are written ({', '.join(self.files) or 'none'})") as f:
+                fig.savefig(f, format="png", dpi=110)
         finally:
             self.plt.close(fig)
         self.files.append(name)

@@ -24,10 +24,10 @@ The work is split by job: reading runs (testbed.runs.rundata), the table
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
-from testbed.common.files import write_json
-from testbed.common.writes import writing
+from testbed.common.outdir import OutDir
 from testbed.runs.plots import plots
 from testbed.runs.rundata import RunData, find_runs
 from testbed.runs.tables import freeze, table
@@ -36,29 +36,30 @@ __all__ = ["RunData", "find_runs", "table", "write"]
 
 
 def write(runs: list[RunData], out: Path, target: float | None = None, include_unproven: bool = False) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+    """Tables and figures into ``out``, a directory of the user's own (made private when new;
+    refused when another user owns it or can write it: see testbed.common.outdir)."""
     rows = table(runs, target, include_unproven)
-    write_json(out / "report.json", {"rows": rows, "runs": [str(r.path) for r in runs]})
-    with writing(out / "report.csv", "report.json is written; the run records are untouched"), \
-            open(out / "report.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
-        w.writeheader()
-        for row in rows:
-            w.writerow({**row, "failed": "; ".join(row["failed"]), "hyper": freeze(row["hyper"]),
-                        "paths": "; ".join(row["paths"])})
-    _proof_csv(runs, out / "proof.csv")
-    files = plots(runs, rows, out, target)
-    return {"rows": rows, "out": str(out), "files": ["report.json", "report.csv", "proof.csv", *files]}
+    with OutDir(out) as d:
+        d.write_text("report.json", json.dumps({"rows": rows, "runs": [str(r.path) for r in runs]}, indent=2,
+                                               default=str) + "\n")
+        with d.create_text("report.csv", "report.json is written; the run records are untouched") as f:
+            w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "failed"] + ["failed"])
+            w.writeheader()
+            for row in rows:
+                w.writerow({**row, "failed": "; ".join(row["failed"]), "hyper": freeze(row["hyper"]),
+                            "paths": "; ".join(row["paths"])})
+        _proof_csv(runs, d)
+        files = plots(runs, rows, d, target)
+    return {"rows": rows, "out": str(d.path), "files": ["report.json", "report.csv", "proof.csv", *files]}
 
 
 PROOF_FIELDS = ("run_id", "status", "proof", "link", "direction", "bound_bytes", "shared_bound_bytes",
                 "measured_bytes")
 
 
-def _proof_csv(runs: list[RunData], path: Path) -> None:
+def _proof_csv(runs: list[RunData], d: OutDir) -> None:
     """Every run's proof, a row per link and direction (summary.json's proof_links)."""
-    with writing(path, "report.json and report.csv are written; the run records are untouched"), \
-            open(path, "w", newline="") as f:
+    with d.create_text("proof.csv", "report.json and report.csv are written; the run records are untouched") as f:
         w = csv.DictWriter(f, fieldnames=PROOF_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in runs:

@@ -5,6 +5,7 @@ its evaluations and its link samples. Torn files are skipped with a warning."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def _json_file(path: Path, warn) -> dict | None:
     except InputError as e:
         warn(f"skipped {path.parent}: {e.message}")
         return None
+    except RecursionError:
+        warn(f"skipped {path.parent}: {path} is nested deeper than JSON's parser goes (not a testbed file)")
+        return None
     except (OSError, ValueError) as e:
         warn(f"skipped {path.parent}: {path.name} is unreadable or torn ({e})")
         return None
@@ -85,24 +89,42 @@ def find_runs(dirs: list[Path], warn=lambda m: None) -> list[RunData]:
             raise TestbedError(f"{d}: no runs found (no run.json here or one level below)",
                                "give run directories made by `testbed run` or `testbed sweep`")
         for c in candidates:
-            summary = _json_file(c / "summary.json", warn)
-            if summary is None:
-                continue
-            if not summary:
-                run = _json_file(c / "run.json", warn)
-                try:
-                    summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
-                               "bw": run["request"]["bw"]}
-                except (TypeError, KeyError):
-                    if run is not None:
-                        warn(f"skipped {c}: run.json lacks run_id/request")
-                    continue
-            dropped = _typed(summary)
-            if dropped:
-                warn(f"{c}: summary.json's {', '.join(dropped[:10])} had the wrong type and were left out")
-            runs.append(RunData(c, summary, _numeric(read_jsonl(c / "eval.jsonl"), EVAL_FIELDS),
-                                _numeric(read_jsonl(c / "links.jsonl"), LINK_FIELDS, ("link", "direction"))))
+            run = _one_run(c, warn)
+            if run is not None:
+                runs.append(run)
     return runs
+
+
+def _one_run(c: Path, warn) -> RunData | None:
+    """The run in ``c``, or None with one warning naming the file that made it unreadable
+    (torn, oversized, too deeply nested, of the wrong shape: a run directory is untrusted)."""
+    summary = _json_file(c / "summary.json", warn)
+    if summary is None:
+        return None
+    if not summary:
+        run = _json_file(c / "run.json", warn)
+        try:
+            summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
+                       "bw": run["request"]["bw"]}
+        except (TypeError, KeyError):
+            if run is not None:
+                warn(f"skipped {c}: run.json lacks run_id/request")
+            return None
+    dropped = _typed(summary)
+    if dropped:
+        warn(f"{c}: summary.json's {', '.join(dropped[:10])} had the wrong type and were left out")
+    records = {}
+    for name in ("eval.jsonl", "links.jsonl"):
+        try:
+            records[name] = read_jsonl(c / name)
+        except InputError as e:
+            warn(f"skipped {c}: {e.message}")
+            return None
+        except OSError as e:
+            warn(f"skipped {c}: {c / name} is unreadable ({os.strerror(e.errno or 0)})")
+            return None
+    return RunData(c, summary, _numeric(records["eval.jsonl"], EVAL_FIELDS),
+                   _numeric(records["links.jsonl"], LINK_FIELDS, ("link", "direction")))
 
 
 _NUMBER = (int, float)

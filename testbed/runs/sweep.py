@@ -23,6 +23,7 @@ from pathlib import Path
 from testbed.common import procs
 from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
+from testbed.common.outdir import OutDir
 from testbed.runs import grid
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
@@ -86,7 +87,7 @@ def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
         say(f"using cached checkpoint {path}")
         return path
     say(f"pre-training {pre.model} on {pre.dataset} for {pre.epochs:g} epochs -> {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    OutDir(path.parent, "--out").close()  # ours: a checkpoint someone else can replace is not loaded
     p = subprocess.run(procs.python_argv("workloads.pretrain", *pre.args(), "--out", str(path)),
                        capture_output=True, text=True)
     if p.returncode != 0:
@@ -164,7 +165,7 @@ def _new_dir(out: Path) -> Path:
     while sweep_dir.exists():
         n += 1
         sweep_dir = out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-    sweep_dir.mkdir(parents=True)
+    OutDir(sweep_dir, "--out", fresh=True).close()  # private, as a run's directory is
     return sweep_dir
 
 

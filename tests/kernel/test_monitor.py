@@ -34,9 +34,11 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _query(url: str, expr: str) -> list[dict]:
+def _query(url: str, expr: str, headers: dict | None = None) -> list[dict]:
+    """``headers``: an ordinary user's Prometheus asks for their credentials (testbed.monitor.auth)."""
     q = urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/api/v1/query?{q}", headers=headers or {}),
+                                timeout=10) as r:
         body = json.loads(r.read())
     assert body["status"] == "success", body
     return body["data"]["result"]

@@ -9,6 +9,7 @@ do not see or touch each other's; ``down`` and ``kill -9`` (of the holder, of ``
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pwd
@@ -318,8 +319,11 @@ def test_replay_sweep_report_and_monitor_work_as_a_user(users):
         run = json.loads(_ok(as_user(user, "run", "allreduce", "-t", "flow", "--bw-trace", str(trace),
                                      "--max-iters", "4", "--out", str(home / "runs"), "--json")).stdout)
         assert run["iterations"] == 4 and run["bottleneck"]["bytes"] > 0, run
-        iters = _query(prom, f'max(max_over_time(testbed_train_iterations_total{{run_id="{run["run_id"]}"}}[10m]))')
-        links = _query(prom, 'count(max_over_time(testbed_link_transmit_bytes_total{testbed="flow"}[10m]))')
+        login = {"Authorization": "Basic " + base64.b64encode(
+            b"testbed:" + (home / ".local/state/testbed/metrics.token").read_bytes().strip()).decode()}
+        iters = _query(prom, f'max(max_over_time(testbed_train_iterations_total{{run_id="{run["run_id"]}"}}[10m]))',
+                       login)
+        links = _query(prom, 'count(max_over_time(testbed_link_transmit_bytes_total{testbed="flow"}[10m]))', login)
         assert iters and float(iters[0]["value"][1]) == 4, iters  # the run's exporter reached the user's Prometheus
         assert links and float(links[0]["value"][1]) > 0, links
 

@@ -207,3 +207,27 @@ def test_proof_csv_has_a_row_per_run_link_and_direction(tmp_path):
     assert [(r["run_id"], r["link"], r["direction"], r["bound_bytes"], r["measured_bytes"]) for r in rows] == [
         ("a", "s1-s0", "forward", "100", "190"), ("a", "s1-s0", "reverse", "100", "")]  # a bad value left out
     assert rows[0]["status"] == "ok" and rows[0]["proof"] == "passed"
+
+
+def test_a_nested_oversized_or_foreign_run_is_skipped_naming_its_file_and_the_rest_is_written(tmp_path):
+    from testbed.common.files import LIMITS
+    from testbed.runs.report import find_runs, write
+
+    runs = tmp_path / "sweep"
+    _write_run(runs / "a", "allreduce", "100mbit", 2.0, {})
+    _write_run(runs / "deep", "allreduce", "100mbit", 2.0, {})
+    (runs / "deep" / "summary.json").write_text('{"x": ' + "[" * 100000 + "]" * 100000 + "}")
+    _write_run(runs / "big", "allreduce", "100mbit", 2.0, {})
+    with open(runs / "big" / "eval.jsonl", "ab") as f:
+        f.truncate(LIMITS["records"] + 1)
+    _write_run(runs / "foreign", "allreduce", "100mbit", 2.0, {})
+    (runs / "foreign" / "summary.json").unlink()
+    (runs / "foreign" / "run.json").write_text('{"something": "else"}')
+    warnings = []
+    found = find_runs([runs], warnings.append)
+    assert [r.path.name for r in found] == ["a"]
+    assert len(warnings) == 3, warnings
+    assert any(str(runs / "deep" / "summary.json") in w and "nested" in w for w in warnings), warnings
+    assert any(str(runs / "big" / "eval.jsonl") in w and "MiB" in w for w in warnings), warnings
+    assert any(str(runs / "foreign") in w and "run.json" in w for w in warnings), warnings
+    assert write(found, tmp_path / "report")["files"][:3] == ["report.json", "report.csv", "proof.csv"]
