@@ -123,7 +123,8 @@ def up(d: Path, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
         sd.check_listen(exporter_listen, "--exporter-listen", "127.0.0.1:0 (port 0: any free port)")
     sd_dirs = [targets_dir(), d / "targets"]
     try:
-        OutDir(d, "--dir").close()  # the user's own and private: its TSDB holds their runs' metrics
+        with OutDir(d, "--dir") as md:  # the user's own and private: its TSDB holds their runs' metrics
+            os.fchmod(md.fd, 0o700)  # one made before monitor directories were private, too
         for t in sd_dirs:
             t.mkdir(mode=0o700, parents=True, exist_ok=True)
         (d / "data").mkdir(mode=0o700, exist_ok=True)
