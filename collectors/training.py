@@ -10,6 +10,7 @@ does not grow with the length of a run. Runs whose files have not changed for
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,13 @@ LABELS = ["run_id", "scheme", "rank", "bw"]
 INFO_LABELS = ["run_id", "scheme", "model", "dataset", "bw", "world_size", "testbed"]
 TIME_LABELS = ["run_id", "scheme", "bw", "testbed"]
 ITER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _num(v) -> float | None:
+    """``v`` when it is a finite number (not a bool), else None: records are untrusted input."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e300:
+        return None
+    return v
 
 
 @dataclass
@@ -68,26 +76,26 @@ class _Run:
             except ValueError:
                 continue
             st = self.ranks.setdefault(r, _Rank(JsonlTail(p)))
-            for rec in st.tail.read():
-                st.iterations = max(st.iterations, int(rec.get("iter") or 0))
-                st.loss = rec.get("loss")
-                pb = rec.get("payload_bytes") or 0
+            for rec in st.tail.read():  # a user's script writes these: a value that is no number is none
+                st.iterations = max(st.iterations, int(_num(rec.get("iter")) or 0))
+                st.loss = _num(rec.get("loss"))
+                pb = _num(rec.get("payload_bytes")) or 0
                 st.payload += pb
                 st.last_payload = pb
-                if rec.get("tx_bytes") is not None:
-                    st.tx_bytes = rec["tx_bytes"]
-                st.compute_s += rec.get("compute_s") or 0.0
-                if r == 0 and isinstance(rec.get("accuracy"), (int, float)):
+                if _num(rec.get("tx_bytes")) is not None:
+                    st.tx_bytes = _num(rec["tx_bytes"])
+                st.compute_s += _num(rec.get("compute_s")) or 0.0
+                if r == 0 and _num(rec.get("accuracy")) is not None:
                     self.accuracy = rec["accuracy"]  # the records contract: a user's script evaluates in place
-                s = rec.get("iter_s")
+                s = _num(rec.get("iter_s"))
                 if s is not None:
                     st.iter_sum += s
                     for i, le in enumerate(ITER_BUCKETS):
                         if s <= le:
                             st.buckets[i] += 1
         for rec in self.evals.read():
-            self.accuracy = rec.get("accuracy")
-            self.epoch = rec.get("epoch")
+            self.accuracy = _num(rec.get("accuracy"))
+            self.epoch = _num(rec.get("epoch"))
         if self.proof is None and (self.path / "summary.json").exists():
             self.proof = _proof(self.path / "summary.json")
         if self.end_s is None and (self.path / "summary.json").exists():

@@ -14,6 +14,8 @@ sweep goes on; the sweep then exits non-zero.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -83,11 +85,18 @@ def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     """The checkpoint for ``pre`` under ``out/checkpoints/``, made once by
     ``python -m workloads.pretrain`` and reused by every later run and sweep."""
     path = out / "checkpoints" / f"{pre.key}.pt"
-    if path.is_file():
+    OutDir(path.parent, "--out").close()  # ours: a checkpoint someone else can replace is not loaded
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise TestbedError(f"cached checkpoint {path} is not a file of yours (a link, or another user's)",
+                               "remove it (the next sweep pre-trains again), or --out a directory of your own")
         say(f"using cached checkpoint {path}")
         return path
     say(f"pre-training {pre.model} on {pre.dataset} for {pre.epochs:g} epochs -> {path}")
-    OutDir(path.parent, "--out").close()  # ours: a checkpoint someone else can replace is not loaded
     p = subprocess.run(procs.python_argv("workloads.pretrain", *pre.args(), "--out", str(path)),
                        capture_output=True, text=True)
     if p.returncode != 0:

@@ -365,3 +365,19 @@ def test_the_proof_is_exported_per_link_and_direction_once_the_summary_holds_it(
     assert s[("testbed_run_proof_bound_bytes", fwd)] == 1000 and s[("testbed_run_proof_measured_bytes", fwd)] == 10
     assert s[("testbed_run_proof_passed", (("run_id", "r1"),))] == 0
     assert not any(k[0] == "testbed_run_proof_bound_bytes" and ("direction", "reverse") in k[1] for k in s)
+
+
+def test_a_scripts_records_of_the_wrong_types_are_ignored_not_crashed_on(tmp_path):
+    d = _run_dir(tmp_path)
+    _append(d / "rank0.jsonl", _it(0, 1, 0.2, tx=1000),
+            {"rank": 0, "iter": "2", "iter_s": "x", "loss": [1], "payload_bytes": "big", "tx_bytes": {"a": 1},
+             "compute_s": True, "accuracy": "high"}, {"rank": 0, "iter": 1e400, "iter_s": float("nan")})
+    _append(d / "eval.jsonl", {"epoch": "one", "accuracy": None})
+    (d / "rank0.jsonl").open("a").write("[" * 100000 + "\n")
+    reg = CollectorRegistry()
+    reg.register(TrainingCollector([tmp_path / "runs"]))
+    s = _samples(reg)
+    lab = tuple(sorted({"bw": "100mbit", "rank": "0", "run_id": "r1", "scheme": "pactrain"}.items()))
+    assert s[("testbed_train_iterations_total", lab)] == 1
+    assert s[("testbed_train_iteration_seconds_count", lab)] == 1
+    assert s[("testbed_train_wire_bytes_total", lab)] == 1000

@@ -73,3 +73,25 @@ def test_a_variant_sets_the_train_arguments_and_lands_in_hyper():
         parse_args(["--scheme", "topk:0.1", "--topk-ratio=0.2"], raise_errors=True)
     with pytest.raises(ValueError, match="invalid float value: 'x'"):
         parse_args(["--scheme", "topk:x"], raise_errors=True)
+
+
+def test_a_cached_checkpoint_that_is_a_link_or_someone_elses_is_refused(tmp_path):
+    import os
+
+    from testbed.runs.sweep import checkpoint
+
+    pre = Pretraining("cnn", "digits", 2.0)
+    (tmp_path / "checkpoints").mkdir(mode=0o700)
+    cached = tmp_path / "checkpoints" / f"{pre.key}.pt"
+    victim = tmp_path / "victim.pt"
+    victim.write_bytes(b"someone's")
+    cached.symlink_to(victim)
+    with pytest.raises(TestbedError, match="not a file of yours"):
+        checkpoint(tmp_path, pre, print)
+    cached.unlink()
+    cached.write_bytes(b"ours")
+    assert checkpoint(tmp_path, pre, print) == cached  # one's own is reused
+    if os.geteuid() == 0:
+        os.chown(cached, 65534, 65534)
+        with pytest.raises(TestbedError, match="not a file of yours"):
+            checkpoint(tmp_path, pre, print)
