@@ -47,7 +47,7 @@ def main() -> None:
     urls = {"open": (f"http://127.0.0.1:{open_srv.server_port}/metrics", {}),
             "token": (f"http://127.0.0.1:{guarded_srv.server_port}/metrics", {"Authorization": f"Bearer {token}"})}
     times: dict[str, list[float]] = {k: [] for k in urls}
-    for k, (url, h) in urls.items():
+    for url, h in urls.values():
         _get(url, h)  # warm-up
     for _ in range(args.scrapes):
         for k, (url, h) in urls.items():

@@ -303,7 +303,8 @@ def _warm_and_time(args: argparse.Namespace, runs: dict, x, y, sync) -> float:
             _rest[-1].append(state.take_payload_bytes())
     for _ in range(args.reps):
         for _ddp, _state, hook, hook_state, captured, times, _ in runs.values():
-            times.append(_timed(sync, lambda: [hook(hook_state, captured[b]).wait() for b in sorted(captured)]))
+            times.append(_timed(sync, lambda hook=hook, hs=hook_state, c=captured:
+                                [hook(hs, c[b]).wait() for b in sorted(c)]))
     return statistics.median(backward[-len(runs) * 2:])
 
 

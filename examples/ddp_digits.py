@@ -1,7 +1,13 @@
 """Plain PyTorch DDP on scikit-learn's digits: `torchrun --standalone --nproc-per-node 2
 examples/ddp_digits.py`, or unchanged across a testbed: `testbed run --script examples/ddp_digits.py`."""
-import argparse, gc, json, os, time
-import torch, torch.distributed as dist
+import argparse
+import gc
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
 from sklearn.datasets import load_digits
 
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -37,5 +43,7 @@ for step in range(1, steps + 1):
         out.flush()
 if rank == 0:
     print(f"{steps} steps on {world} ranks: loss {loss.item():.3f}, accuracy {rec['accuracy']:.3f}")
-del model, opt; gc.collect()  # DDP keeps gloo work in reference cycles: free it while the group lives
-dist.barrier(); dist.destroy_process_group()  # (else ~1 run in 5 aborts at exit with torch 2.13's gloo)
+del model, opt
+gc.collect()  # DDP keeps gloo work in reference cycles: free it while the group lives
+dist.barrier()
+dist.destroy_process_group()  # (else ~1 run in 5 aborts at exit with torch 2.13's gloo)

@@ -68,7 +68,7 @@ def run_checks() -> list[Check]:
                          "(backend: vm; tests/kernel/test_vm.py runs the netem tests that way)")
             checks.append(Check(k, ok, detail, None if ok else hint, required))
     else:
-        for k, (hint, required) in kernel_hints.items():
+        for k, (_hint, required) in kernel_hints.items():
             checks.append(Check(k, False, "not probed (needs root or rootless mode)", "run `sudo testbed doctor`",
                             required))
 

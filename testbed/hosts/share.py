@@ -85,7 +85,7 @@ class AwaitShares(Action):
 
     def apply(self, ctx: ApplyContext) -> None:
         failures = []
-        for host, t, box in ctx.pending:
+        for _host, t, box in ctx.pending:
             while t.is_alive():
                 t.join(0.2)  # short joins: a signal is noticed between them
                 ctx.check()

@@ -190,7 +190,7 @@ def change_row(tb, iperf: Iperf) -> dict:
     check, expected = f"live rate change {old} -> {new}", f"both {GOODPUT_MIN}-{GOODPUT_MAX} x rate"
     if why := Iperf.missing():
         return row(check, expected, "-", "skip", f"skipped: {why}")
-    for tries in range(1, GOODPUT_TRIES + 1):
+    for tries in range(1, GOODPUT_TRIES + 1):  # noqa: B007  (read after the loop)
         at, b, a = _change_once(tb, iperf, old, new)
         rb, ra = b / old.bps, a / new.bps
         verdict = "pass" if goodput_verdict(rb) == goodput_verdict(ra) == "pass" else "fail"

@@ -25,7 +25,7 @@ import yaml
 
 from tests.helpers import dumbbell, star
 
-from .conftest import cli, kernel_snapshot, run
+from .conftest import cli, kernel_snapshot
 
 USERS = ("tbrootless1", "tbrootless2")
 TESTBED = str(Path(sys.executable).with_name("testbed"))

@@ -11,7 +11,7 @@ from testbed.engine import doctor  # noqa: E402
 def _nccl(monkeypatch, cuda_version, available):
     monkeypatch.setattr(torch.version, "cuda", cuda_version)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
-    monkeypatch.setattr(doctor, "gpu_names", lambda: [])
+    monkeypatch.setattr(doctor, "gpu_names", list)
     [row] = [c for c in doctor._gpu() if c.name == "NCCL"]
     return row
 

@@ -51,7 +51,7 @@ def test_a_run_passes_only_when_ok_and_proven():
 
 
 def test_gpu_without_gpus_is_refused_with_how_to_check(monkeypatch):
-    monkeypatch.setattr(selftest, "gpu_names", lambda: [])
+    monkeypatch.setattr(selftest, "gpu_names", list)
     with pytest.raises(TestbedError, match=r"no NVIDIA GPU found.*nvidia-smi -L"):
         selftest.check_gpu(True)
     assert selftest.check_gpu(False) == []
