@@ -74,6 +74,9 @@ class LinkCollector(Collector):
         delay = GaugeMetricFamily("testbed_link_delay_seconds", "Configured one-way delay (netem).", labels=LABELS)
         jitter = GaugeMetricFamily("testbed_link_jitter_seconds", "Configured delay variation (netem).", labels=LABELS)
         loss = GaugeMetricFamily("testbed_link_loss_ratio", "Configured random loss, 0-1 (netem).", labels=LABELS)
+        changed = GaugeMetricFamily("testbed_link_shape_change_time_seconds",
+                                    "When the shape in force was set (Unix time): up, link set, a trace step, "
+                                    "a run's --bw or its restore.", labels=LABELS)
         up = GaugeMetricFamily("testbed_link_scrape_ok", "1 when the testbed's counters were read, 0 when not.",
                                labels=["testbed"])
         testbeds = self._testbeds()
@@ -95,6 +98,8 @@ class LinkCollector(Collector):
                     delay.add_metric(labels, shape.delay.seconds)
                     jitter.add_metric(labels, shape.jitter.seconds)
                     loss.add_metric(labels, shape.loss.fraction)
+                    if (at := tb.shape_changed_at(l, d)) is not None:
+                        changed.add_metric(labels, at)
                     if c is None:
                         continue
                     for m, key, _ in COUNTERS:
@@ -102,4 +107,4 @@ class LinkCollector(Collector):
                     backlog.add_metric(labels, c.get("backlog_bytes", 0))
                     backlog_p.add_metric(labels, c.get("qlen", 0))
         yield from counters.values()
-        yield from (backlog, backlog_p, capacity, delay, jitter, loss, up)
+        yield from (backlog, backlog_p, capacity, delay, jitter, loss, changed, up)

@@ -3,8 +3,9 @@
 - a run's start and end: ``testbed_run_start_time_seconds`` and
   ``testbed_run_end_time_seconds`` (Unix time; the value is the moment marked);
 - a link's shape changed (a trace step, `testbed link set`, a run's ``--bw`` and its
-  restore): any change of the exported rate, delay, jitter or loss, seen at the scrape that
-  first reads it (so within one scrape interval);
+  restore): ``testbed_link_shape_change_time_seconds``, the moment the shape in force was
+  set, so a change is marked at its time even when no scrape fell between it and the one
+  before (a run's ``--bw`` on a testbed the run just made, a short trace step);
 - cross-traffic on, as a region until it is off: ``testbed_cross_traffic_active``.
 """
 
@@ -12,10 +13,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from .parts import RATE, annotation
-
-SHAPE = ("testbed_link_capacity_bytes_per_second", "testbed_link_delay_seconds", "testbed_link_jitter_seconds",
-         "testbed_link_loss_ratio")
+from .parts import annotation
 
 EXTRAS: dict[str, dict] = {}
 """Per annotation name, the Prometheus options :func:`collectors.dashboards.build.render` adds."""
@@ -26,8 +24,7 @@ def run_time(metric: str, sel: str) -> str:
 
 
 def shape_changes(link_sel: str) -> str:
-    changed = " + ".join(f"changes({m}{{{link_sel}}}[{RATE}])" for m in SHAPE)
-    return f"sum by (testbed, link, src, dst) ({changed}) > 0"
+    return f"max by (testbed, link, src, dst) (testbed_link_shape_change_time_seconds{{{link_sel}}}) * 1000"
 
 
 def cross_traffic(sel: str) -> str:
@@ -44,7 +41,7 @@ def annotate(d: db.Dashboard, run_sel: str, link_sel: str) -> db.Dashboard:
         annotation("Run ended", run_time("testbed_run_end_time_seconds", run_sel), "red", "run {{run_id}} ended",
                    "testbed,scheme,bw", "{{scheme}} at {{bw}} on {{testbed}}", value_is_time=True),
         annotation("Link shape changed (trace step, link set, --bw)", shape_changes(link_sel), "orange",
-                   "{{testbed}} {{link}} {{src}}->{{dst}} shape changed", "testbed,link"),
+                   "{{testbed}} {{link}} {{src}}->{{dst}} shape changed", "testbed,link", value_is_time=True),
         annotation("Cross-traffic on", cross_traffic(run_sel), "purple", "cross-traffic {{label}}", "testbed,run_id"),
     ):
         EXTRAS[builder.build().name] = extras

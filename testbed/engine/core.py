@@ -172,6 +172,12 @@ class Testbed:
             raise TestbedError(f"node '{node}' is a switch and has no address")
         return info.address
 
+    def shape_changed_at(self, link: Link, direction: str) -> float | None:
+        """When the shape in force on ``link``'s ``direction`` was set (Unix time): by ``up``,
+        or the last change (``link set``, a trace step, a run's ``--bw`` or its restore)."""
+        at = (self._state.get("shape_changed_at") or {}).get(f"{link.name} {direction}", self._state.get("created"))
+        return at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+
     def to_dict(self) -> dict:
         return {
             "name": self.name,
@@ -285,6 +291,10 @@ class Testbed:
                     changer.close()
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
             state["topology"] = self.topology.to_dict()
+            changed_at = time.time()  # exported, so a dashboard marks the change even when no scrape fell between
+            times = state.setdefault("shape_changed_at", {})
+            for l in new_links.values():
+                times.update({f"{l.name} {d}": changed_at for d in dirs})
             self._state = state
             Ledger(self.name).write_state(state)
         return [new_links[i] for i in wanted]

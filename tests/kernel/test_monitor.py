@@ -63,6 +63,18 @@ def _wait(url: str, expr: str, ok, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def _marks(prom: str, expr: str, since: float, link: str) -> list[float]:
+    """The moments (Unix time) a value-is-time annotation ``expr`` marks on ``link`` since
+    ``since``, waiting up to 15 s for a scrape to bring the last one."""
+    deadline = time.monotonic() + 15
+    while True:
+        got = sorted({float(v) / 1000 for r in _range(prom, expr, since) if r["metric"].get("link") == link
+                      for _, v in r["values"]})
+        if (got and max(got) > since) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
 def _labels(res: list[dict], name: str) -> set[str]:
     return {r["metric"].get(name, "") for r in res}
 
@@ -91,8 +103,10 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert tb["exporter"].startswith("http://127.0.0.1:")
         assert [p.name for p in targets.iterdir()] == ["testbed-mon.json"]
         _wait(prom, 'up{exporter="links"}', lambda r: r and r[0]["value"][1] == "1")
+        r0 = time.time()
         s = cli_json("run", "allreduce", "-t", "mon", "--bw-trace", str(trace), "--out", str(runs),
                      "--max-iters", "30", "--eval-every", "15", "--cross-traffic", "w0->w1,rate=4mbit")
+        r1 = time.time()
         assert s["status"] == "ok" and s["bw"] == bw and s["bw_trace"]["steps_applied"] == 2
         run_id, iters = s["run_id"], s["iterations"]
         # The run's own exporter is gone (so its series are stale now: last_over_time reads
@@ -139,17 +153,17 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         for m in ("start", "end"):
             (when,) = _query(prom, f'last_over_time(testbed_run_{m}_time_seconds{{run_id="{run_id}"}}[5m])')
             assert t0 < float(when["value"][1]) < t1, (m, when)
-        # `testbed link set` changes a shape: the dashboards' shape annotation marks it
+        # the dashboards' shape annotation marks each change at its moment (the value is the
+        # time): the trace's steps and their restore during the run, then a `testbed link set`
         links_json = json.loads((dashboards.OUT / "links.json").read_text())
         (shape,) = [a["expr"] for a in links_json["annotations"]["list"] if a["name"].startswith("Link shape")]
         shape = shape.replace("$__rate_interval", "5s").replace("$testbed", "mon").replace("$link", ".*")
+        assert len([m for m in _marks(prom, shape, t0, "s0-s1") if r0 < m < r1]) >= 2, "trace and restore unmarked"
+        t_set = time.time()
         cli_json("link", "set", "s0-s1", "--bw", "45mbit")
         _wait(prom, 'testbed_link_capacity_bytes_per_second{testbed="mon",link="s0-s1"}',
               lambda r: {float(x["value"][1]) for x in r} == {45e6 / 8}, timeout=15)
-        deadline = time.monotonic() + 10  # a range step at or after the change's scrape
-        while "s0-s1" not in _labels(_range(prom, shape, t1), "link") and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert "s0-s1" in _labels(_range(prom, shape, t1), "link"), "link set not marked"
+        assert any(m > t_set for m in _marks(prom, shape, t1, "s0-s1")), "link set not marked"
 
         # every panel expression, annotation query and variable query of every shipped dashboard
         # returns data from this Prometheus, over the test's time range as Grafana asks for it;
@@ -194,6 +208,14 @@ def test_prometheus_scrapes_links_and_training_and_every_dashboard_query_has_dat
         assert status["running"] and seen == [("links", "up")]
         assert cli_json("down", "mon") == {"removed": ["mon"]}
         assert list(targets.iterdir()) == []  # the link exporter stopped with its testbed
+
+        # a run that makes its own testbed: its --bw is set before Prometheus can have found
+        # the new exporter, and is still marked at its moment
+        r0 = time.time()
+        s = cli_json("run", "allreduce", "--topology", str(topo), "--bw", "20mbit", "--out", str(runs),
+                     "--max-iters", "6")
+        marks = [m for m in _marks(prom, shape, r0, "s0-s1") if r0 < m < time.time()]
+        assert marks and s["status"] == "ok", (marks, s.get("status"))
     finally:
         cli("down", "mon")
         down = cli_json("monitor", "down", "--dir", str(mdir))
