@@ -42,7 +42,7 @@ class TestbedError(Exception):
     __test__ = False  # not a pytest test class despite the name
 
     def __init__(self, message: str, hint: str | None = None):
-        message, hint = printable(str(message)), printable(hint)
+        message, hint = printable(str(message)) or "", printable(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

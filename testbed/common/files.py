@@ -176,7 +176,8 @@ class JsonlTail:
     A line still being written waits for the next call; ``last`` is the newest record."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.last = Path(path), 0, None
+        self.path, self.offset = Path(path), 0
+        self.last: dict | None = None
         self.skipped = 0  # complete lines that were no JSON object or nested past the parser's depth
 
     def read(self) -> list[dict]:

@@ -110,14 +110,14 @@ class OutDir:
         except OSError as e:
             st = os.lstat(self.path.name, dir_fd=pfd) if e.errno in (errno.ELOOP, errno.ENOTDIR) else None
             if st is None or not stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
-                why = (os.strerror(e.errno) if st is None else f"a link of uid {st.st_uid}"
+                why = (e.strerror if st is None else f"a link of uid {st.st_uid}"
                        if stat.S_ISLNK(st.st_mode) else "a file")
                 raise UnsafeDirectory(f"{self.path} is not a directory of yours ({why})",
                                       f"remove it, or {self.flag} another directory") from None
         try:
             return os.open(self.path.name, flags, dir_fd=pfd)
         except OSError as e:
-            raise UnsafeDirectory(f"{self.path} links to no directory ({os.strerror(e.errno)})",
+            raise UnsafeDirectory(f"{self.path} links to no directory ({e.strerror})",
                                   f"{self.flag} another directory") from None
 
     def _exists(self, pfd: int) -> bool:

@@ -26,13 +26,20 @@ class WriteFailed(TestbedError):
 
     def __init__(self, path: Path, err: OSError, kept: str = ""):
         self.path, self.errno, self.kept = Path(path), err.errno, kept
-        reason = f"{os.strerror(err.errno)} ({errno.errorcode.get(err.errno, err.errno)})"
+        reason = _reason(err)
         where = self.path.parent
         super().__init__(
             f"could not write {self.path}: {reason}" + (f"; {kept}" if kept else ""),
             f"free space on the file system of {where} (`df -h {where}`), or write elsewhere (--out)"
             if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else
             f"the file system of {where} reported an I/O error: check the disk (`dmesg`), or write elsewhere (--out)")
+
+
+def _reason(e: OSError) -> str:
+    """"No space left on device (ENOSPC)"; the error's own text when it carries no errno."""
+    if e.errno is None:
+        return str(e)
+    return f"{os.strerror(e.errno)} ({errno.errorcode.get(e.errno, e.errno)})"
 
 
 def is_disk_error(e: BaseException) -> bool:
@@ -42,7 +49,7 @@ def is_disk_error(e: BaseException) -> bool:
 def disk_error(e: OSError) -> TestbedError:
     """A disk error no writer caught, as the user sees it (the file named when known)."""
     return WriteFailed(Path(e.filename), e) if e.filename else TestbedError(
-        f"a write failed: {os.strerror(e.errno)} ({errno.errorcode.get(e.errno, e.errno)})",
+        f"a write failed: {_reason(e)}",
         "free space where testbed writes (--out, the state directory), or check the disk (`dmesg`)")
 
 

@@ -75,6 +75,7 @@ def flow_from_dict(d: object, where: str) -> Flow:
     for k, v in (("from", src), ("to", dst)):
         if not isinstance(v, str) or not v:
             raise TestbedError(f"{where}.{k}: name a worker node", "e.g. from: w0, to: w7")
+    assert isinstance(src, str) and isinstance(dst, str)  # checked just above (for the type checker)
     if src == dst:
         raise TestbedError(f"{where}: from and to are both {src!r}", "a flow goes between two nodes")
     flows = d.get("flows", 1)

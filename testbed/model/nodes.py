@@ -49,6 +49,7 @@ class Node:
             if self.sysctls:
                 d["sysctls"] = dict(self.sysctls)
             if self.options:
+                assert self.backend is not None  # a worker always has one (_worker)
                 d.update(OPTIONS[self.backend].export(self.options))
         elif self.stp:
             d["stp"] = True
@@ -95,7 +96,7 @@ def _worker(name: str, spec: dict, path: str, defaults: Defaults, host_names: se
         raise TopologyError(f"{path}.gpu", f"gpu must be a device index in 0..{MAX_GPU - 1}, got {shown(gpu)}")
     sysctls = {**defaults.sysctls, **parse_sysctls(spec.get("sysctls"), f"{path}.sysctls")}
     return Node(name, "worker", backend=backend, gpu=gpu, sysctls=tuple(sysctls.items()), options=options,
-                host=_node_host(spec, path, host_names))
+                host=_node_host(spec, path, host_names))  # type: ignore[arg-type]  # None: placement decides
 
 
 def _backend_options(spec: dict, path: str, backend: str, defaults: Defaults) -> tuple[tuple[str, Any], ...]:

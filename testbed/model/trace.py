@@ -82,7 +82,7 @@ class Trace:
 
     def at(self, t: float) -> Step | None:
         """The step in force ``t`` seconds after the start (None before the first)."""
-        if self.loop:
+        if self.period_s is not None:  # self.loop
             t = t % self.period_s
         current = None
         for s in self.steps:
@@ -100,7 +100,7 @@ class Trace:
                 if t > until_s:
                     return
                 yield t, s
-            if not self.loop:
+            if self.period_s is None:  # not self.loop
                 return
             base += self.period_s
 
@@ -198,7 +198,8 @@ def parse_csv(lines: Iterable[str], source: str = "<csv>", loop: bool = False) -
             raise _err(where, f"{len(cols)} columns; expected time_s,rate[,delay[,loss]]")
         at = _time(cols[0], where)
         _ordered(steps, at, where)
-        steps.append(_step(at, cols[1], *(cols[2:] + ["", ""])[:2], where))
+        delay, loss = (cols[2:] + ["", ""])[:2]
+        steps.append(_step(at, cols[1], delay, loss, where))
         if len(steps) > MAX_STEPS:
             break
     return _finish(steps, loop, source)

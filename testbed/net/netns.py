@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import socket
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -198,7 +199,7 @@ def pids_in(names: list[str]) -> dict[int, str]:
     return out
 
 
-def kill_processes(names: list[str], grace: float = 2.0, exclude: set[int] = frozenset()) -> list[int]:
+def kill_processes(names: list[str], grace: float = 2.0, exclude: AbstractSet[int] = frozenset()) -> list[int]:
     """Stop every process inside the namespaces (but ``exclude``): SIGTERM, then SIGKILL
     what remains after ``grace`` (:func:`testbed.common.procs.terminate`)."""
     from testbed.common import procs
@@ -212,7 +213,7 @@ def stop_processes(names: list[str], what: str) -> list[int]:
     reports removed a namespace something still runs in."""
     from testbed.common import procs
 
-    return procs.stop(pids_in(names), what, grace=2.0)
+    return procs.stop(list(pids_in(names)), what, grace=2.0)
 
 
 def enter(name: str) -> None:

@@ -9,12 +9,12 @@ from pyroute2 import IPRoute
 
 
 def host_routes() -> list[ipaddress.IPv4Network]:
-    out = []
+    out: list[ipaddress.IPv4Network] = []
     with IPRoute() as ipr:
         for r in ipr.get_routes(family=socket.AF_INET):
             dst = r.get_attr("RTA_DST")
             if dst and r["dst_len"] > 0 and r.get_attr("RTA_TABLE") in (254, None):
-                out.append(ipaddress.ip_network(f"{dst}/{r['dst_len']}", strict=False))
+                out.append(ipaddress.IPv4Network(f"{dst}/{r['dst_len']}", strict=False))
     return out
 
 

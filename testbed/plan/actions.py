@@ -80,6 +80,9 @@ class SetSysctl(Action):
 class _InterfaceAction(Action):
     """Undo deletes the interface only when its namespace is not one the testbed owns."""
 
+    ns: str  # fields of each subclass (a dataclass); declared here for the type checker
+    ifname: str
+
     def undo(self, td: Teardown) -> None:
         if self.ns not in td.owned:
             td.host.delete_link(self.ns, self.ifname)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from testbed.common.errors import StateError, TestbedError
 from testbed.model.topology import Shape, shape_from_dict
@@ -56,7 +56,7 @@ class Action:
 
     # -------------------------------------------------------------- ledger form
     def to_dict(self) -> dict:
-        d = {"action": type(self).__name__}
+        d: dict[str, object] = {"action": type(self).__name__}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             d[f.name] = v.to_dict() if isinstance(v, Shape) else (list(v) if isinstance(v, tuple) else v)
@@ -94,8 +94,9 @@ def from_dict(d: object) -> Action:
     cls = _REGISTRY.get(d["action"])
     if cls is None:
         raise StateError(f"ledger entry names an unknown action {d['action']!r}")
+    key: type = cls  # as a plain class: mypy takes the dataclass's own __hash__ for the class object's
     kwargs = {}
-    names = _field_names(cls)
+    names = _field_names(key)
     for k, v in d.items():
         if k == "action":
             continue
@@ -112,8 +113,8 @@ def from_dict(d: object) -> Action:
             v = tuple(v)
         elif not (isinstance(v, (str, int, float, bool)) or v is None):
             raise StateError(f"ledger entry {d['action']}: field {k!r} is not a plain value")
-        if not _fits(_field_types(cls)[k], v):
-            raise StateError(f"ledger entry {d['action']}: field {k!r} should be {_field_types(cls)[k]}, "
+        if not _fits(_field_types(key)[k], v):
+            raise StateError(f"ledger entry {d['action']}: field {k!r} should be {_field_types(key)[k]}, "
                              f"got {type(v).__name__}")
         kwargs[k] = v
     try:
@@ -139,7 +140,7 @@ class ApplyContext:
         """Host name -> its share of the plan (what ``testbed _host apply`` is given)."""
         self.pending: list = []
         """(host, thread, result box) of shares being built."""
-        self.remotes: dict[str, object] = {}
+        self.remotes: dict[str, Any] = {}
         """Host name -> an open connection to it (closed with the context)."""
         self.check = lambda: None
         """Raises if a signal arrived (set by the executor)."""
@@ -158,7 +159,7 @@ class Teardown:
     testbed: str
     owned: set[str]
     """Namespaces this testbed created: objects inside them go with them."""
-    host: object
+    host: Any
     """Where kernel calls happen (:class:`testbed.hosts.local.LocalHost`)."""
     kill_in: list[str] = field(default_factory=list)
     """Namespaces whose processes are stopped (all together) between the passes."""

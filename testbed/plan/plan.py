@@ -21,8 +21,8 @@ from testbed.model.topology import LOCAL_HOST as LOCAL
 from testbed.model.topology import Topology
 
 PINNED_INDEX_BASE = 1 << 20
-DEFAULT_SUBNETS = tuple(ipaddress.ip_network(f"10.{b}.0.0/16") for b in range(200, 255)) + tuple(
-    ipaddress.ip_network(f"172.{b}.0.0/16") for b in range(24, 32)
+DEFAULT_SUBNETS = tuple(ipaddress.IPv4Network(f"10.{b}.0.0/16") for b in range(200, 255)) + tuple(
+    ipaddress.IPv4Network(f"172.{b}.0.0/16") for b in range(24, 32)
 )
 
 
@@ -78,10 +78,10 @@ class Plan:
     @property
     def namespaces(self) -> list[str]:
         """The namespaces the local host creates."""
-        return [a.ns for a in self.share(LOCAL) if a.creates_namespace]
+        return [a.ns for a in self.share(LOCAL) if a.creates_namespace]  # type: ignore[attr-defined]  # such has ns
 
     def namespaces_on(self, host: str) -> list[str]:
-        return [a.ns for a in self.share(host) if a.creates_namespace]
+        return [a.ns for a in self.share(host) if a.creates_namespace]  # type: ignore[attr-defined]  # such has ns
 
 
 def vni_base(testbed: str) -> int:
