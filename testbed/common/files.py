@@ -119,9 +119,11 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically and durably; a full disk or an I/O error is a
-    :class:`~testbed.common.writes.WriteFailed` and leaves ``path`` as it was."""
+def atomic_write(path: Path, text: str, durable: bool = True) -> None:
+    """Replace ``path`` with ``text`` atomically and (``durable``) durably; a full disk or an
+    I/O error is a :class:`~testbed.common.writes.WriteFailed` and leaves ``path`` as it was.
+    Not ``durable``: atomic for every reader, but a power loss may keep the old content (a
+    trace step's shapes, which the kernel loses too)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # a fresh name: nothing planted to follow
     kept = f"{path.name} is as it was before" if path.exists() else f"{path.name} was not written"
@@ -131,11 +133,14 @@ def atomic_write(path: Path, text: str) -> None:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
@@ -143,8 +148,9 @@ def atomic_write(path: Path, text: str) -> None:
         os.close(dfd)
 
 
-def write_json(path: Path, obj, indent: int | None = 2) -> None:
-    atomic_write(path, json.dumps(obj, indent=indent, default=str) + "\n")
+def write_json(path: Path, obj, indent: int | None = 2, durable: bool = True) -> None:
+    """``obj`` as JSON, by :func:`atomic_write` (``indent`` None: the C encoder, ~10x faster)."""
+    atomic_write(path, json.dumps(obj, indent=indent, default=str) + "\n", durable)
 
 
 def read_jsonl(path: Path, kind: str = "records") -> list[dict]:

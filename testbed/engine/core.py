@@ -250,11 +250,7 @@ class Testbed:
         dirs = DIRECTIONS if direction == "both" else (direction,)
         wanted = [l.index for l in links]
         with global_lock():
-            # Re-read under the lock: another process may have changed other links meanwhile.
-            state = Ledger(self.name).read_state()
-            if state is None:
-                raise StateError(f"testbed '{self.name}' is no longer up")
-            current = load_topology_dict(state["topology"], source=state.get("source"))
+            state, current = self._current(changer)
             new_links = {}
             for idx in wanted:
                 l = current.links[idx]
@@ -296,8 +292,24 @@ class Testbed:
             for l in new_links.values():
                 times.update({f"{l.name} {d}": changed_at for d in dirs})
             self._state = state
-            Ledger(self.name).write_state(state)
+            ledger = Ledger(self.name)
+            ledger.write_state(state, durable=own)  # a trace's steps: atomic, not each fsynced
+            if not own:
+                changer.memo = (_file_id(ledger.state_path), state, self.topology)
         return [new_links[i] for i in wanted]
+
+    def _current(self, changer: LinkChanger | None) -> tuple[dict, Topology]:
+        """The state and topology, under the lock: another process may have changed other
+        links meanwhile. A trace replay (``changer`` kept across steps) keeps what it wrote
+        at its last step while the state file is still that one (a new write is a new file)."""
+        ledger = Ledger(self.name)
+        memo = getattr(changer, "memo", None)
+        if memo is not None and memo[0] == _file_id(ledger.state_path):
+            return memo[1], memo[2]
+        state = ledger.read_state()
+        if state is None:
+            raise StateError(f"testbed '{self.name}' is no longer up")
+        return state, load_topology_dict(state["topology"], source=state.get("source"))
 
     def link_counters(self, links: Iterable[Link] | None = None, pool: "NetlinkPool | None" = None,
                       local_only: bool = False) -> dict[tuple[int, str], dict]:
@@ -351,3 +363,12 @@ def _initial_state(plan: Plan) -> dict:
         "nodes": {n: asdict(i) for n, i in plan.nodes.items()},
         "egress": {f"{i}/{d}": asdict(ep) for (i, d), ep in plan.egress.items()},
     }
+
+
+def _file_id(path: Path) -> tuple[int, int, int] | None:
+    """Which file ``path`` is now (replaced atomically, each write is a new inode)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size

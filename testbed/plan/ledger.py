@@ -130,12 +130,15 @@ class Ledger:
         """A state file exists beside the ledger, but :meth:`read_state` cannot read it."""
         return self.exists() and self.state_path.exists() and self.read_state() is None
 
-    def write_state(self, state: dict) -> None:
+    def write_state(self, state: dict, durable: bool = True) -> None:
+        """``durable`` False: a trace step's (see :func:`testbed.common.files.atomic_write`).
+        One line of JSON: the C encoder writes a 64-worker state in about 1 ms, the indenting
+        pure-Python one took 8 ms of every trace step."""
         from testbed.common.files import write_json
 
         private_dir(state_root())
         private_dir(self.dir)
-        write_json(self.state_path, state, indent=1)
+        write_json(self.state_path, state, indent=None, durable=durable)
 
     def remove(self) -> None:
         self.close()
