@@ -85,9 +85,9 @@ def _end(plan: Plan, link, end: str, node_name: str, made: set[str]) -> End:
 
 
 def _link(plan: Plan, ctx: LinkContext, link, made: set[str]) -> None:
-    """Make ``link`` by its kind, address its workers, and shape each direction on its egress."""
+    """Make ``link`` by its type's kind, address its workers, and shape each direction on its egress."""
     a, b = _end(plan, link, "a", link.a, made), _end(plan, link, "b", link.b, made)
-    for host, action in kind_for(a, b).plan(ctx, link, a, b):
+    for host, action in kind_for(link).plan(ctx, link, a, b):
         plan.add(host, action)
     for node_name in (link.a, link.b):
         info = plan.nodes[node_name]

@@ -4,8 +4,11 @@ The topology file is a user-facing contract, so the keys a backend takes on a wo
 under ``defaults:``) are declared with the model, as containerlab declares every node key
 in its topology types: the loader checks them without importing the backends (no netlink,
 no Docker SDK). A backend in :mod:`testbed.nodes` reads the validated options from
-``node.options``. A new backend with keys of its own adds its :class:`Options` here and one
-line to :data:`OPTIONS`.
+``node.options``. A built-in backend with keys of its own adds its :class:`Options` here and
+one line to :data:`OPTIONS`; a backend added from outside carries its :class:`Options` as its
+``options`` attribute and :func:`testbed.nodes.register` puts it here. Each declares the
+JSON schema of its keys (``topologies/schema.json`` is generated from it) and whether its
+workers may sit in a multi-host topology.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_VCPUS, DEFAULT_MEMORY = 1, "2g"
 ACCELS = ("auto", "kvm", "tcg")
 MEM_RE = re.compile(r"^([1-9][0-9]*)([mg])$", re.IGNORECASE)
+_SIZE_SCHEMA = {"anyOf": [{"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?[bBkKmMgG]?$"},
+                          {"type": "integer", "minimum": 0}]}
 PCI_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -32,6 +37,10 @@ class Options:
     name: str = "netns"
     keys: tuple[str, ...] = ()
     """Topology keys this backend takes on a worker (and under ``defaults:``)."""
+    schema: dict[str, dict] = {}
+    """The JSON schema of each of :attr:`keys`."""
+    multi_host = True
+    """Whether its workers may be part of a topology with ``hosts:``."""
 
     def validate(self, options: dict[str, Any], path: str) -> tuple[tuple[str, Any], ...]:
         """Check this backend's keys of one worker; return them normalised and hashable."""
@@ -62,6 +71,19 @@ def mem_mb(memory: str) -> int:
 class DockerOptions(Options):
     name = "docker"
     keys = ("image", "cpus", "memory", "shm_size", "env", "volumes")
+    schema = {
+        "image": {"type": "string", "maxLength": 255, "pattern": IMAGE_RE.pattern,
+                  "description": f"image (default {DEFAULT_IMAGE}, built by `testbed image build`)"},
+        "cpus": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024, "description": "CPU limit"},
+        "memory": {**_SIZE_SCHEMA, "description": "memory limit (bytes, or a number with k, m or g)"},
+        "shm_size": {**_SIZE_SCHEMA, "description": f"/dev/shm size (default {DEFAULT_SHM}, enough for NCCL)"},
+        "env": {"anyOf": [{"type": "object", "propertyNames": {"pattern": ENV_NAME_RE.pattern},
+                           "additionalProperties": {"type": ["string", "number"]}},
+                          {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*=.*$"}}],
+                "description": "environment, {NAME: value} or [NAME=value, ...]"},
+        "volumes": {"type": "array", "items": {"type": "string", "pattern": "^/[^:]*:/[^:]*(:(ro|rw))?$"},
+                    "description": "HOST:CONTAINER[:ro|rw] bind mounts, both absolute"},
+    }
 
     def validate(self, options: dict[str, Any], path: str) -> tuple[tuple[str, Any], ...]:
         out: dict[str, Any] = {}
@@ -111,6 +133,17 @@ class DockerOptions(Options):
 class VmOptions(Options):
     name = "vm"
     keys = ("vcpus", "memory", "accel", "gpu_pci", "kernel")
+    schema = {
+        "vcpus": {"type": "integer", "minimum": 1, "maximum": 64, "description": f"virtual CPUs (default {DEFAULT_VCPUS})"},
+        "memory": {"type": "string", "pattern": "^[1-9][0-9]*[mMgG]$",
+                   "description": f"the guest's memory, NNNm or NNNg, at least 256m (default {DEFAULT_MEMORY})"},
+        "accel": {"enum": list(ACCELS), "description": "accelerator (default auto)"},
+        "gpu_pci": {"type": "string", "pattern": "^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\\.[0-7]$",
+                    "description": "host PCI address bound to vfio-pci, passed through (untested)"},
+        "kernel": {"type": "string", "pattern": "^/",
+                   "description": "absolute directory of an unpacked kernel package (vmlinuz, lib/modules/)"},
+    }
+    multi_host = False  # the guest's MTU and files are the controller's
 
     def validate(self, options: dict[str, Any], path: str) -> tuple[tuple[str, Any], ...]:
         out: dict[str, Any] = {}
@@ -149,3 +182,10 @@ class VmOptions(Options):
 OPTIONS: dict[str, Options] = {o.name: o for o in (Options(), DockerOptions(), VmOptions())}
 """Backend name -> its topology keys. The registry of backends (:data:`testbed.nodes.BACKENDS`)
 holds the same names; a test checks that they agree."""
+
+
+def register_options(options: Options) -> None:
+    """Make ``backend: NAME`` and its keys known to the loader (and to the generated schema)."""
+    if not options.name or set(options.keys) != set(options.schema):
+        raise ValueError(f"backend {options.name!r}: a name, and a schema for exactly its keys {options.keys}")
+    OPTIONS[options.name] = options

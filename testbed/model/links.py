@@ -1,19 +1,23 @@
 """``links:``: point-to-point connections between two nodes, each direction shaped on its
-own (``forward`` a->b, ``reverse`` b->a), optionally following a schedule."""
+own (``forward`` a->b, ``reverse`` b->a), optionally following a schedule, each of a type
+(``type:``, :mod:`testbed.model.link_types`: veth, vxlan, or one registered) that may take
+keys of its own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from testbed.common.errors import TopologyError, shown
 from testbed.model.fields import MAX_NODE_NAME, mapping, unknown_keys
+from testbed.model.link_types import LINK_TYPES, check_own_keys, check_type, choose_type, own_keys
 from testbed.model.nodes import Node
 from testbed.model.schedules import parse_link_schedule, schedule_to_list
 from testbed.model.shapes import DIRECTIONS, SHAPE_KEYS, Shape, check_shape, shape_fields, shape_mapping
 from testbed.model.trace import Trace
 
-LINK_KEYS = ("endpoints", "name", "bottleneck", "forward", "reverse", "schedule", "loop", *SHAPE_KEYS)
+LINK_KEYS = ("endpoints", "name", "type", "bottleneck", "forward", "reverse", "schedule", "loop", *SHAPE_KEYS)
+"""Keys every link takes, whatever its type; a type may take keys of its own."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,11 @@ class Link:
     name: str = ""
     schedule: Trace | None = None
     """Steps both directions follow from ``up`` on (a background replay), ``loop``-ed or not."""
+    type: str = ""
+    """Its link type (:data:`~testbed.model.link_types.LINK_TYPES`); "" only while loading,
+    before the nodes are placed, when ``type:`` was left out."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Its type's own keys, validated by that type."""
 
     @property
     def path(self) -> str:
@@ -44,6 +53,9 @@ class Link:
     def to_dict(self) -> dict:
         """The link's item under ``links:``, each direction's shape written out in full."""
         d: dict[str, Any] = {"endpoints": [self.a, self.b], "name": self.name}
+        if self.type:
+            d["type"] = self.type
+            d.update(LINK_TYPES[self.type].export(self.options))
         if self.bottleneck:
             d["bottleneck"] = True
         d["forward"] = self.forward.to_dict()
@@ -75,7 +87,9 @@ def parse_links(value: Any, by_name: dict[str, Node], default_shape: Shape) -> l
 def _link(i: int, spec: Any, by_name: dict[str, Node], default_shape: Shape, seen: _Seen) -> Link:
     path = f"links[{i}]"
     spec = mapping(spec, path, "endpoints and shape")
-    unknown_keys(spec, LINK_KEYS, path)
+    unknown_keys(spec, LINK_KEYS + own_keys(), path)
+    given = check_type(spec["type"], path).name if "type" in spec else None
+    options = check_own_keys(spec, given, path)
     a, b = _endpoints(spec.get("endpoints"), path, by_name)
     _check_new_pair(a, b, i, path, seen)
     bottleneck = spec.get("bottleneck", False)
@@ -84,7 +98,13 @@ def _link(i: int, spec: Any, by_name: dict[str, Node], default_shape: Shape, see
     name = _new_link_name(spec.get("name", f"{a}-{b}"), i, path, seen)
     shapes = _direction_shapes(spec, path, default_shape)
     schedule = parse_link_schedule(spec, path, shapes)
-    return Link(i, a, b, shapes["forward"], shapes["reverse"], bottleneck, name, schedule)
+    return Link(i, a, b, shapes["forward"], shapes["reverse"], bottleneck, name, schedule, given or "", options)
+
+
+def type_links(links: list[Link], host_of: dict[str, str]) -> list[Link]:
+    """Each link with its type: the one written, if it joins its ends' hosts, else the
+    automatic one for them (``host_of``: node name -> host, once nodes are placed)."""
+    return [replace(l, type=choose_type(l.type or None, host_of[l.a], host_of[l.b], l.name, l.path)) for l in links]
 
 
 def _endpoints(eps: Any, path: str, by_name: dict[str, Node]) -> tuple[str, str]:

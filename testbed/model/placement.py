@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from testbed.common.errors import TopologyError
+from testbed.model.backend_options import OPTIONS
 from testbed.model.hosts import LOCAL_HOST, Host
 from testbed.model.links import Link
 from testbed.model.nodes import Node
@@ -26,13 +27,14 @@ def place_workers(nodes: list[Node], links: list[Link]) -> list[Node]:
 
 
 def check_placement(nodes: list[Node], hosts: tuple[Host, ...]) -> None:
-    """No VM worker in a multi-host topology; every ``hosts:`` entry carries a node."""
+    """No worker of a backend that stays on one host (``vm``) in a multi-host topology;
+    every ``hosts:`` entry carries a node."""
     if any(n.host != LOCAL_HOST for n in nodes):
-        vm = next((n for n in nodes if n.is_worker and n.backend == "vm"), None)
-        if vm is not None:
-            raise TopologyError(f"nodes.{vm.name}.backend", "VM workers cannot be part of a multi-host topology yet "
-                                "(their guest's MTU and files are the controller's)",
-                                "use backend netns or docker on topologies with hosts:")
+        local = next((n for n in nodes if n.is_worker and not OPTIONS[n.backend or ""].multi_host), None)
+        if local is not None:
+            fits = [name for name, o in OPTIONS.items() if o.multi_host]
+            raise TopologyError(f"nodes.{local.name}.backend", f"{local.backend} workers cannot be part of a "
+                                "multi-host topology yet", f"use backend {' or '.join(fits)} on topologies with hosts:")
     used = {n.host for n in nodes} - {LOCAL_HOST}
     unused = [h.name for h in hosts if h.name not in used]
     if unused:

@@ -13,6 +13,8 @@ module of its own (its data class and its rules):
 - :mod:`~testbed.model.defaults`, :mod:`~testbed.model.sysctls`: ``defaults:``, ``sysctls:``
 - :mod:`~testbed.model.hosts`: ``hosts:`` and ``vxlan:`` (several machines)
 - :mod:`~testbed.model.nodes`, :mod:`~testbed.model.links`: ``nodes:``, ``links:``
+- :mod:`~testbed.model.backend_options`, :mod:`~testbed.model.link_types`: the registries of
+  backends and link types, and the keys each takes
 - :mod:`~testbed.model.shapes`, :mod:`~testbed.model.schedules`: a link's shapes and schedule
 - :mod:`~testbed.model.graph`, :mod:`~testbed.model.placement`: the whole graph; which host runs what
 
@@ -34,7 +36,7 @@ from testbed.model.flows import Flow, flow_from_dict
 from testbed.model.graph import MAX_BRIDGE_PORTS, check_graph
 from testbed.model.hosts import (DEFAULT_VXLAN_PORT, DNS_RE, LOCAL_HOST, MIN_INNER_MTU, PROGRAM_RE, USER_RE,
                                  VXLAN_OVERHEAD, Host, host_from_json, parse_hosts, parse_vxlan)
-from testbed.model.links import Link, parse_links
+from testbed.model.links import Link, parse_links, type_links
 from testbed.model.nodes import NODE_KINDS, Node, parse_nodes
 from testbed.model.placement import check_placement, place_workers
 from testbed.model.shapes import (DEFAULT_RATE, DIRECTIONS, MAX_LIMIT, MTU_BYTES, Shape, check_shape,
@@ -160,6 +162,7 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     check_graph(by_name, links)
     nodes = place_workers(nodes, links)
     check_placement(nodes, hosts)
+    links = type_links(links, {n.name: n.host for n in nodes})
     workers = [n.name for n in nodes if n.is_worker]
     subnet = _parse_subnet(top["subnet"], len(workers)) if "subnet" in top else None
     traffic = _parse_traffic(top.get("traffic"), set(workers))

@@ -1,10 +1,16 @@
-"""Link kinds: how a link between two ends is made, one class each, chosen in order.
+"""Link kinds: how a link between two ends is made, one class each, by the link's type.
 
-A link joins two ends, each (namespace, interface, bridge it joins or None, host). ``veth``
-joins ends on one host; ``vxlan`` joins ends on two hosts (a VXLAN device at each end, one
-VNI per link, the inner MTU lowered). A new kind is one class here plus its place in
-:data:`LINK_KINDS` (the first kind that ``joins`` the two ends makes the link); its actions
-live with it (:mod:`testbed.plan.actions`) or in its own module, registered.
+A link joins two ends, each (namespace, interface, bridge it joins or None, host). The
+loader gave every link its type (:mod:`testbed.model.link_types`: the ``type:`` written,
+else ``veth`` on one host, ``vxlan`` across hosts); the kind of that name makes it.
+``veth`` joins ends on one host; ``vxlan`` joins ends on two hosts (a VXLAN device at each
+end, one VNI per link, the inner MTU lowered).
+
+A new kind is one module: a :class:`LinkKind` subclass (its name, its own keys with their
+checks and schema, which hosts it joins, the actions that make it), plus one call,
+``register_link_kind(MyKind())``, which makes ``type: NAME`` known to the loader, the
+generated schema and the planner. Its actions are its own classes, registered as the
+ledger's (:mod:`testbed.plan.base`); the link's shaping, addresses and teardown stay common.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from testbed.common.errors import TopologyError
+from testbed.model.link_types import LINK_TYPES, LinkType, VethType, VxlanType, register_link_type
 from testbed.plan.actions import Action, CreateVeth, CreateVxlan
 from testbed.plan.plan import vni_base
 
@@ -40,24 +47,15 @@ class LinkContext:
     """(host, namespace) -> the next pinned interface index there."""
 
 
-class LinkKind(abc.ABC):
-    name = ""
-
-    @abc.abstractmethod
-    def joins(self, a: End, b: End) -> bool:
-        """Whether this kind makes a link between ends ``a`` and ``b``."""
+class LinkKind(LinkType, abc.ABC):
+    """A link type (its declaration for the loader) and how it is made."""
 
     @abc.abstractmethod
     def plan(self, ctx: LinkContext, link, a: End, b: End) -> list[tuple[str, Action]]:
         """(host, action) pairs that make ``link`` between ends ``a`` and ``b``."""
 
 
-class Veth(LinkKind):
-    name = "veth"
-
-    def joins(self, a: End, b: End) -> bool:
-        return a.host == b.host
-
+class Veth(VethType, LinkKind):
     def plan(self, ctx: LinkContext, link, a: End, b: End) -> list[tuple[str, Action]]:
         mtu = None if ctx.mtu == 1500 else ctx.mtu
         if a.master is None and b.master is not None:  # from the switch side: the bridge lives there
@@ -67,12 +65,7 @@ class Veth(LinkKind):
                                     link=link.index, index=ctx.alloc(a.host, a.ns), mtu=mtu))]
 
 
-class Vxlan(LinkKind):
-    name = "vxlan"
-
-    def joins(self, a: End, b: End) -> bool:
-        return a.host != b.host
-
+class Vxlan(VxlanType, LinkKind):
     def plan(self, ctx: LinkContext, link, a: End, b: End) -> list[tuple[str, Action]]:
         under = ctx.underlays or {}
         if a.host not in under or b.host not in under:
@@ -84,8 +77,23 @@ class Vxlan(LinkKind):
                 for e, other in ((a, b), (b, a))]
 
 
-LINK_KINDS: list[LinkKind] = [Veth(), Vxlan()]
+LINK_KINDS: dict[str, LinkKind] = {k.name: k for k in (Veth(), Vxlan())}
+"""Type name -> how it is made; the same names as the loader's :data:`LINK_TYPES`."""
 
 
-def kind_for(a: End, b: End) -> LinkKind:
-    return next(k for k in LINK_KINDS if k.joins(a, b))
+def register_link_kind(kind: LinkKind) -> None:
+    """Make a new link kind known to the loader (``type: NAME``, its keys, the schema) and
+    to the planner: the one registration a new kind needs."""
+    register_link_type(kind)
+    LINK_KINDS[kind.name] = kind
+
+
+def kind_for(link) -> LinkKind:
+    """The kind that makes ``link`` (a loaded link always has a type)."""
+    try:
+        return LINK_KINDS[link.type]
+    except KeyError:
+        known = LINK_TYPES.keys() & LINK_KINDS.keys()
+        raise TopologyError(f"{link.path}.type", f"link type {link.type!r} is declared but nothing makes it",
+                            f"register it with testbed.plan.links.register_link_kind; made: {', '.join(known)}") \
+            from None
