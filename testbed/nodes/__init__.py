@@ -7,6 +7,8 @@ against this registry, so a new backend appears in errors and docs by registerin
 
 from __future__ import annotations
 
+import importlib
+
 from testbed.nodes.base import Backend
 from testbed.nodes.docker import DockerBackend
 from testbed.nodes.netns import NetnsBackend
@@ -26,3 +28,17 @@ def get(name: str | None) -> Backend:
         return BACKENDS[name or "netns"]
     except KeyError:
         raise TestbedError(f"unknown backend '{name}'", f"choose one of: {', '.join(BACKENDS)}") from None
+
+
+def register(where: str) -> None:
+    """Add a backend from outside this package, ``where`` its ``module:class``: the one
+    registration a new backend needs. Its class's ``options`` (a
+    :class:`testbed.model.backend_options.Options` of the same name, default: no keys)
+    declares its topology keys, their checks and schema to the loader."""
+    from testbed.model.backend_options import Options, register_options
+
+    module, cls = where.split(":")
+    backend = getattr(importlib.import_module(module), cls)
+    options = getattr(backend, "options", None) or type(f"{cls}Options", (Options,), {"name": backend.name})()
+    register_options(options)
+    BACKENDS[backend.name] = backend()

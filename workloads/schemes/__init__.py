@@ -22,7 +22,7 @@ from importlib import import_module
 from workloads.schemes.params import PARAMETERS, Choice, Param, Range
 
 __all__ = ["SCHEMES", "VARIANT_HELP", "Choice", "Param", "Range", "Scheme", "SchemeOptions", "check_values", "get",
-           "hyper", "names", "options", "parameter", "parameters", "parse_variant", "summary_values"]
+           "hyper", "names", "options", "parameter", "parameters", "parse_variant", "register", "summary_values"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,10 @@ class Scheme:
 
     @property
     def attach(self) -> Callable:
-        return getattr(import_module(f"{__name__}.{self.module}"), self.function)
+        """Its attach function; ``module`` is a module of this package, or a dotted path (a
+        scheme registered from outside, :func:`register`)."""
+        return getattr(import_module(self.module if "." in self.module else f"{__name__}.{self.module}"),
+                       self.function)
 
     @property
     def parameters(self) -> tuple[Param, ...]:
@@ -80,6 +83,15 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
 _BY_NAME: dict[str, Param] = {p.name: p for p in PARAMETERS}
 for _p in PARAMETERS:  # a declaration naming a scheme that does not exist is a bug, found at import
     assert set(_p.schemes) <= set(SCHEMES), f"{_p.name}: unknown scheme in {_p.schemes}"
+
+
+def register(scheme: Scheme) -> None:
+    """Add a scheme from outside this package (``Scheme(name, summary, "package.module")``):
+    the one registration a new scheme without hyper-parameters of its own needs. Register
+    it in the ranks too (their ``workloads.train`` reads this registry)."""
+    if not scheme.name or ":" in scheme.name:
+        raise ValueError(f"invalid scheme name {scheme.name!r}: a variant spec splits at ':'")
+    SCHEMES[scheme.name] = scheme
 
 
 def names() -> tuple[str, ...]:
