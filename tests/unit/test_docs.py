@@ -1,5 +1,6 @@
 """The documentation keeps its promises: its topology examples load, the JSON schema takes
-exactly the loader's keys, and the MkDocs site builds with --strict.
+exactly the loader's keys, every `testbed ...` line in its shell examples names commands and
+options the CLI has, and the MkDocs site builds with --strict.
 
 Every fenced ```yaml block in README.md and docs/**/*.md that has `nodes:` and `links:` is a
 topology example: it must validate against testbed/topologies/schema.json and load with
@@ -182,3 +183,150 @@ def test_mkdocs_build_strict(tmp_path):
     assert "testbed link set" in pages["cli/index.html"]
     assert "testbed_link_transmit_bytes_total" in pages["monitoring/index.html"]
     shutil.rmtree(site, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- shell examples name real commands
+SHELL_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>console|bash|sh|shell)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                         re.M | re.S)
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+
+
+def _shell_commands(text: str, where: str) -> list[tuple[str, str]]:
+    """(where, command line) for every command in the text's console/bash/sh code blocks:
+    in a console block only the lines after a `$ ` prompt (the rest is output), with their
+    backslash continuation lines joined."""
+    out = []
+    for m in SHELL_FENCE.finditer(text):
+        first = text.count("\n", 0, m.start("body")) + 1
+        lines = m.group("body").splitlines()
+        i = 0
+        while i < len(lines):
+            line, at = lines[i].strip(), i
+            i += 1
+            if m.group("lang") == "console":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            while line.endswith("\\") and i < len(lines):
+                line = line[:-1] + " " + lines[i].strip()
+                i += 1
+            if line and not line.startswith("#"):
+                out.append((f"{where}:{first + at}", line))
+    return out
+
+
+def _invocations(line: str) -> list[list[str]]:
+    """The arguments of every `testbed` the shell line runs (after sudo and environment
+    assignments; also as a path such as .venv/bin/testbed)."""
+    import shlex
+
+    lex = shlex.shlex(line, posix=True, punctuation_chars="&|;")
+    lex.whitespace_split = True
+    try:
+        tokens = list(lex)
+    except ValueError as e:  # an unclosed quote
+        raise AssertionError(f"cannot split {line!r}: {e}") from None
+    segments: list[list[str]] = [[]]
+    for t in tokens:
+        if t in SEPARATORS:
+            segments.append([])
+        else:
+            segments[-1].append(t)
+    out = []
+    for seg in segments:
+        while seg and (seg[0] in ("sudo", "env", "time", "exec") or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", seg[0])):
+            seg = seg[1:]
+        if seg and (seg[0] == "testbed" or seg[0].endswith("/bin/testbed")):
+            out.append(seg[1:])
+    return out
+
+
+def check_invocation(args: list[str], root=None) -> list[str]:
+    """What is wrong with ``testbed ARGS``: a subcommand the app does not have, or an option
+    the command it is given to does not take. Positional values are not checked; nothing
+    after `--` (it goes to the program the command runs). Typer carries its own copy of
+    click, so the tree is walked by what its objects do, not by click's classes."""
+    import typer
+
+    from testbed.cli import app
+
+    cmd = root or typer.main.get_command(app)
+    ctx = cmd.context_class(cmd, info_name="testbed")
+    path, problems, i = ["testbed"], [], 0
+    while i < len(args):
+        a = args[i]
+        i += 1
+        if a == "--":
+            break
+        if a == "..." or a.startswith("["):
+            continue
+        if a.startswith("-") and len(a) > 1:
+            name = a.split("=", 1)[0]
+            opts = {o: p for p in cmd.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
+            if name in ctx.help_option_names:
+                continue
+            if name not in opts:
+                problems.append(f"`{' '.join(path)}` has no option {name}")
+                continue
+            p = opts[name]
+            if "=" not in a and not p.is_flag and not p.count and name not in p.secondary_opts:
+                i += 1  # its value
+            continue
+        if hasattr(cmd, "list_commands"):  # a group: the word is one of its commands
+            sub = cmd.get_command(ctx, a)
+            if sub is None:
+                problems.append(f"`{' '.join(path)}` has no command {a!r}")
+                break
+            cmd, path = sub, [*path, a]
+            ctx = sub.context_class(sub, parent=ctx, info_name=a)
+    return problems
+
+
+def _doc_invocations() -> list[tuple[str, str, list[str]]]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    out = []
+    for page in pages:
+        for where, line in _shell_commands(page.read_text(), str(page.relative_to(ROOT))):
+            out.extend((where, line, args) for args in _invocations(line))
+    return out
+
+
+DOC_INVOCATIONS = _doc_invocations()
+
+
+def test_the_docs_have_shell_examples():
+    assert len(DOC_INVOCATIONS) >= 40, [w for w, _, _ in DOC_INVOCATIONS]
+    assert any(w.startswith("README.md") for w, _, _ in DOC_INVOCATIONS)
+
+
+def test_every_testbed_command_in_the_docs_exists():
+    bad = [f"{where}: {line}\n    " + "; ".join(problems)
+           for where, line, args in DOC_INVOCATIONS if (problems := check_invocation(args))]
+    assert not bad, "shell examples name what the CLI does not have:\n" + "\n".join(bad)
+
+
+def test_the_command_checker_finds_what_does_not_exist():
+    doc = """Text.
+
+```console
+$ sudo /opt/testbed/bin/testbed link sett --bw 1gbit
+$ python3 -m venv .venv && .venv/bin/testbed up three_switch --no-such-flag && FOO=1 testbed monitor up
+output that mentions testbed frobnicate is not a command
+$ testbed exec w0 -- ping --not-ours -c1 10.0.0.1
+$ testbed link set --bottleneck \\
+    --bw=100mbit -t tb
+```
+"""
+    lines = _shell_commands(doc, "fake.md")
+    assert [w for w, _ in lines] == ["fake.md:4", "fake.md:5", "fake.md:7", "fake.md:8"]
+    invocations = [args for _, line in lines for args in _invocations(line)]
+    assert invocations[0] == ["link", "sett", "--bw", "1gbit"]
+    assert [check_invocation(a) for a in invocations] == [
+        ["`testbed link` has no command 'sett'"],
+        ["`testbed up` has no option --no-such-flag"],
+        [],  # monitor up
+        [],  # what follows `--` is ping's
+        [],  # the continuation line joined, --bw=VALUE and -t
+    ]
+    assert check_invocation(["--version"]) == []
+    assert check_invocation(["frobnicate"]) == ["`testbed` has no command 'frobnicate'"]
