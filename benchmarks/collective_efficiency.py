@@ -6,8 +6,8 @@ launched, pinned and accounted for by the same machinery as ``testbed run``. Wit
 ranks, a ring all-reduce moves each rank's whole buffer across the bottleneck once per
 direction, so payload bits / seconds / link rate is the fraction of the link the
 collective turned into goodput. The TCP ceiling is 0.956 for one direction (header
-overhead at MTU 1500); raw gloo between two capped namespaces reached 0.939 once
-(PLATFORM.md). An all-reduce sends both ways at once, and each direction's ACKs then
+overhead at MTU 1500; docs/results/network.md, "Link fidelity"); raw gloo between two
+namespaces capped at 100 Mbit reached 0.94 once (a 10 MB ring all-reduce in 0.852 s). An all-reduce sends both ways at once, and each direction's ACKs then
 queue behind the other direction's data, so the benchmark also measures that ceiling in
 the same run: iperf3 --bidir across the same link. Needs root.
 

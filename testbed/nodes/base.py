@@ -1,4 +1,4 @@
-"""The node interface: what every backend (netns, docker, later vm) provides.
+"""The node interface: what every backend (netns, docker, vm) provides.
 
 In the spirit of containerlab's ``Node`` and Mininet's node/intf/link split, but small.
 A backend

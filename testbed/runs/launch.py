@@ -162,7 +162,7 @@ def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, 
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
         "GROUP_RANK": str(rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT),
         "GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": f"={iface}",
-        # NCCL over the emulated network only (PLATFORM.md): TCP sockets, no IB/P2P/SHM
+        # NCCL over the emulated network only (docs/experiments.md): TCP sockets, no IB/P2P/SHM
         "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
         "NCCL_HOSTID": f"testbed-{node}", "NCCL_SOCKET_NTHREADS": "1", "NCCL_NSOCKS_PERTHREAD": "1",
         "NCCL_MULTI_RANK_GPU_ENABLE": "1",
