@@ -144,6 +144,7 @@ def describe(pid: int) -> str:
     """``pid N (COMMAND ARGS...; state S)`` for messages: which process, and what it is."""
     cmd = " ".join(argv_of(pid)[:3])
     cmd = cmd if len(cmd) <= 120 else cmd[:117] + "..."
+    cmd = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cmd)  # its own line, whatever its argv holds
     return f"pid {pid} ({cmd or '?'}; state {state(pid) or 'gone'})"
 
 

@@ -12,6 +12,7 @@ import ipaddress
 
 from testbed.model.topology import Topology
 from testbed.nodes import get as backend
+from testbed.nodes.cgroup import CreateCgroup
 from testbed.plan import naming
 from testbed.plan.actions import AddAddress, CreateBridge, CreateNetns, ShapeEgress
 from testbed.plan.links import End, LinkContext, kind_for
@@ -27,6 +28,8 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict
     made: set[str] = set()
     for link in topology.links:
         _link(plan, ctx, link, made)
+    for h in dict.fromkeys(n.host for n in topology.nodes):  # what `exec` and `run` start in a node joins it
+        plan.add(h, CreateCgroup(topology.name))
     _ready(plan)
     return plan
 

@@ -9,7 +9,8 @@ namespace it names must be one this testbed's plan could have made (``NAME`` or
 ``down --all`` does that for every ledger in the state directory, then recovers what a
 lost ledger would hide: namespaces whose loopback carries a ``testbed:NAME@ID`` tag with
 this state directory's ID, the exporters of those testbeds (by their target files in
-this state directory), and containers labelled with this state directory. Namespaces
+this state directory), containers labelled with this state directory, and the cgroups
+named after this state directory's ID (with what runs in them: :mod:`testbed.nodes.cgroup`). Namespaces
 without a tag, or tagged by another state directory, are never touched.
 """
 
@@ -23,6 +24,7 @@ from testbed.common.errors import KernelError, StateError, TestbedError
 from testbed.hosts import share  # noqa: F401  (registers other hosts' actions, named in ledgers)
 from testbed.hosts.local import LocalHost
 from testbed.nodes import BACKENDS  # (importing the backends registers their actions, named in ledgers)
+from testbed.nodes import cgroup
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
 from testbed.net import netns
@@ -116,6 +118,9 @@ def down(name: str, say: Callable[[str], None] | None = None) -> bool:
         if say is not None:
             say(f"warning: {note}")
     if problems:
+        for p in problems:  # each process that outlived it on a line of its own
+            if say is not None and p.startswith("could not end "):
+                say(p)
         raise KernelError(f"could not remove everything of '{name}': " + "; ".join(problems),
                           f"fix the cause and run `testbed down {name}` again")
     return True
@@ -147,6 +152,7 @@ def _recover(names: set[str] | None, problems: list[str]) -> list[str]:
     from testbed.monitor.sd import testbed_target
 
     found = [owner for backend in BACKENDS.values() for owner in backend.recover(names, problems)]
+    found += cgroup.sweep(names, problems)  # and what was started in their nodes, wherever it went
     orphans: dict[str, list[str]] = {}
     mine = naming.state_id()
     for ns in netns.list_all():

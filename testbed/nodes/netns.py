@@ -10,6 +10,7 @@ from typing import Sequence
 from testbed.common import procs
 from testbed.plan.actions import CreateNetns
 from testbed.net import netns
+from testbed.nodes import cgroup
 from testbed.nodes.base import Backend
 
 
@@ -21,9 +22,11 @@ class NetnsBackend(Backend):
 
     def command(self, info, argv: Sequence[str], *, mounts: Sequence[Path] = (), cwd: Path | None = None) -> list[str]:
         # The host's file system is the node's: mounts need nothing; the working directory is
-        # set inside, as for container and VM workers (a rank runs in its run directory)
+        # set inside, as for container and VM workers (a rank runs in its run directory);
+        # the process joins the testbed's cgroup first, so `down` finds all it starts
         where = ["--cwd", str(Path(cwd).resolve())] if cwd is not None else []
-        return procs.python_argv("testbed.nodes.nsexec", info.netns, *where, "--", *argv)
+        return procs.python_argv("testbed.nodes.nsexec", info.netns, *where, *cgroup.command_option(info.netns),
+                                 "--", *argv)
 
     def python(self, info) -> str:
         return sys.executable

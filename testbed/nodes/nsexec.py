@@ -1,9 +1,11 @@
 """Run a command inside a node (no shell ever sees it).
 
-``python -m testbed.nodes.nsexec NETNS [--cwd DIR] -- CMD [ARGS...]``
-    A netns worker: like ``ip netns exec``: joins the network namespace, remounts /sys in a
-    private mount namespace so /sys/class/net shows the node's interfaces, changes to DIR
-    (when given), execs CMD.
+``python -m testbed.nodes.nsexec NETNS [--cwd DIR] [--cgroup PATH] -- CMD [ARGS...]``
+    A netns worker: like ``ip netns exec``: joins the cgroup PATH when it exists (the
+    testbed's, :mod:`testbed.common.cgroups`: what CMD starts is found there by ``down``
+    wherever it moves), joins the network namespace, remounts /sys in a private mount
+    namespace so /sys/class/net shows the node's interfaces, changes to DIR (when given),
+    execs CMD.
 
 ``python -m testbed.nodes.nsexec --container PID --netns NETNS [--mount DIR]... [--cwd DIR] -- CMD...``
     A container worker: like ``docker exec``: joins the cgroups and the network, UTS, IPC,
@@ -146,9 +148,19 @@ def die_like(sig: int) -> int:
     return 128 + sig
 
 
+def _netns_options(opts: list[str]) -> tuple[str, str | None, str | None] | None:
+    """(NETNS, --cwd DIR, --cgroup PATH) of the netns form; None when they are not that."""
+    if not opts or opts[0].startswith("-") or len(opts) % 2 != 1:
+        return None
+    given = dict(zip(opts[1::2], opts[2::2]))
+    if len(given) != len(opts) // 2 or set(given) - {"--cwd", "--cgroup"}:
+        return None
+    return opts[0], given.get("--cwd"), given.get("--cgroup")
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        print("usage: python -m testbed.nodes.nsexec NETNS [--cwd DIR] -- CMD [ARGS...]\n"
+        print("usage: python -m testbed.nodes.nsexec NETNS [--cwd DIR] [--cgroup PATH] -- CMD [ARGS...]\n"
               "       python -m testbed.nodes.nsexec --container PID --netns NETNS [--mount DIR]... [--cwd DIR] -- CMD...",
               file=sys.stderr)
         return 2
@@ -165,16 +177,21 @@ def main(argv: list[str]) -> int:
         p.add_argument("--cwd")
         a = p.parse_args(opts)
         return container(a.container, a.netns, a.mount, a.cwd, cmd)
-    cwd = None
-    if len(opts) == 3 and opts[1] == "--cwd":
-        opts, cwd = opts[:1], opts[2]
-    if len(opts) != 1:
-        return _fail("give one namespace (and optionally --cwd DIR) before --", 2)
+    options = _netns_options(opts)
+    if options is None:
+        return _fail("give one namespace (and optionally --cwd DIR, --cgroup PATH) before --", 2)
+    ns, cwd, group = options
+    from testbed.common import cgroups
     from testbed.common.errors import TestbedError
     from testbed.net import netns
 
     try:
-        netns.enter(opts[0])
+        if group is not None:  # before netns.enter: it remounts /sys, and the cgroup file system with it
+            cgroups.join(group)
+    except OSError as e:
+        return _fail(f"cannot join the testbed's cgroup {group}: {e.strerror}")
+    try:
+        netns.enter(ns)
         if cwd is not None:
             os.chdir(cwd)
     except TestbedError as e:

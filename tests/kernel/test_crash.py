@@ -24,8 +24,8 @@ def ours() -> list[str]:
     return [n for n in run(["ip", "netns", "list"]).stdout.split() if n.startswith("three_switch")]
 
 
-# three_switch's plan has 58 steps: 0 fabric netns, 1-3 bridges, 4-51 workers (6 each), 52-57 uplinks;
-# step 58 starts the link exporter.
+# three_switch's plan has 59 steps: 0 fabric netns, 1-3 bridges, 4-51 workers (6 each), 52-57 uplinks,
+# 58 the testbed's cgroup; step 59 starts the link exporter.
 @pytest.mark.parametrize("step", [0, 1, 4, 5, 6, 7, 23, 44, 57])
 def test_kill9_during_up_then_down_all(clean_kernel, step):
     r = cli("up", THREE, env={FAULT_ENV: str(step)})

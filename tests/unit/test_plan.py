@@ -7,6 +7,7 @@ from testbed.common.errors import TopologyError
 from testbed.engine.planner import make_plan
 from testbed.plan.actions import AddAddress, CreateNetns, CreateVeth, ShapeEgress
 from testbed.plan.plan import Endpoint, choose_subnet
+from testbed.nodes.cgroup import CreateCgroup
 from testbed.model.topology import load_topology_dict
 from tests.helpers import dumbbell, star, star_of_stars
 
@@ -56,6 +57,8 @@ def test_objects_are_created_after_their_namespaces():
     for a in plan.actions:
         if isinstance(a, CreateNetns):
             made.add(a.ns)
+        elif isinstance(a, CreateCgroup):  # the testbed's, in no namespace: made once the nodes are
+            assert a is plan.actions[-1] and a.testbed == "star"
         else:
             assert a.ns in made
             if isinstance(a, CreateVeth):
