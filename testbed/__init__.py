@@ -1,19 +1,29 @@
 """testbed: a network-emulation lab for communication-efficient distributed training.
 
 Importing needs no root; building a testbed does.
+
+The names below load on first use, so that ``import testbed`` (which every
+``testbed.*`` import, the CLI's and a rank's launcher's among them, runs first) costs
+nothing: a command imports only what it uses.
 """
 
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
-from testbed.model.topology import Topology, load_topology, load_topology_dict  # noqa: E402
+
+_LAZY = {
+    "Testbed": "testbed.engine.core",  # netlink, the backends
+    "Topology": "testbed.model.topology",  # YAML, the model
+    "load_topology": "testbed.model.topology",
+    "load_topology_dict": "testbed.model.topology",
+}
 
 
-def __getattr__(name):  # lazy: keep `import testbed` free of netlink imports
-    if name == "Testbed":
-        from testbed.engine.core import Testbed
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
 
-        return Testbed
-    raise AttributeError(name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'testbed' has no attribute {name!r}")
 
 
 __all__ = ["Testbed", "TestbedError", "Topology", "load_topology", "load_topology_dict", "__version__"]

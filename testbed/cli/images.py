@@ -3,26 +3,31 @@ guest of backend: vm), built by the backend itself (:meth:`Backend.build_image`)
 
 from __future__ import annotations
 
-from enum import Enum
-
 import typer
 
-from testbed.cli.params import Group, JsonOpt
+from testbed.cli.params import Choices, Group, JsonOpt, choice
 from testbed.cli.render import emit, guard, plain, sayer
-from testbed.nodes import BACKENDS
 
 app = typer.Typer(cls=Group, no_args_is_help=True, rich_markup_mode=None,
                   help="Worker images for backend: docker (and the guest of backend: vm).")
 
-ImageBackend = Enum("ImageBackend", {n: n for n, b in BACKENDS.items()
-                                     if type(b).build_image is not type(BACKENDS["netns"]).build_image})
-"""The backends that build something (a backend that needs nothing inherits the no-op)."""
+
+def _image_backends() -> list[str]:
+    """The backends that build something (a backend that needs nothing inherits the no-op).
+    Read when ``image build`` is used: the backends' modules are imported then, not with
+    every command."""
+    from testbed.nodes import BACKENDS
+    from testbed.nodes.base import Backend
+
+    return [n for n, b in BACKENDS.items() if type(b).build_image is not Backend.build_image]
+
+
+IMAGE_BACKENDS = Choices("image backend", _image_backends, metavar="BACKEND")
 
 
 @app.command("build")
 def image_build(
-    backend: ImageBackend = typer.Option("docker", "--backend", metavar="|".join(m.value for m in ImageBackend),
-                                         help="The backend whose image to build."),
+    backend: str = choice("docker", "--backend", choices=IMAGE_BACKENDS, help="The backend whose image to build."),
     tag: str = typer.Option("testbed/worker:cpu", "--tag", metavar="TAG", help="Image tag to build (docker)."),
     force: bool = typer.Option(False, "--force", help="Rebuild the last step even if the content key matches."),
     vm: bool = typer.Option(False, "--vm", help="The same as --backend vm: the guest of backend: vm (Debian's "
@@ -30,7 +35,9 @@ def image_build(
     as_json: bool = JsonOpt,
 ):
     """Build the CPU worker image offline (debootstrap + pinned torch + workloads; cached by content)."""
-    name = "vm" if vm else backend.value
+    from testbed.nodes import BACKENDS
+
+    name = "vm" if vm else backend
     with guard(as_json):
         res = BACKENDS[name].build_image(sayer(as_json), force=force, tag=tag)
         if as_json:

@@ -24,7 +24,7 @@ from testbed.common.errors import TestbedError, TopologyError
 
 def complete_testbed(incomplete: str) -> list[str]:
     """The testbeds that are up (shell completion of -t and NAME)."""
-    from testbed.engine.core import list_testbeds
+    from testbed.engine.teardown import list_testbeds
 
     return [t["name"] for t in list_testbeds() if t["name"].startswith(incomplete)]
 
@@ -70,7 +70,7 @@ def running(value: Optional[str]) -> str:
     """The testbed a command acts on: the one named, or the only one that is up."""
     if value:
         return testbed_name(value)
-    from testbed.engine.core import list_testbeds
+    from testbed.engine.teardown import list_testbeds
 
     up = [t["name"] for t in list_testbeds()]
     if len(up) == 1:

@@ -129,8 +129,8 @@ def down(
 ):
     """Remove a testbed: every namespace, link, bridge, qdisc and process it created."""
     with guard(as_json):
-        from testbed.engine.core import down as take_down
-        from testbed.engine.core import down_all
+        from testbed.engine.teardown import down as take_down  # (not engine.core: no netlink imported for this)
+        from testbed.engine.teardown import down_all
 
         name = one_testbed(name, testbed)
         if all_:
@@ -157,10 +157,12 @@ def status(
 ):
     """Show running testbeds, or one testbed's nodes (kernel names, addresses) and links."""
     with guard(as_json):
-        from testbed.engine.core import Testbed, list_testbeds
+        from testbed.engine.teardown import list_testbeds
 
         name = one_testbed(name, testbed)
         if name is not None:
+            from testbed.engine.core import Testbed
+
             d = Testbed.attach(name).to_dict()
             emit(d) if as_json else render_testbed(d)
             return

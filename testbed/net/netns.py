@@ -17,8 +17,6 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pyroute2 import netns as _pr_netns
-
 from testbed.common import rootless
 from testbed.common.errors import KernelError
 
@@ -74,6 +72,8 @@ def _create_in_thread(name: str) -> int:
 
 def _bind(name: str, pid, what: str) -> None:
     """Bind-mount the network namespace of ``pid`` at DIR/NAME (pyroute2's attach)."""
+    from pyroute2 import netns as _pr_netns  # here: a rank's launcher enters a namespace without it
+
     try:
         _pr_netns.attach(str(path(name)), pid)
     except FileExistsError:

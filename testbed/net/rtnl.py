@@ -1,15 +1,21 @@
-"""A netlink (rtnetlink) handle bound to one network namespace, with errors translated."""
+"""A netlink (rtnetlink) handle bound to one network namespace, with errors translated.
+
+pyroute2 (0.1 s to import: its package imports every protocol it speaks) is imported when
+a handle is first made, not with this module: ``down`` and ``status`` import the engine,
+which imports this, and need no netlink handle of their own."""
 
 from __future__ import annotations
 
 import errno
 import os
+from typing import TYPE_CHECKING
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.common.errors import KernelError
 from testbed.net import netns
+
+if TYPE_CHECKING:
+    from pyroute2.netlink.exceptions import NetlinkError
 
 _HINTS = {
     errno.EPERM: "run as root (or with CAP_NET_ADMIN)",
@@ -27,6 +33,8 @@ class Rtnl:
     """``IPRoute`` for one namespace; interface indexes cached by name."""
 
     def __init__(self, ns: str, fd: int):
+        from pyroute2 import IPRoute
+
         self.ns = ns
         self.ipr = IPRoute(fileno=fd)
         self._index: dict[str, int] = {}
@@ -52,6 +60,8 @@ class Rtnl:
         self.close()
 
     def call(self, what: str, method: str, *args, **kwargs):
+        from pyroute2.netlink.exceptions import NetlinkError
+
         try:
             return getattr(self.ipr, method)(*args, **kwargs)
         except NetlinkError as e:
@@ -130,6 +140,8 @@ class Rtnl:
         found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)
         if not found:
             return False
+        from pyroute2.netlink.exceptions import NetlinkError
+
         try:
             self.ipr.link("del", index=found[0])
         except NetlinkError as e:
@@ -146,6 +158,9 @@ def add_vxlan(ns: str, ifname: str, vni: int, local: str, remote: str, port: int
         fd = os.open(netns.path(ns), os.O_RDONLY)
     except FileNotFoundError:
         raise KernelError(f"network namespace '{ns}' does not exist") from None
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
     try:
         with IPRoute() as ipr:
             ipr.link("add", ifname=ifname, kind="vxlan", vxlan_id=vni, vxlan_local=local, vxlan_group=remote,

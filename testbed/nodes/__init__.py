@@ -3,31 +3,82 @@
 
 ``netns`` (the embedded default), ``docker`` and ``vm`` exist; the topology validates ``backend:``
 against this registry, so a new backend appears in errors and docs by registering here.
+
+A backend's module is imported when the backend is first used (``get``; importing
+``BACKENDS`` makes them all), not with this package: a rank's launcher
+(``python -m testbed.nodes.nsexec``) or a command that builds no node pays for none of
+them (the docker backend alone imports netlink for its health checks).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from testbed.nodes.base import Backend
-from testbed.nodes.docker import DockerBackend
-from testbed.nodes.netns import NetnsBackend
-from testbed.nodes.vm import VmBackend
+if TYPE_CHECKING:
+    from testbed.nodes.base import Backend
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (NetnsBackend(), DockerBackend(), VmBackend())}
+_REGISTERED: dict[str, str] = {
+    "netns": "testbed.nodes.netns:NetnsBackend",
+    "docker": "testbed.nodes.docker:DockerBackend",
+    "vm": "testbed.nodes.vm:VmBackend",
+}
+"""Backend name -> ``module:class``: registering a backend is one line here."""
+
+
+class _Registry(Mapping):
+    """The backends by name, each made (its module imported) on first use."""
+
+    def __init__(self, where: dict[str, str]):
+        self._where = where
+        self._made: dict[str, Backend] = {}
+
+    def __getitem__(self, name: str) -> Backend:
+        if name not in self._made:
+            module, cls = self._where[name].split(":")
+            self._made[name] = getattr(importlib.import_module(module), cls)()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __repr__(self) -> str:
+        return f"<backends {', '.join(self._where)}>"
+
+
+_BACKENDS = _Registry(_REGISTERED)
+
+
+def __getattr__(name: str):
+    """``BACKENDS``: every backend, made. Whoever imports it (teardown, preflight, doctor)
+    gets them all, as when this package imported them, and with them every action class
+    a ledger may name (a backend's module registers its own)."""
+    if name == "BACKENDS":
+        for n in _BACKENDS:
+            _BACKENDS[n]
+        return _BACKENDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    BACKENDS: Mapping[str, Backend]
 
 
 def names() -> tuple[str, ...]:
-    return tuple(BACKENDS)
+    return tuple(_BACKENDS)
 
 
 def get(name: str | None) -> Backend:
     from testbed.common.errors import TestbedError
 
     try:
-        return BACKENDS[name or "netns"]
+        return _BACKENDS[name or "netns"]
     except KeyError:
-        raise TestbedError(f"unknown backend '{name}'", f"choose one of: {', '.join(BACKENDS)}") from None
+        raise TestbedError(f"unknown backend '{name}'", f"choose one of: {', '.join(_BACKENDS)}") from None
 
 
 def register(where: str) -> None:
@@ -41,4 +92,4 @@ def register(where: str) -> None:
     backend = getattr(importlib.import_module(module), cls)
     options = getattr(backend, "options", None) or type(f"{cls}Options", (Options,), {"name": backend.name})()
     register_options(options)
-    BACKENDS[backend.name] = backend()
+    _REGISTERED[backend.name] = where
