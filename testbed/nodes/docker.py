@@ -38,7 +38,7 @@ from testbed.plan.actions import ApplyContext, Action, Teardown, register
 from testbed.common.errors import TestbedError
 from testbed.model.backend_options import DEFAULT_IMAGE, DEFAULT_SHM
 from testbed.nodes.base import Backend, Check
-from testbed.nodes.dockerapi import client, docker_sdk
+from testbed.nodes.dockerapi import any_labelled, client, docker_sdk
 from testbed.nodes import docker_health as health
 from testbed.nodes.dockerapi import not_found as _not_found
 from testbed.nodes import images
@@ -261,6 +261,8 @@ def _engine_check() -> Check:
 
 def _remove_labelled_containers(problems: list[str], names: set[str] | None = None) -> list[str]:
     """Containers labelled as made from this state directory (a lost ledger's)."""
+    if any_labelled(f"testbed.state={state_root()}") is False:
+        return []  # asked without importing the SDK: every `down` asks, and there are none
     try:
         docker = docker_sdk()
     except TestbedError:
