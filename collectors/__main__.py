@@ -8,15 +8,14 @@ import sys
 import threading
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
 from collectors.serve import serve
 from testbed.common.errors import TestbedError
 from testbed.monitor.auth import read_token
 from testbed.monitor.sd import parse_listen, write_target
 
-from .links import LinkCollector
-from .training import TrainingCollector
+# The collectors (netlink, the engine: most of this process's start) are imported once the
+# address is announced: `testbed up` waits for that announcement (its --sd-file), and a
+# scrape that comes before they are ready waits in the listening socket's backlog.
 
 
 def _listen_arg(value: str) -> tuple[str, int]:
@@ -26,12 +25,19 @@ def _listen_arg(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"--listen {value!r}: write HOST:PORT, e.g. 127.0.0.1:9464") from None
 
 
-def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float, all_testbeds: bool = False
-             ) -> CollectorRegistry:
-    reg = CollectorRegistry(auto_describe=False)
+def registry(testbeds: list[str] | None, runs: list[Path], keep_s: float, all_testbeds: bool = False, reg=None):
+    """``reg`` (a new CollectorRegistry if None) with the collectors of what is exported."""
+    if reg is None:
+        from prometheus_client import CollectorRegistry
+
+        reg = CollectorRegistry(auto_describe=False)
     if testbeds or all_testbeds:
+        from .links import LinkCollector
+
         reg.register(LinkCollector(None if all_testbeds else testbeds))
     if runs:
+        from .training import TrainingCollector
+
         reg.register(TrainingCollector(runs, keep_s))
     return reg
 
@@ -72,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, TestbedError) as e:
         print(f"error: --token-file {args.token_file}: {getattr(e, 'message', None) or e}", file=sys.stderr)
         return 1
-    reg = registry(args.testbed, args.runs, args.keep, args.all_testbeds)
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
     host, port = args.listen
     try:
-        server, thread = serve(reg, host, port, token)
+        server, thread = serve(reg, host, port, token, start=False)  # bound: the port is known
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
@@ -86,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.sd_file:
             write_target(args.sd_file, host, server.server_port, labels)
+        registry(args.testbed, args.runs, args.keep, args.all_testbeds, reg)
+        thread.start()
         stop.wait()
     finally:
         if args.sd_file:

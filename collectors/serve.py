@@ -34,8 +34,11 @@ def _guarded(app, token: str):
     return guarded
 
 
-def serve(registry, host: str, port: int, token: str | None = None):
-    """(server, thread) serving ``registry`` on ``host:port`` (0: any free port) in a daemon thread."""
+def serve(registry, host: str, port: int, token: str | None = None, start: bool = True):
+    """(server, thread) serving ``registry`` on ``host:port`` (0: any free port) in a daemon thread.
+
+    ``start=False``: bound and listening (the port is known, connections wait in the
+    backlog), not yet answering; ``thread.start()`` begins."""
 
     class Server(ThreadingWSGIServer):
         pass
@@ -46,5 +49,6 @@ def serve(registry, host: str, port: int, token: str | None = None):
     app = make_wsgi_app(registry)
     httpd = make_server(sockaddr[0], port, _guarded(app, token) if token else app, Server, handler_class=_Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    if start:
+        thread.start()
     return httpd, thread

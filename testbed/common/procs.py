@@ -106,8 +106,10 @@ def _wait_exit(pids: dict[int, int], timeout: float) -> dict[int, int]:
     """Wait up to ``timeout`` seconds for ``pids`` (pid: start time) to exit; those still running."""
     deadline = time.monotonic() + timeout
     left = {p: t for p, t in pids.items() if _same_running(p, t)}
+    pause = 0.002  # most exit within milliseconds of SIGTERM: look again soon, then every 50 ms
     while left and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
         left = {p: t for p, t in left.items() if _same_running(p, t)}
     return left
 

@@ -226,11 +226,13 @@ class StartExporter(Action):
         if ctx.fault_after_exporter:  # test hook: die with the exporter running, recorded only in the ledger
             os.kill(os.getpid(), signal.SIGKILL)
         deadline = time.monotonic() + 30.0
+        pause = 0.005  # it announces itself within tens of ms (collectors.__main__): look often, then every 50 ms
         while (addr := read_target(target)) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = tail_text(log).strip()[-600:]
                 raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.05)
         ctx.results["exporter"] = f"http://{addr}/metrics"
 
     def release(self, td: Teardown) -> None:
