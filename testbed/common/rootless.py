@@ -29,6 +29,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +46,7 @@ HOLDER_MODULE = "testbed.common.holder"
 START_TIMEOUT_S = 15.0
 PR_SET_PDEATHSIG = 1
 ORPHAN_WAIT_S = 5.0
+STRAY_GRACE_S = 2.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -292,7 +294,9 @@ def _stop(pidfd: int, timeout: float = 5.0) -> None:
 def release(busy: bool) -> bool:
     """At the end of a command inside: ask for the holder to be stopped when nothing is left
     (``busy`` False: no testbed is up; no other command inside; no process in the PID
-    namespace but the holder and this one), so an idle user leaves nothing behind."""
+    namespace but the holder and this one), so an idle user leaves nothing behind. What a
+    testbed's node started and moved out of its namespaces is ended first (:func:`_end_strays`):
+    it is no reason to keep the holder, and would outlive `down` otherwise."""
     global _stop_w
     if _stop_w is None or _session_fd is None:
         return False
@@ -303,10 +307,12 @@ def release(busy: bool) -> bool:
         except BlockingIOError:
             return False  # another command works inside
         orphaned = _reader_gone(w)  # our parent, the command the user started, was killed
+        busy = busy or bool(_node_namespaces())  # a testbed of another state directory is up
+        stuck = [] if busy else _end_strays()
         deadline = time.monotonic() + (ORPHAN_WAIT_S if orphaned else 0.0)
-        while not busy and _others_inside() and time.monotonic() < deadline:
+        while not busy and _others_inside(stuck) and time.monotonic() < deadline:
             time.sleep(0.05)  # orphaned: what it stopped on the way out (an exporter) is still exiting
-        if busy or _others_inside():
+        if busy or _others_inside(stuck):
             fcntl.flock(_session_fd, fcntl.LOCK_SH)
             return False
         if orphaned:  # nobody is left to stop it but us
@@ -325,7 +331,47 @@ def _reader_gone(w: int) -> bool:
     return any(ev & select.POLLERR for _, ev in poll.poll(0))
 
 
-def _others_inside() -> list[int]:
-    """Live processes of the PID namespace (its /proc) but its init and this one."""
+def _others_inside(but: list[int] = ()) -> list[int]:
+    """Live processes of the PID namespace (its /proc) but its init, this one and ``but``."""
     return [int(e.name) for e in os.scandir("/proc")
-            if e.name.isdigit() and int(e.name) not in (1, os.getpid()) and procs.running(int(e.name))]
+            if e.name.isdigit() and int(e.name) not in (1, os.getpid(), *but) and procs.running(int(e.name))]
+
+
+def _netns_inode(pid: int | str) -> int | None:
+    return _inode(f"/proc/{pid}/ns/net")
+
+
+def _node_namespaces() -> set[int]:
+    """The network namespaces of the user's testbeds that are up (their handles, on the tmpfs)."""
+    try:
+        entries = list(os.scandir(private_root() / "netns"))
+    except OSError:
+        return set()
+    return {ino for e in entries if (ino := _inode(e.path)) is not None}
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _end_strays() -> list[int]:
+    """With no testbed up and no other command inside: end every process in a network
+    namespace other than ours (the host's, where testbed's own processes run). Each was
+    started in a node and moved to a namespace of its own (``unshare -n``, ``unshare -Urn``):
+    the nodes' namespaces are gone, and a process in one cannot get back into ours (the
+    user namespace owns neither the host's network namespace nor any way back into it).
+    Says, one line each, what did not end (stuck in the kernel); returns those pids. The
+    holder stops anyway: the kernel kills them with the PID namespace."""
+    mine = _netns_inode("self")
+    strays = [p for p in _others_inside() if _netns_inode(p) not in (mine, None)]
+    if not strays:
+        return []
+    procs.terminate(strays, grace=STRAY_GRACE_S)
+    stuck = [p for p in strays if procs.running(p)]
+    for p in stuck:
+        print(f"could not end {procs.describe(p)}, started in a testbed and moved to a network namespace of its "
+              "own (stuck in the kernel?); it ends with your rootless namespaces", file=sys.stderr)
+    return stuck
