@@ -28,6 +28,7 @@ from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
 from testbed.common import rootless
 from testbed.common.errors import TestbedError
+from testbed.common.state import check_root
 from testbed.common.version import __version__
 from testbed.common.writes import disk_error, is_disk_error
 from testbed.plan.ledger import Ledger
@@ -77,6 +78,22 @@ def _needs_namespaces(argv: Sequence[str]) -> bool:
     return first in KERNEL_COMMANDS and not {"--help", "-h"} & set(own)
 
 
+def _needs_state(argv: Sequence[str]) -> bool:
+    """A command that reads or writes the state directory (all that work in the namespaces
+    but doctor, which reports on a machine whatever its state directory)."""
+    own = argv[:list(argv).index("--")] if "--" in argv else argv
+    return _needs_namespaces(argv) and next(a for a in own if not a.startswith("-")) != "doctor"
+
+
+def _testbeds_up() -> bool:
+    """Whether a testbed is up in the state directory; False where it cannot be read (none
+    can have been made there: :func:`check_root` refuses such a directory first)."""
+    try:
+        return bool(Ledger.all_names())
+    except (OSError, TestbedError):
+        return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host.dispatch(argv)  # `testbed _host OP ...` over SSH: never parsed here
@@ -91,6 +108,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 if "doctor" not in argv:
                     raise
                 rootless.enter_failure = e  # doctor says why, among the rest
+        if _needs_state(argv):
+            check_root()  # one line with a hint, before anything is made
         code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)
     except Fail as f:
         code = failure(f.error, f.as_json)
@@ -106,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         code = failure(disk_error(e), as_json)  # a full disk where no writer expected it
     finally:
         if entered:
-            rootless.release(busy=bool(Ledger.all_names()))
+            rootless.release(busy=_testbeds_up())
     sys.exit(interrupted() if code == 130 else code if isinstance(code, int) else 0)
 
 

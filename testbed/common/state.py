@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Iterator
@@ -25,6 +26,33 @@ def state_root() -> Path:
     if os.environ.get("TESTBED_STATE_DIR"):
         return Path(os.environ["TESTBED_STATE_DIR"])
     return rootless.private_root() / "state" if rootless.active() else Path("/run/testbed")
+
+
+STATE_HINT = "set TESTBED_STATE_DIR to a directory of yours (or unset it), or run as root"
+
+
+def check_root() -> Path:
+    """The state directory, refused in one line (a StateError) when this user cannot use it:
+    not a directory, or not readable, writable and searchable (a testbed made in a
+    directory that cannot be listed could never be found again). One that does not exist
+    yet is made when first needed: its nearest existing parent must let us."""
+    root = state_root()
+    for d in (root, *root.parents):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StateError(f"cannot use the state directory {root}: {d}: {e.strerror}", STATE_HINT) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise StateError(f"cannot use the state directory {root}: {d} is not a directory", STATE_HINT)
+        need = os.R_OK | os.W_OK | os.X_OK if d == root else os.W_OK | os.X_OK
+        if not os.access(d, need):
+            why = f"the state directory {root} is not readable, writable and searchable by you" if d == root \
+                else f"cannot make the state directory {root}: {d} is not writable by you"
+            raise StateError(why, STATE_HINT)
+        return root
+    return root
 
 
 @contextlib.contextmanager
