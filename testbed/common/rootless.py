@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.common import procs
@@ -331,7 +332,7 @@ def _reader_gone(w: int) -> bool:
     return any(ev & select.POLLERR for _, ev in poll.poll(0))
 
 
-def _others_inside(but: list[int] = ()) -> list[int]:
+def _others_inside(but: Sequence[int] = ()) -> list[int]:
     """Live processes of the PID namespace (its /proc) but its init, this one and ``but``."""
     return [int(e.name) for e in os.scandir("/proc")
             if e.name.isdigit() and int(e.name) not in (1, os.getpid(), *but) and procs.running(int(e.name))]
