@@ -61,6 +61,13 @@ def clean_kernel(tmp_path, monkeypatch):
             run(["ip", "netns", "del", ns])
     assert after == before, f"left behind: {leftover or after}"
     state = tmp_path / "state"
+    from testbed.common import cgroups
+    from testbed.plan.naming import state_id
+
+    groups = cgroups.of_state(state_id(str(state)))
+    for group in groups.values():  # clean up for the next test (ending what runs in them), then fail this one
+        cgroups.remove(group)
+    assert not groups, f"cgroups left behind: {sorted(map(str, groups.values()))}"
     strays = _processes_naming(str(state))
     for pid in strays:  # clean up for the next test, then fail this one
         os.kill(pid, 9)

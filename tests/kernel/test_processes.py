@@ -276,3 +276,27 @@ def test_a_state_directory_the_user_cannot_use_is_one_line_and_no_holder(user, c
     finally:
         subprocess.run(["pkill", "-9", "-u", USER], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- after a crash
+def test_the_cgroup_of_an_up_killed_by_sigkill_is_removed_by_down_and_by_down_all(clean_kernel, tmp_path):
+    """`up` killed once everything is made (its cgroup too): `down` removes the cgroup from
+    the ledger; with the ledger lost, `down --all` finds it by the state directory's id.
+    (clean_kernel also checks, after every kernel test, that no cgroup of its state is left.)"""
+    from testbed.engine.core import FAULT_ENV
+
+    topo = tmp_path / "pd.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("pd", rate="1gbit")))
+    group = cgroups.path_for("pd", naming.state_id())
+    steps = len(cli_json("up", str(topo), "--dry-run")["actions"])
+    for lose_ledger in (False, True):
+        r = cli("up", str(topo), env={FAULT_ENV: str(steps)})
+        assert r.returncode == -9, r.stdout + r.stderr
+        if group is None or not group.is_dir():
+            pytest.skip("cgroup2 cannot be written here: no cgroup is made")
+        if lose_ledger:
+            shutil.rmtree(Path(clean_kernel["state_dir"]) / "pd")  # ledger and state file lost
+            assert "pd" in cli_json("down", "--all")["removed"]
+        else:
+            assert cli_json("down", "pd") == {"removed": ["pd"]}
+        assert not group.exists()
