@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -39,19 +40,21 @@ _UNAVAILABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOT
 
 def mount_point() -> Path | None:
     """Where the cgroup2 hierarchy is mounted (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified``
-    on a hybrid system), None without one."""
+    on a hybrid system), None without one. Of several mounts, one of the hierarchy's root
+    (a container's own cgroup namespace counts), the shortest path first."""
     try:
         with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().decode(errors="replace").splitlines()
+            lines = f.read().splitlines()
     except OSError:
         return None
     found = []
     for line in lines:
-        left, sep, right = line.partition(" - ")
+        left, sep, right = line.partition(b" - ")
         fields = left.split()
-        if sep and right.split()[:1] == ["cgroup2"] and len(fields) >= 5:
-            found.append(fields[4].encode().decode("unicode_escape"))  # \040 for a space
-    return Path(min(found, key=len)) if found else None
+        if sep and right.split()[:1] == [b"cgroup2"] and len(fields) >= 5:
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])  # \040: a space
+            found.append((fields[3] != b"/", len(point), os.fsdecode(point)))
+    return Path(min(found)[2]) if found else None
 
 
 def path_for(testbed: str, state_id: str) -> Path | None:
