@@ -57,24 +57,36 @@ def check_root() -> Path:
 
 @contextlib.contextmanager
 def global_lock(timeout: float = 120.0) -> Iterator[None]:
-    """Serialise mutations (up, down, link set) across processes."""
+    """Serialise what concerns every testbed of this state directory across processes: up
+    (names, subnets), down, down --all. A change to one testbed's links or ledger takes that
+    testbed's lock only (:meth:`testbed.plan.ledger.Ledger.lock`), which down takes after
+    this one: always in this order, so no two commands wait on each other."""
     root = state_root()
     try:
         private_dir(root)
-        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except PermissionError:
         raise TestbedError(f"cannot write the state directory {root}",
                            "set TESTBED_STATE_DIR to a directory of yours, or run as root") from None
-    deadline = time.monotonic() + timeout
+    with held(fd, timeout, "another testbed command holds the lock"):
+        yield
+
+
+@contextlib.contextmanager
+def held(fd: int, timeout: float, busy: str) -> Iterator[None]:
+    """An exclusive flock on ``fd`` within ``timeout`` seconds (a StateError saying ``busy``
+    otherwise); the descriptor is closed, which releases it, when the block ends."""
+    start = time.monotonic()
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StateError("another testbed command holds the lock", "wait for it to finish") from None
-                time.sleep(0.05)
+                waited = time.monotonic() - start
+                if waited > timeout:
+                    raise StateError(busy, "wait for it to finish") from None
+                time.sleep(0.005 if waited < 0.5 else 0.05)  # a trace step's holder is done in ms
         yield
     finally:
         os.close(fd)  # closing releases the flock

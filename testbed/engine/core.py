@@ -249,7 +249,7 @@ class Testbed:
             raise TestbedError("nothing to change", "give --bw, --delay, --jitter, --loss or --limit")
         dirs = DIRECTIONS if direction == "both" else (direction,)
         wanted = [l.index for l in links]
-        with global_lock():
+        with Ledger(self.name).lock():  # this testbed's: others' up, down and steps go on
             state, current = self._current(changer)
             new_links = {}
             for idx in wanted:

@@ -37,7 +37,6 @@ from testbed.net.tcbatch import LinkChanger
 from testbed.model.topology import DIRECTIONS, Link, check_shape
 from testbed.plan.actions import StartReplay, recorded
 from testbed.plan.ledger import Ledger
-from testbed.common.state import global_lock
 from testbed.model.trace import MAX_SPAN_S, Step, Trace
 
 DIRECTION_CHOICES = (*DIRECTIONS, "both")
@@ -310,7 +309,7 @@ def start_background(name: str, trace_path: Path | None, *, link: str | None = N
     ``ready`` line in its log). ``while_pid``: it ends, putting the shapes back, when that
     process is gone (a run that was killed). ``start_on``: the trace's 0 s is when this
     file appears (else at once). ``trace_path`` None: ``link``'s schedule in the topology.
-    ``locked``: the caller holds the global lock (``up``)."""
+    ``locked``: the caller holds the global lock (``up``, building the testbed)."""
 
     rid = secrets.token_hex(16)
     marker = f"--replay-id={rid}"
@@ -325,7 +324,7 @@ def start_background(name: str, trace_path: Path | None, *, link: str | None = N
         *(["--duration", repr(duration_s)] if duration_s is not None else []),
         *(["--while-pid", str(while_pid)] if while_pid else []),
         *(["--start-on", str(start_on.resolve())] if start_on is not None else []))
-    with contextlib.nullcontext() if locked else global_lock():
+    with contextlib.nullcontext() if locked else ledger.lock():
         ledger.record(StartReplay(marker, str(log)).to_dict())
     start = log.stat().st_size if log.exists() else 0
     with open(output, "ab") as out:

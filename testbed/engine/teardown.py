@@ -113,7 +113,8 @@ def down(name: str, say: Callable[[str], None] | None = None) -> bool:
     with global_lock():
         if not Ledger(name).exists():
             return False
-        problems = teardown(name, notes)
+        with Ledger(name).lock():  # a link change in flight ends first, and finds it gone after
+            problems = teardown(name, notes)
     for note in notes:
         if say is not None:
             say(f"warning: {note}")
@@ -133,7 +134,8 @@ def down_all() -> list[str]:
     problems: list[str] = []
     with global_lock():
         for name in Ledger.all_names():
-            p = teardown(name)
+            with Ledger(name).lock():
+                p = teardown(name)
             problems += p
             if not p:
                 removed.append(name)

@@ -21,7 +21,7 @@ import shutil
 
 from testbed.common.errors import StateError
 from testbed.common.files import private_dir, read_json, read_text
-from testbed.common.state import state_root
+from testbed.common.state import held, state_root
 
 
 class Ledger:
@@ -62,6 +62,16 @@ class Ledger:
     def going(self) -> bool:
         """Whether this testbed is being, or has been, taken down."""
         return not self.path.exists() or (self.dir / "going-down").exists()
+
+    def lock(self, timeout: float = 120.0):
+        """This testbed's lock (its links, its ledger), not the state directory's: another
+        testbed's up, down or trace steps never wait for it. ``down`` takes it after the
+        global lock. A StateError when the testbed is not up (no directory to lock in)."""
+        try:
+            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except (FileNotFoundError, NotADirectoryError):
+            raise StateError(f"testbed '{self.name}' is not up", "`testbed status` lists those that are") from None
+        return held(fd, timeout, f"another command is changing testbed '{self.name}'")
 
     # ----------------------------------------------------------- writing
     def create(self) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from testbed.engine.core import Testbed
 from testbed.plan.ledger import Ledger
-from testbed.common.state import global_lock
 from testbed.monitor import auth
 
 
@@ -19,6 +18,7 @@ def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
     from testbed.monitor.sd import targets_dir
 
     target = targets_dir() / f"run-{tb.name}-{run_id}.json"
-    with global_lock():  # recorded first: `testbed down` removes it if this process dies
-        Ledger(tb.name).record(TargetFile(str(target)).to_dict())
+    ledger = Ledger(tb.name)
+    with ledger.lock():  # recorded first: `testbed down` removes it if this process dies
+        ledger.record(TargetFile(str(target)).to_dict())
     return RunExporter(run_dir, target, token=auth.token() if auth.required() else None)

@@ -90,13 +90,13 @@ class Iperf:
         return None
 
     def _spawn(self, node: str, argv: list[str]) -> subprocess.Popen:
-        from testbed.common.state import global_lock
         from testbed.plan.actions import StartTraffic
         from testbed.plan.ledger import Ledger
 
         marker = next(a for a in argv if a.startswith("--logfile="))
-        with global_lock():
-            Ledger(self.tb.name).record(StartTraffic(marker).to_dict())
+        ledger = Ledger(self.tb.name)
+        with ledger.lock():
+            ledger.record(StartTraffic(marker).to_dict())
         p = self.tb.spawn(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(p)

@@ -99,12 +99,12 @@ class CrossTraffic:
     def _spawn(self, node: str, argv: list[str]) -> subprocess.Popen:
         from testbed.plan.actions import StartTraffic
         from testbed.plan.ledger import Ledger
-        from testbed.common.state import global_lock
 
         marker = next(a for a in argv if a.startswith("--logfile="))
         if marker not in self._recorded:  # an on/off flow's client restarts with the same marker
-            with global_lock():
-                Ledger(self.tb.name).record(StartTraffic(marker).to_dict())
+            ledger = Ledger(self.tb.name)
+            with ledger.lock():
+                ledger.record(StartTraffic(marker).to_dict())
             self._recorded.add(marker)
         p = self.tb.spawn(node, argv, mounts=[self.run_dir], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
