@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.common.files import atomic_write, read_bounded, write_json
+from testbed.common.files import InputError, atomic_write, read_bounded, write_json
 from testbed.runs.request import RunRequest
 
 NUMERIC = ("time", "loss", "accuracy", "payload_bytes", "iter_s")
@@ -94,13 +94,21 @@ def rank_records(run_dir: Path, rank: int, skipped: list[dict] | None = None) ->
     """Rank ``rank``'s records, reduced to the contract (:func:`clean`); lines skipped are
     added to ``skipped`` as ``{"file", "lines", "why"}``."""
     path = run_dir / f"rank{rank}.jsonl"
-    recs, why = read_records(path)
+    try:
+        recs, why = read_records(path)
+    except InputError as e:  # larger than records may be, or no regular file: none of it is read
+        if skipped is None:
+            raise
+        skipped.append({"file": str(path), "lines": None, "why": e.message})
+        return []
     if skipped is not None:
         skipped.extend({"file": str(path), "lines": n, "why": w} for w, n in why.items())
     return [r for r in map(clean, recs) if r is not None]
 
 
 def skipped_warning(s: dict) -> str:
+    if s["lines"] is None:
+        return f"warning: skipped {s['file']} ({s['why']}); the summary is made of the other ranks' records"
     return (f"warning: {s['file']}: {s['lines']} record line{'s' * (s['lines'] != 1)} skipped ({s['why']}); "
             f"the summary is made of the rest")
 

@@ -5,6 +5,7 @@ Real processes; no testbed needed (the kernel test runs them across one)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,22 @@ def test_records_skipped_are_named_in_the_summary_and_a_warning(tmp_path):
     assert warned[0] == f"warning: {r0}: 2 record lines skipped (nested too deeply); the summary is made of the rest"
     assert len(warned) == 3 and all("\n" not in w for w in warned)
     assert summary_from_records(tmp_path, _req(tmp_path), 1, 990.0, 20.0)["records_skipped"][0]["file"] == r0
+
+
+def test_an_oversized_or_foreign_records_file_is_skipped_whole_and_the_summary_written(tmp_path):
+    from testbed.common.files import LIMITS
+
+    (tmp_path / "rank0.jsonl").write_text(json.dumps({"iter": 1, "time": 1000.0, "loss": 1.0}) + "\n")
+    with open(tmp_path / "rank1.jsonl", "wb") as f:
+        f.truncate(LIMITS["records"] + 1)
+    os.mkfifo(tmp_path / "rank2.jsonl")
+    warned = []
+    s = summary_from_records(tmp_path, _req(tmp_path), 3, t_start=990.0, duration=20.0, warn=warned.append)
+    assert s["iterations"] == 1 and s["records"]["ranks_with_records"] == 1
+    assert [(x["file"].rsplit("/", 1)[1], x["lines"]) for x in s["records_skipped"]] == [("rank1.jsonl", None),
+                                                                                        ("rank2.jsonl", None)]
+    assert "MiB" in s["records_skipped"][0]["why"] and "FIFO" in s["records_skipped"][1]["why"]
+    assert warned[0].startswith(f"warning: skipped {tmp_path / 'rank1.jsonl'} (") and len(warned) == 2
 
 
 def test_no_records_at_all_is_a_summary_without_figures(tmp_path):
