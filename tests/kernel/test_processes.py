@@ -27,6 +27,7 @@ from testbed.plan import naming
 from tests.helpers import dumbbell
 
 from .conftest import cli, cli_json
+from .test_rootless import _processes as user_processes
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 USER = "tbprocs1"
@@ -201,21 +202,7 @@ def as_user(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
 
 def _processes() -> list[str]:
     """The user's live processes, as ``pid args``."""
-    uid = pwd.getpwnam(USER).pw_uid
-    out = []
-    for e in os.scandir("/proc"):
-        try:
-            if not e.name.isdigit() or os.stat(e.path).st_uid != uid:
-                continue
-            with open(f"{e.path}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"{e.path}/cmdline", "rb") as f:
-                args = f.read().replace(b"\0", b" ").decode(errors="replace")
-            out.append(f"{e.name} {args}")
-        except (OSError, IndexError):
-            continue
-    return out
+    return user_processes(USER)
 
 
 def _nothing_left(timeout: float = 15.0) -> list[str]:

@@ -111,7 +111,7 @@ def test_records_skipped_are_named_in_the_summary_and_a_warning(tmp_path):
     """Records nested too deeply ended a running script's run with no summary.json and no
     file named (issue 43): the summary says which file lost how many lines, and why."""
     good = [json.dumps({"iter": i, "time": 1000.0 + i, "loss": 1.0}) for i in (1, 2, 3)]
-    (tmp_path / "rank0.jsonl").write_text("\n".join([good[0], "[" * 100_000, '{"a":' * 5000 + "1" + "}" * 5000,
+    (tmp_path / "rank0.jsonl").write_text("\n".join([good[0], "[" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000,
                                                        "[1]", good[1], good[2]]) + "\n")
     (tmp_path / "rank1.jsonl").write_text(good[0] + "\n" + '{"iter": 2, "lo' + "\n" + good[2] + "\n")
     warned = []
