@@ -178,7 +178,7 @@ def _holder(base: Path) -> int:
         hint = "; ".join(f"{b[0]}: {b[1]}" for b in blockers) if blockers else \
             "this machine refuses user namespaces to ordinary users (a chroot, a container or a security policy)"
         raise RootlessError(f"cannot make a user namespace for rootless testbeds ({why[0][:300]})",
-                            f"{hint}; or run as root (sudo testbed ...)")
+                            f"{hint}; or run as root (sudo $(command -v testbed) ...)")
     return int(line[0].split()[1])
 
 

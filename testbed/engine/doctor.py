@@ -69,7 +69,7 @@ def run_checks() -> list[Check]:
             checks.append(Check(k, ok, detail, None if ok else hint, required))
     else:
         for k, (_hint, required) in kernel_hints.items():
-            checks.append(Check(k, False, "not probed (needs root or rootless mode)", "run `sudo testbed doctor`",
+            checks.append(Check(k, False, "not probed (needs root or rootless mode)", "run `sudo $(command -v testbed) doctor`",
                             required))
 
     for backend in BACKENDS.values():  # each backend says what it needs (engine, images, tools)

@@ -51,12 +51,12 @@ def check_rootless(topology: Topology) -> None:
         raise rootless.RootlessError(
             f"testbed '{topology.name}' spans several hosts (hosts: {', '.join(h.name for h in topology.hosts)}), "
             "which needs root (namespaces and tunnels are made there over SSH as root)",
-            "run it as root (sudo testbed up ...), or drop hosts: to build it on this machine rootless")
+            "run it as root (sudo $(command -v testbed) up ...), or drop hosts: to build it on this machine rootless")
     for w in topology.workers:
         why = BACKENDS[w.backend].needs_root
         if why:
             raise rootless.RootlessError(f"worker {w.name} has backend {w.backend}, which needs root: {why}",
-                                         "run it as root (sudo testbed up ...), or use backend: netns rootless")
+                                         "run it as root (sudo $(command -v testbed) up ...), or use backend: netns rootless")
 
 
 def check_share(topology: Topology, host: str) -> None:

@@ -132,7 +132,7 @@ class DockerBackend(Backend):
     def checks(self) -> list[Check]:
         ok, detail = images.status(images.DEFAULT_TAG)
         return [_engine_check(), Check("worker image", ok, detail, None if ok else
-                                       "`sudo testbed image build` (offline; only for the docker backend)")]
+                                       "`sudo $(command -v testbed) image build` (offline; only for the docker backend)")]
 
     def build_image(self, say, force: bool = False, tag: str = images.DEFAULT_TAG, **_) -> dict:
         return images.build(tag, say=say, force=force)

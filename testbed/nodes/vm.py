@@ -344,7 +344,7 @@ def _host_checks() -> list[Check]:
     out = [Check("qemu (backend: vm)", bool(qemu), qemu or "not found",
                  None if qemu else "apt-get install qemu-system-x86 (only for the vm backend)")]
     ok, detail = vmimage.status()
-    out.append(Check("VM guest", ok, detail, None if ok else "`sudo testbed image build --vm` (only for the vm backend)"))
+    out.append(Check("VM guest", ok, detail, None if ok else "`sudo $(command -v testbed) image build --vm` (only for the vm backend)"))
     kvm = known_kvm()
     if kvm is None:
         kvm = (os.access("/dev/kvm", os.R_OK | os.W_OK), "/dev/kvm accessible; not yet tried with a guest "
