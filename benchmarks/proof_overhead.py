@@ -91,13 +91,19 @@ def launch(groups: list[tuple[int, list[str], bool, Path]], timeout: float) -> N
         for *_, p in procs:
             p.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
-        for *_, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for argv, r, log, p in procs:
+        reap([(" ".join(argv), r, log, p) for argv, r, log, p in procs])
+
+
+def reap(procs: list[tuple[str, int, Path, subprocess.Popen]]) -> None:
+    """Kill those of ``procs`` (what, rank, log, process) still running; then raise naming the
+    first that failed (one that exited by itself before one that was killed), with its log's end."""
+    for *_, p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for what, r, log, p in sorted(procs, key=lambda x: x[3].returncode < 0):
         if p.returncode != 0:
-            raise SystemExit(f"rank {r} of {' '.join(argv)} exited {p.returncode}:\n{log.read_text()[-3000:]}")
+            raise SystemExit(f"{what}, rank {r} exited {p.returncode}:\n{log.read_text()[-3000:]}")
 
 
 # -- training ----------------------------------------------------------------------------
@@ -209,10 +215,8 @@ def micro_worker(calls: int, rounds: int) -> None:
                     turns.set(f"step{step + 1}", "1")
             step += 1
     try:  # what the recorder holds: proof that it was on (or off)
-        import pickle
-
         from torch._C._distributed_c10d import _dump_fr_trace
-        res["recorded"] = len(pickle.loads(_dump_fr_trace(True, False, False)).get("entries") or [])
+        res["recorded"] = len(collectives.recorder_entries(_dump_fr_trace(True, False, False)) or [])
     except Exception:  # noqa: BLE001 (a private API; the count is only a check)
         res["recorded"] = None
     res["isends_counted"] = sum(c[0] for c in ledger.sends.values()) if ledger is not None else None
@@ -259,13 +263,7 @@ def micro_run(a, tmp: Path) -> dict:
                 break
             p.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
-        for *_, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for setting, r, log, p in sorted(procs, key=lambda x: x[3].returncode < 0):  # the failed before the killed
-        if p.returncode != 0:
-            raise SystemExit(f"micro-benchmark, {setting} rank {r} exited {p.returncode}:\n{log.read_text()[-3000:]}")
+        reap([(f"micro-benchmark, {setting}", r, log, p) for setting, r, log, p in procs])
     return {setting: json.loads(next(x for x in log.read_text().splitlines() if x.startswith("RESULT "))[7:])
             for setting, r, log, _ in procs if r == 0}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import io
 import json
 import math
 import os
@@ -124,7 +125,7 @@ class Ledger:
         for name in DUMPS:
             dump = getattr(c10d_c, name, None)
             try:
-                entries = pickle.loads(dump(True, False, False)).get("entries") if dump else None  # torch's own bytes
+                entries = recorder_entries(dump(True, False, False)) if dump else None
             except (RuntimeError, pickle.UnpicklingError, AttributeError):
                 continue
             for e in sorted(entries or [], key=lambda e: e["record_id"]):
@@ -283,6 +284,23 @@ def aside():
     finally:
         pause[1] = time.time_ns()
         _ledger.maybe_fold()
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles containers, strings and numbers only: no global is looked up, so nothing is
+    called (a recorder dump is torch's own bytes, made in this process; this keeps it data)."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"a recorder dump named {module}.{name}, which it never holds")
+
+
+def recorder_entries(dump: bytes) -> list | None:
+    """The entries of a flight-recorder dump (``_dump_fr_trace``/``_dump_nccl_trace``), read by
+    :class:`_PlainData`. Its JSON variants hold the same but parsed 1.5x slower (0.45 against
+    0.29 s for 20,000 entries, measured once on the 2-core machine); the restriction costs
+    about 20 % over a plain ``pickle.loads`` (0.155 against 0.128 s), on a fold only."""
+    data = _PlainData(io.BytesIO(dump)).load()
+    return data.get("entries") if isinstance(data, dict) else None
 
 
 def finish() -> None:

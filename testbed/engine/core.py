@@ -303,7 +303,7 @@ class Testbed:
         links meanwhile. A trace replay (``changer`` kept across steps) keeps what it wrote
         at its last step while the state file is still that one (a new write is a new file)."""
         ledger = Ledger(self.name)
-        memo = getattr(changer, "memo", None)
+        memo = changer.memo if changer is not None else None
         if memo is not None and memo[0] == _file_id(ledger.state_path):
             return memo[1], memo[2]
         state = ledger.read_state()

@@ -174,6 +174,8 @@ class LinkChanger:
         self._index: dict[tuple[str, str], int] = {}
         self._kind: dict[tuple[str, str], str | None] = {}
         self._encoded: dict[tuple, tuple[list[bytes], str | None]] = {}
+        self.memo: tuple | None = None
+        """The caller's across steps: ``Testbed.set_links`` keeps the state it last wrote here."""
 
     def learn(self, endpoints) -> None:
         """Read the indexes and child kinds of ``endpoints`` (objects with ns, ifname) not yet known."""
