@@ -181,3 +181,10 @@ class OutDir:
 
     def write_text(self, name: str, text: str, kept: str = "") -> None:
         self.write_bytes(name, text.encode("utf-8"), kept)
+
+
+def own_dir(path: Path, flag: str = "--out", fresh: bool = False) -> Path:
+    """``path`` made private, or checked to be safely the user's, as :class:`OutDir` does,
+    for writers that then write in it by path (a directory no one else can write in)."""
+    OutDir(path, flag, fresh=fresh).close()
+    return path

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
-from testbed.common.outdir import OutDir, UnsafeDirectory
+from testbed.common.outdir import UnsafeDirectory, own_dir
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
 from testbed.nodes.gpus import host_gpus
@@ -27,8 +27,7 @@ def check_out(out: Path) -> Path | None:
 
     made = next((d for d in reversed((out, *out.parents)) if not d.exists()), None)
     try:
-        with OutDir(out, "--out"):  # ours, and no one else's to swap (made private when new)
-            pass
+        own_dir(out)  # ours, and no one else's to swap (made private when new)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".testbed-write-check-"):
             pass
     except UnsafeDirectory:

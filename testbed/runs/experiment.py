@@ -32,7 +32,7 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import write_json
-from testbed.common.outdir import OutDir
+from testbed.common.outdir import own_dir
 from testbed.common.writes import WriteFailed
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
@@ -168,7 +168,7 @@ class _Run:
         req, trace = self.req, self.trace
         self.run_id = req.run_id or new_run_id(req.out, req.scheme, "trace" if trace is not None else req.bw)
         self.run_dir = req.out / self.run_id
-        OutDir(self.run_dir, "--out", fresh=True).close()  # private: the ranks' records are the user's
+        own_dir(self.run_dir, fresh=True)  # private: the ranks' records are the user's
         self.shapes = bottleneck_shapes(self.bottlenecks)
         self.request = request_record(req, self.tb, self.created, self.flows, trace)
         self.seats = write_run_files(self.run_dir, self.run_id, self.request, self.shapes, self.tb)

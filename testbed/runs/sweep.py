@@ -25,7 +25,7 @@ from pathlib import Path
 from testbed.common import procs
 from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
-from testbed.common.outdir import OutDir
+from testbed.common.outdir import own_dir
 from testbed.runs import grid
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
@@ -85,7 +85,7 @@ def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     """The checkpoint for ``pre`` under ``out/checkpoints/``, made once by
     ``python -m workloads.pretrain`` and reused by every later run and sweep."""
     path = out / "checkpoints" / f"{pre.key}.pt"
-    OutDir(path.parent, "--out").close()  # ours: a checkpoint someone else can replace is not loaded
+    own_dir(path.parent)  # ours: a checkpoint someone else can replace is not loaded
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -174,7 +174,7 @@ def _new_dir(out: Path) -> Path:
     while sweep_dir.exists():
         n += 1
         sweep_dir = out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-    OutDir(sweep_dir, "--out", fresh=True).close()  # private, as a run's directory is
+    own_dir(sweep_dir, fresh=True)  # private, as a run's directory is
     return sweep_dir
 
 
