@@ -35,6 +35,7 @@ TOP = "testbed"
 """The directory below the cgroup2 mount that holds every testbed's cgroup."""
 GRACE_S = 2.0
 KILL_WAIT_S = 3.0
+BUSY_WAIT_S = 5.0
 _UNAVAILABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR)
 
 
@@ -102,12 +103,16 @@ def join(path: str) -> bool:
 
 
 def members(path: Path) -> list[int]:
-    """The processes in the cgroup (zombies are no longer listed); [] when it is gone."""
-    try:
-        with open(path / "cgroup.procs", "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
+    """The processes in the cgroup and in any cgroup below it (one a process made there as
+    root); [] when it is gone. A process that exited is no longer listed."""
+    found: list[int] = []
+    for where, _, _ in os.walk(path):
+        try:
+            with open(os.path.join(where, "cgroup.procs"), "rb") as f:
+                found += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return found
 
 
 def end(path: Path, grace: float = GRACE_S, kill_wait: float = KILL_WAIT_S) -> list[int]:
@@ -163,27 +168,41 @@ def _wait_empty(path: Path, timeout: float) -> bool:
     return False
 
 
-def remove(path: Path) -> list[str]:
-    """End the cgroup's processes and remove it (and TOP when it is left empty); what could
-    not be ended, one ``pid N (command; state S)`` each. Already gone is success."""
-    if not path.is_dir():
-        return []
-    left = end(path)
-    if left:
-        return [procs.describe(p) for p in left]
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if e.errno != errno.EBUSY:
-            raise KernelError(f"cannot remove the cgroup {path}: {e.strerror}") from None
-        return [procs.describe(p) for p in members(path)] or [f"cgroup {path} is busy"]
+def remove(path: Path, grace: float = GRACE_S, busy_wait: float = BUSY_WAIT_S) -> list[str]:
+    """End the cgroup's processes and remove it, with the cgroups below it (and TOP when it
+    is left empty); what could not be ended, one ``pid N (command; state S)`` each. Already
+    gone is success. A process that joins while ``down`` runs (``testbed run`` starting one
+    more process in a node) is ended too: the removal is tried for ``busy_wait`` seconds."""
+    deadline = time.monotonic() + busy_wait
+    while path.is_dir():
+        left = end(path, grace)
+        if left:
+            return [procs.describe(p) for p in left]
+        if _rmdir_tree(path):
+            break
+        if time.monotonic() >= deadline:
+            return [procs.describe(p) for p in members(path)] or [f"cgroup {path} is busy"]
+        time.sleep(0.1)
     try:
         path.parent.rmdir()  # the last testbed's: leave nothing of ours behind
     except OSError:
         pass  # another testbed's cgroup is in it (ENOTEMPTY, EBUSY), or it is gone
     return []
+
+
+def _rmdir_tree(path: Path) -> bool:
+    """Remove the (emptied) cgroup and those below it, deepest first; False when one is
+    busy (a process joined since it was emptied)."""
+    for where, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(where)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise KernelError(f"cannot remove the cgroup {where}: {e.strerror}") from None
+            return False
+    return True
 
 
 def of_state(state_id: str) -> dict[str, Path]:

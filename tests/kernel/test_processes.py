@@ -16,6 +16,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -287,3 +288,39 @@ def test_the_cgroup_of_an_up_killed_by_sigkill_is_removed_by_down_and_by_down_al
         else:
             assert cli_json("down", "pd") == {"removed": ["pd"]}
         assert not group.exists()
+
+
+def test_a_cgroup_with_cgroups_below_it_and_a_late_joiner_is_removed():
+    """User code running as root may make cgroups inside its testbed's (a container engine, a
+    `systemd-run --scope` does): their processes are ended and they are removed too. A process
+    that joins after the cgroup was emptied (`testbed run` starting one more process in a node
+    as `down` runs) is ended as well, not left to fail `down` with "busy" (stop 47's CI)."""
+    if not cgroups.create(group := cgroups.path_for("zr", "0000test0000")):
+        pytest.skip("no writable cgroup2 here")
+    (inner := group / "inner" / "deeper").mkdir(parents=True)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    nested, late = subprocess.Popen(sleep), subprocess.Popen(sleep)
+    joined = threading.Event()
+    real_end = cgroups.end
+
+    def end_then_one_joins(path, *args):
+        left = real_end(path, *args)
+        if not joined.is_set():
+            (group / "cgroup.procs").write_text(str(late.pid))
+            joined.set()
+        return left
+
+    try:
+        (inner / "cgroup.procs").write_text(str(nested.pid))
+        assert cgroups.members(group) == [nested.pid]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cgroups, "end", end_then_one_joins)
+            assert cgroups.remove(group, grace=0.5) == []
+        assert not group.exists() and joined.is_set()
+        assert nested.wait(5) == -15 and late.wait(5) == -15
+    finally:
+        for p in (nested, late):
+            p.kill()
+            p.wait()
+        if group.exists():
+            cgroups.remove(group)
