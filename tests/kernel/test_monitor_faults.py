@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from testbed.common import procs
+from testbed.net.netns import pids_in
 from tests.helpers import dumbbell
 
 from .conftest import cli, cli_json
@@ -56,7 +57,7 @@ def test_the_link_exporter_killed_during_a_run_is_in_its_summary(clean_kernel, t
     topo.write_text(yaml.safe_dump(dumbbell("mf")))
     cli_json("up", str(topo))
     try:
-        run = _start_run(tmp_path, "mf")
+        run = _start_run(tmp_path, "mf", iters=60)
         _await_training(tmp_path)
         os.kill(_link_exporter(clean_kernel["state_dir"], "mf"), signal.SIGKILL)
         out, err = run.communicate(timeout=300)
@@ -64,7 +65,7 @@ def test_the_link_exporter_killed_during_a_run_is_in_its_summary(clean_kernel, t
         # under --json stdout is the summary alone, and the warning still reaches stderr
         assert "warning: the link exporter of testbed 'mf' stopped" in err, err
         s = json.loads(out)
-        assert s["status"] == "ok" and s["iterations"] == 200, s
+        assert s["status"] == "ok" and s["iterations"] == 60, s
         (exp,) = s["monitoring"]["exporters"]
         assert exp["running_at_start"] and 0 < exp["stopped_at_s"] < s["wall_s"] + 5, exp
         assert exp["missing"].startswith(f"link samples from {exp['stopped_at_s']:.1f} s"), exp
@@ -116,13 +117,19 @@ def test_prometheus_down_when_a_run_ends_leaves_the_final_scrape_missing(clean_k
         topo = tmp_path / "mp.yaml"
         topo.write_text(yaml.safe_dump(dumbbell("mp")))
         cli_json("up", str(topo))
-        run = _start_run(tmp_path, "mp", iters=800)
+        run = _start_run(tmp_path, "mp", iters=60)
         _await_training(tmp_path)
-        # Prometheus has scraped the run (so the run expects its final scrape), then goes
-        seen = _wait(f"http://127.0.0.1:{port}", 'testbed_run_info{testbed="mp"}', bool, timeout=60)
-        assert seen and run.poll() is None, "the run ended before Prometheus scraped it: make it longer"
-        prom = procs.with_arg(f"--config.file={mon.resolve() / 'prometheus.yml'}")
-        os.kill(prom[0], signal.SIGKILL)
+        ranks = list(pids_in(["mp.w0", "mp.w1"]))
+        for pid in ranks:  # the run waits, in its first iterations, however loaded the machine
+            os.kill(pid, signal.SIGSTOP)
+        try:  # Prometheus has scraped the run (so the run expects its final scrape), then goes
+            seen = _wait(f"http://127.0.0.1:{port}", 'testbed_run_info{testbed="mp"}', bool, timeout=60)
+            assert seen and run.poll() is None, "the run ended before Prometheus scraped it"
+            prom = procs.with_arg(f"--config.file={mon.resolve() / 'prometheus.yml'}")
+            os.kill(prom[0], signal.SIGKILL)
+        finally:
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
         s = json.loads(out)
