@@ -97,17 +97,12 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
     runs = tmp_path / "runs"
     cli_json("up", str(topo))
     try:
-        s = cli_json("run", "allreduce", "--testbed", "vmr", "--bw", "100mbit", "--out", str(runs),
-                     "--max-iters", "4", "--eval-every", "2", "--target-acc", "0.3", timeout=600)
-        assert s["status"] == "ok" and s["world_size"] == 2 and s["iterations"] == 4
-        # the tc counters of the shaped bottleneck carried every collective byte, both ways
-        assert s["bottleneck"]["bytes"] >= 2 * s["mean_payload_bytes"] * s["iterations"]
-        d = Path(s["run_dir"])
-        assert (d / "rank1.jsonl").read_text().count("\n") == 4, "the guest wrote into the host's run dir"
-        # your own script, from its directory as the guest sees the host's (read-only) files
-        u = cli_json("run", "--script", str(ROOT / "examples" / "ddp_digits.py"), "--testbed", "vmr", "--out",
-                     str(runs), "10", timeout=600)
-        assert (u["status"], u["proof"], u["iterations"]) == ("ok", "passed", 10), u
+        # your own script, from its directory as the guest sees the host's (read-only) files; the
+        # proof: the tc counters of the shaped bottleneck carried its collectives, both ways
+        u = cli_json("run", "--script", str(ROOT / "examples" / "ddp_digits.py"), "--testbed", "vmr", "--bw",
+                     "100mbit", "--out", str(runs), "10", timeout=600)
+        assert (u["status"], u["proof"], u["iterations"], u["world_size"]) == ("ok", "passed", 10, 2), u
+        assert all(row["measured_bytes"] >= row["bound_bytes"] > 0 for row in u["proof_links"].values()), u
 
         before = set(runs.glob("*/rank1.jsonl"))
         p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--testbed", "vmr",
@@ -120,7 +115,8 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
                     break
                 time.sleep(0.5)
             else:
-                raise AssertionError("the run never started training")
+                raise AssertionError("the run never started training (no record from the guest in the host's "
+                                     "run directory)")
             from testbed.nodes.vm import qemu_pids
 
             os.kill(qemu_pids("vmr.w1")[0], signal.SIGKILL)
