@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -45,6 +47,45 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     """The train arguments (``raise_errors``: ValueError instead of usage and exit 2).
     ``--scheme NAME:VALUE...`` (a variant) sets its parameters' flags; ``args.variant`` keeps it."""
+    p = _parser(raise_errors)
+    args = p.parse_args(argv)
+    _expand_variant(p, args, sys.argv[1:] if argv is None else list(argv))
+    if args.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    for flag, ok, what in _LIMITS:
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None and not (math.isfinite(v) and ok(v)):
+            p.error(f"{flag} must be {what}, got {v}")
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
+    return args
+
+
+def render(args: argparse.Namespace) -> list[str]:
+    """The command line that :func:`parse_args` reads back as ``args`` (``parse_args(render(a))
+    == a``): ``--scheme`` as given (a variant stays one), then every other flag whose value
+    differs from its default (the flags a variant set are left to it)."""
+    by_variant = set()
+    if args.variant != args.scheme:
+        by_variant = {schemes.parameter(k).name for k in schemes.parse_variant(args.variant)[1]}
+    out = ["--scheme", args.variant]
+    for a in _parser(True)._actions:
+        if not a.option_strings or a.dest in ("help", "scheme") or a.dest in by_variant:
+            continue
+        value = getattr(args, a.dest)
+        if value == a.default:
+            continue
+        flag = a.option_strings[0]
+        if isinstance(a, argparse.BooleanOptionalAction):
+            out.append(flag if value else a.option_strings[1])
+        elif isinstance(a, argparse._StoreTrueAction):
+            out.append(flag)
+        else:
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return out
+
+
+def _parser(raise_errors: bool) -> _Parser:
     p = _Parser(prog="python -m workloads.train", description=DESCRIPTION,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.raise_errors = raise_errors
@@ -80,17 +121,7 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per rank")
     p.add_argument("--out", default=None, help="run directory for records (none: no records)")
     p.add_argument("--log-every", type=int, default=10, help="print a line every N iterations (rank 0)")
-    args = p.parse_args(argv)
-    _expand_variant(p, args, sys.argv[1:] if argv is None else list(argv))
-    if args.batch_size < 1:
-        p.error("--batch-size must be >= 1")
-    for flag, ok, what in _LIMITS:
-        v = getattr(args, flag[2:].replace("-", "_"))
-        if v is not None and not (math.isfinite(v) and ok(v)):
-            p.error(f"{flag} must be {what}, got {v}")
-    if args.target_acc is not None and not 0 < args.target_acc <= 1:
-        p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
-    return args
+    return p
 
 
 _LIMITS = (  # flag, its check, what the error says it must be
@@ -165,9 +196,29 @@ def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None 
 def prepare(args: argparse.Namespace):
     """Validate what can be checked before joining the group; (scheme, dataset).
     ValueError (a DatasetError is one) says what to fix."""
+    return validate(args), data.load(args.dataset, args.data_dir)
+
+
+CIFAR_FILES = {"cifar10": ("cifar-10-batches-py", [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]),
+               "cifar100": ("cifar-100-python", ["train", "test"])}
+"""The files of each CIFAR release that :func:`workloads.data.load` reads (its folder, its batches)."""
+
+
+def validate(args: argparse.Namespace):
+    """The checks that read no data set and build no model (cheap, for launchers that must
+    refuse bad input first): the scheme and its values, the data set's name and files, the
+    checkpoint a regular file. The scheme; ValueError says what to fix."""
     scheme = schemes.get(args.scheme)
-    if args.init and not Path(args.init).is_file():
-        raise ValueError(f"--init {args.init}: no such file (make one with python -m workloads.pretrain)")
+    if args.scheme == "hook" and not args.hook:
+        raise ValueError("scheme hook needs --hook package.module:factory (your DDP communication hook)")
+    if args.dataset not in data.DATASETS:
+        raise ValueError(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(data.DATASETS)}")
+    if args.model not in MODELS:
+        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
+    if args.init:
+        _check_checkpoint(Path(args.init))
+    if args.dataset in CIFAR_FILES:
+        _check_cifar(args.dataset, args.data_dir)
     schemes.check_values(vars(args))
     if args.compute_time is not None:
         if not (math.isfinite(args.compute_time) and 0 <= args.compute_time <= 3600):
@@ -178,4 +229,52 @@ def prepare(args: argparse.Namespace):
                             ("--prune-method grasp", args.prune_method == "grasp" and scheme.prunes)):
             if given:
                 raise ValueError(f"--compute-time measures traffic, not accuracy: {flag} does not apply")
-    return scheme, data.load(args.dataset, args.data_dir)
+    return scheme
+
+
+def _regular(path: Path) -> bool:
+    """A regular file (a FIFO or a device would block or never end a rank's read)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+"""How a file torch.load reads begins: torch.save's zip archive, or the legacy pickle."""
+
+
+def _check_checkpoint(path: Path) -> None:
+    """A regular file that begins as a checkpoint does (its first bytes only: loading it is
+    the ranks' work, and what only loading finds each rank reports)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there does not block
+    except OSError:
+        fd = -1
+    try:
+        head = os.read(fd, 4) if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if head is None:
+        raise ValueError(f"--init {path}: no such file (make one with python -m workloads.pretrain)")
+    if not head.startswith(CHECKPOINT_MAGIC):
+        raise ValueError(f"--init {path}: not a checkpoint (torch.save writes a zip archive; make one with "
+                         f"python -m workloads.pretrain)")
+
+
+def _check_cifar(name: str, data_dir: str | None) -> None:
+    """``--data-dir`` holds the release's batches as regular files (their contents are the ranks' to read)."""
+    sub, files = CIFAR_FILES[name]
+    if not data_dir:
+        raise data.DatasetError(f"--dataset {name} needs --data-dir: the directory holding {sub}/ (the python "
+                                f"version from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
+    base = Path(data_dir)
+    d = next((d for d in (base / sub, base) if d.is_dir() and any((d / f).exists() for f in files)), None)
+    if d is None:
+        raise data.DatasetError(f"--data-dir {data_dir}: no {sub}/ with CIFAR files found; extract the python "
+                                f"version of {name} there (nothing is downloaded)")
+    missing = [f for f in files if not _regular(d / f)]
+    if missing:
+        raise data.DatasetError(f"--data-dir {data_dir}: {d} lacks {', '.join(missing)} as regular files; "
+                                f"extract the python version of {name} there again")

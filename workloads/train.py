@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from workloads import collectives, compat, data, placement, pruning, records, schemes
-from workloads.arguments import hyper_params, parse_args, prepare
+from workloads.arguments import hyper_params, parse_args, prepare, validate
 from workloads.checkpoint import CheckpointError, load_into
 from workloads.distributed import free_port as _free_port
 from workloads.distributed import init_distributed, set_determinism
@@ -45,15 +45,12 @@ __all__ = ["_free_port", "check", "hyper_params", "main", "parse_args", "train"]
 def check(argv) -> argparse.Namespace:
     """Validate a command line without training (raises ValueError saying what to fix).
 
-    For launchers (``testbed run``) that must refuse bad input before building anything.
+    For launchers (``testbed run``) that must refuse bad input before building anything:
+    the checks that load no data set and build no model (``arguments.validate``); what only
+    loading finds (a corrupt batch or checkpoint) each rank reports as one line.
     """
     args = parse_args(argv, raise_errors=True)
-    if args.scheme == "hook" and not args.hook:
-        raise ValueError("scheme hook needs --hook package.module:factory (your DDP communication hook)")
-    _, ds = prepare(args)
-    model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
-    if args.init:
-        load_into(model, args.init, args.model)
+    validate(args)
     return args
 
 
@@ -61,8 +58,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         scheme, ds = prepare(args)
-    except ValueError as e:  # DatasetError is one
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # DatasetError is one; one line, from the rank (a launcher checked less)
+        print(f"error (rank {os.environ.get('RANK', '0')}): {e}", file=sys.stderr)
         return 2
     set_determinism(args.seed, args.threads, deterministic=args.compute_time is None)
     collectives.activate()  # under testbed: count what this rank hands to torch.distributed

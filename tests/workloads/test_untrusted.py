@@ -120,17 +120,19 @@ def test_a_cifar_batch_that_is_no_regular_file_or_too_large_is_refused(tmp_path)
         untrusted.load_cifar_pickle(codec)
 
 
-def test_the_cli_ends_a_planted_cifar_batch_in_one_line(tmp_path):
+def test_a_rank_ends_a_planted_cifar_batch_in_one_line(tmp_path):
+    """`testbed run` checks the batches' names and types only (no data loaded in the CLI);
+    reading them is the rank's, which ends a planted one in one line."""
     marker = tmp_path / "ran"
     d = _cifar_dir(tmp_path, pickle.dumps(_Planted(os.system, f"touch {marker}"), protocol=2))
-    r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--dataset", "cifar10",
-                        "--data-dir", str(tmp_path), "--out", str(tmp_path / "runs")],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "workloads.train", "--dataset", "cifar10", "--data-dir", str(tmp_path),
+                        "--max-iters", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "RANK": "3"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     first = r.stderr.splitlines()[0]
-    assert first.startswith(f"error: workload: cannot read {d / 'data_batch_1'} as a CIFAR batch: it names "
+    assert first.startswith(f"error (rank 3): cannot read {d / 'data_batch_1'} as a CIFAR batch: it names "
                             "posix.system"), r.stderr
-    assert not marker.exists() and not (tmp_path / "runs").exists()
+    assert not marker.exists()
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -164,15 +166,17 @@ def test_a_checkpoint_records_its_sha256_and_a_code_running_one_is_one_line(tmp_
     assert not marker.exists()
 
 
-def test_the_train_cli_check_says_one_line_for_a_planted_checkpoint(tmp_path):
+def test_a_rank_says_one_line_for_a_planted_checkpoint(tmp_path):
+    """The CLI checks that --init is a regular file that begins as a checkpoint; loading it
+    is the rank's, which ends a planted one in one line."""
     marker = tmp_path / "ran"
     evil = tmp_path / "evil.pt"
     torch.save({"format": 1, "x": _Planted(os.system, f"touch {marker}")}, evil)
-    r = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--init", str(evil), "--out",
-                        str(tmp_path / "runs")], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 1 and "Traceback" not in r.stderr and not marker.exists(), r.stderr
-    assert r.stderr.startswith(f"error: workload: --init {evil}: not loaded: it holds what a weights-only load "
-                               "refuses (Trying to load unsupported GLOBAL posix.system"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "workloads.train", "--init", str(evil), "--max-iters", "1",
+                        "--batch-size", "8"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not marker.exists(), r.stderr
+    assert f"error (rank 0): --init {evil}: not loaded: it holds what a weights-only load refuses (Trying to " \
+           "load unsupported GLOBAL posix.system" in r.stderr, r.stderr
 
 
 def test_saving_a_checkpoint_never_writes_through_planted_links(tmp_path):
