@@ -15,8 +15,8 @@ from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, 
     split_list, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
 from testbed.cli.usercode import ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
-from testbed.cli.workload import DATASETS, check_timeout, check_workload, pretraining, wants_pretraining, \
-    with_prune_ratios, with_workload_options, workload_args
+from testbed.cli.workload import DATASETS, check_timeout, pretraining, wants_pretraining, with_prune_ratios, \
+    with_workload_options, workload_args, workload_spec
 from testbed.common.errors import TestbedError
 
 MAX_REPEATS = 100
@@ -81,6 +81,7 @@ def run(
     with guard(as_json):
         from testbed.model.flows import parse_spec
         from testbed.runs.experiment import RunRequest
+        from testbed.runs.preflight import preflight
 
         code = user_code(ctx, scheme, script, module)  # SCHEME checked there when it is one
         rate = _rate(bw) if bw is not None else None
@@ -96,16 +97,19 @@ def run(
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
+            pre = None
         else:
-            wargs = workload_args(workload, ctx.args)
-            check_workload(scheme, wargs)
-            if wants_pretraining(scheme, pretrain, pretrain_dataset, workload) and workload["init"] is None:
-                wargs += ["--init", str(_checkpoint(out_dir, pretraining(workload, pretrain_dataset,
-                                                                         pretrain_epochs), as_json))]
+            spec = workload_spec(scheme, workload, ctx.args)  # the options, typed once; no data loaded
+            pre = pretraining(spec, pretrain_dataset, pretrain_epochs) \
+                if wants_pretraining(scheme, pretrain, pretrain_dataset, spec) and spec.init is None else None
+            req = RunRequest(scheme=scheme, spec=spec, **shaping)
+        preflight(req)  # all that needs only the options, names and topology: before pre-training
+        if req.spec is not None:
+            if pre is not None:
+                req.spec = req.spec.replace(init=_checkpoint(out_dir, pre, as_json))
             if not as_json:
-                _announce(scheme, workload, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
+                _announce(scheme, req.spec, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
                           shaping["testbed"] or topology or "three_switch (default)")
-            req = RunRequest(scheme=scheme, workload_args=wargs, **shaping)
         summary = _with_display(_run_one, req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 
@@ -132,16 +136,16 @@ def _checkpoint(out_dir: Path, pre, as_json: bool) -> Path:
     return checkpoint(out_dir, pre, sayer(as_json))
 
 
-def _announce(scheme: str, w: dict, bottleneck, where) -> None:
-    err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(w['model'])}, dataset {escape(w['dataset'])}, "
-              f"{w['epochs']:g} epochs{_at_most(w)}, batch {w['batch_size']}/worker, "
+def _announce(scheme: str, spec, bottleneck, where) -> None:
+    o = spec.options
+    err.print(f"[bold]testbed run {escape(scheme)}[/]: model {escape(o.model)}, dataset {escape(o.dataset)}, "
+              f"{o.epochs:g} epochs{_at_most(o.max_iters)}, batch {o.batch_size}/worker, "
               f"bottleneck {escape(str(bottleneck))}, "
               f"topology {escape(str(where))}", highlight=False)
 
 
-def _at_most(w: dict) -> str:
+def _at_most(n) -> str:
     """`` (at most N iterations)`` where --max-iters ends the run before its epochs do."""
-    n = w.get("max_iters")
     return "" if n is None else f" (at most {n} iteration{'s' if n != 1 else ''})"
 
 
@@ -251,9 +255,9 @@ def sweep(
         if code is not None:
             req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
                                **shared)
+            req.check()
         else:
-            req = SweepRequest(**_builtin_sweep(ctx, schemes, prune_ratios, params, workload, pretrain_dataset,
-                                                pretrain_epochs), **shared)
+            req = _builtin_sweep(ctx, schemes, prune_ratios, workload, pretrain_dataset, pretrain_epochs, shared)
         index = _with_display(_sweep_all, req, as_json)
         failed = [r for r in index["runs"] if r["status"] != "ok"]
         if as_json:
@@ -265,27 +269,28 @@ def sweep(
             raise typer.Exit(1)
 
 
-def _builtin_sweep(ctx, schemes: str, prune_ratios, params: dict, workload: dict, pretrain_dataset,
-                   pretrain_epochs) -> dict:
-    """The built-in schemes' part of a SweepRequest: the schemes, their checked arguments
-    (every grid point each scheme runs checked too) and the shared checkpoint."""
+def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dataset, pretrain_epochs,
+                   shared: dict):
+    """The SweepRequest of built-in schemes: every scheme at every grid point it runs typed
+    and checked once (the sweep's runs reuse them), and the shared checkpoint."""
     from testbed.runs import grid
+    from testbed.runs.sweep import SweepRequest
 
     names = split_list(schemes)
     if prune_ratios is not None:
         names = with_prune_ratios(names, prune_ratios)
-    wargs = workload_args({**workload, "init": None}, ctx.args)
-    if "hook" in {grid.norm(k) for k in params} and not workload["hook_path"]:
-        wargs += ["--hook-path", str(Path.cwd())]  # as for --hook: its module is found from here
-    for name in names:
-        for point in grid.for_scheme(params, name):
-            check_workload(name, [*wargs, *grid.argv(point, builtin=True)])
-    pre = pretraining(workload, pretrain_dataset, pretrain_epochs)
-    if workload["compute_time"] is not None:  # traffic only: no checkpoint to share
+    init = workload["init"].resolve() if workload["init"] is not None else None
+    req = SweepRequest(schemes=names, workload_args=workload_args({**workload, "init": None}, ctx.args), init=init,
+                       **shared)
+    req.check()
+    first = req.spec(names[0], grid.for_scheme(req.params, names[0])[0])
+    assert first is not None  # (built-in schemes have a spec)
+    req.pretrain = pretraining(first, pretrain_dataset, pretrain_epochs)
+    if first.options.compute_time is not None:  # traffic only: no checkpoint to share
         if pretrain_dataset is not None:
             raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
-        pre = None
-    return dict(schemes=names, workload_args=wargs, init=workload["init"], pretrain=pre)
+        req.pretrain = None
+    return req
 
 
 def _sweep_all(req, on_status, on_message):

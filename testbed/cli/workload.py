@@ -161,32 +161,15 @@ def workload_args(w: dict, extra=()) -> list[str]:
             args += [(p.flag if w[p.name] else p.no_flag)] if p.type is bool else [p.flag, str(w[p.name])]
     if w["stop_at_target"]:
         args.append("--stop-at-target")
-    if w["hook"] and not w["hook_path"]:  # --hook's module is found from here, as python -m would
-        args += ["--hook-path", str(Path.cwd())]
     return args + list(extra)
 
 
-def check_workload(scheme: str, args: list[str]) -> None:
-    """The workload's own check of its command line (nothing runs); a checkpoint (--init) must
-    be a regular file, which every rank can read without blocking."""
-    from testbed.common.files import check_regular
+def workload_spec(scheme: str, w: dict, extra=()):
+    """The workload's typed options (testbed.runs.spec.WorkloadSpec): ``w`` and what followed
+    `--` read once by the workload's own parser and checked without loading any data."""
+    from testbed.runs.spec import WorkloadSpec
 
-    for flag, value in zip(args, args[1:]):
-        if flag == "--init":
-            try:
-                check_regular(Path(value), "checkpoint", "--init")
-            except FileNotFoundError:
-                raise TestbedError(f"--init {value}: no such file", "give a checkpoint made by workloads.pretrain "
-                                   "or torch.save") from None
-    try:
-        from workloads.train import check
-    except ImportError as e:
-        raise TestbedError(f"the training workloads cannot be imported ({e})",
-                           "install torch first (pip install torch==2.13.0), then pip install '.[train]'") from None
-    try:
-        check(["--scheme", scheme, *args])
-    except ValueError as e:
-        raise TestbedError(f"workload: {e}", "see python -m workloads.train --help") from None
+    return WorkloadSpec.parse(scheme, workload_args(w, extra))
 
 
 def check_timeout(timeout: float) -> None:
@@ -194,23 +177,24 @@ def check_timeout(timeout: float) -> None:
         raise TestbedError(f"--timeout must be a number of seconds > 0, got {timeout}", "e.g. --timeout 300")
 
 
-def pretraining(workload: dict, dataset: Optional[str], epochs: float):
-    """The shared checkpoint's description (testbed.runs.sweep.Pretraining), checked."""
+def pretraining(spec, dataset: Optional[str], epochs: float):
+    """The shared checkpoint's description (testbed.runs.sweep.Pretraining) for the runs of
+    ``spec`` (a WorkloadSpec), checked."""
     from testbed.runs.sweep import Pretraining
 
     if not (math.isfinite(epochs) and epochs > 0):
         raise TestbedError(f"--pretrain-epochs must be a number > 0, got {epochs}")
-    return Pretraining(model=workload["model"], dataset=dataset or workload["dataset"], epochs=epochs,
-                       width=workload["width"], depth=workload["depth"], data_dir=workload["data_dir"],
-                       seed=workload["seed"])
+    o = spec.options
+    return Pretraining(model=o.model, dataset=dataset or o.dataset, epochs=epochs, width=o.width, depth=o.depth,
+                       data_dir=Path(o.data_dir) if o.data_dir else None, seed=o.seed)
 
 
-def wants_pretraining(scheme: str, pretrain: Optional[bool], pretrain_dataset: Optional[str], workload: dict) -> bool:
+def wants_pretraining(scheme: str, pretrain: Optional[bool], pretrain_dataset: Optional[str], spec) -> bool:
     """Whether ``testbed run`` starts from a pre-trained checkpoint: as asked, else (auto)
     when the scheme prunes a trained network or --pretrain-dataset is given; contradictions refused."""
     from workloads.schemes import parse_variant
 
-    init, compute_time = workload["init"], workload["compute_time"]
+    init, compute_time = spec.init, spec.options.compute_time
     if pretrain is False and init is not None:
         raise TestbedError("--no-pretrain and --init contradict each other", "give one of them")
     if pretrain is None:

@@ -43,7 +43,8 @@ from testbed.runs.diskfull import as_disk_failure
 from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
 from testbed.runs.launch import Launcher
 from testbed.runs.monitoring import Every, ExporterWatch
-from testbed.runs.request import PATH_FLAGS, RunRequest, Status, host_paths, new_run_id, variant_slug
+from testbed.runs.request import RunRequest, Status, new_run_id, variant_slug
+from testbed.runs.spec import WorkloadSpec
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
 from testbed.runs.sampling import LinkSampler, Progress, TrainStart
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
@@ -53,9 +54,9 @@ from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
 
 __all__ = [  # the names callers import from here (the CLI, sweep, benchmarks, tests)
-    "DEFAULT_TOPOLOGY", "PATH_FLAGS", "RateTimeline", "RunInterrupted", "RunRequest", "Status", "TrafficBypassed",
-    "TrafficUnproven", "annotate_rates", "check_out", "host_paths", "new_run_id", "obtain_testbed", "run", "run_lock",
-    "variant_slug",
+    "DEFAULT_TOPOLOGY", "RateTimeline", "RunInterrupted", "RunRequest", "Status", "TrafficBypassed",
+    "TrafficUnproven", "WorkloadSpec", "annotate_rates", "check_out", "new_run_id", "obtain_testbed", "run",
+    "run_lock", "variant_slug",
 ]
 
 
@@ -177,9 +178,12 @@ class _Run:
             self.mounts = [req.code.path]
             write_config(self.run_dir, req, len(self.tb.workers))
             return
-        scheme_arg = ["--scheme", req.scheme] if req.module == "workloads.train" else []
-        wargs, self.mounts = host_paths(req.args)
-        self.argv = [req.module, *scheme_arg, *wargs, "--out", str(self.run_dir.resolve())]
+        spec = req.workload
+        if spec is None:  # another module of ours (workloads.collective): its arguments as given
+            self.argv = [req.module, *req.args, "--out", str(self.run_dir.resolve())]
+            return
+        self.argv = [req.module, *spec.argv(out=self.run_dir.resolve())]  # the spec's one rendering
+        self.mounts = spec.mounts()
 
     def start_alongside(self) -> None:
         """What runs beside the ranks: the metrics exporter, the link sampler, the trace
@@ -244,15 +248,21 @@ class _Run:
             self.traffic.flush(self.run_dir / "traffic.jsonl")
 
     def write_summary(self) -> dict:
-        """summary.json; the exporter's last scrape; with a trace, each record's link rate."""
+        """summary.json, written by testbed once (it replaces the workload's part rank 0 wrote;
+        the user's code's part is made from its records in memory). With the exporter on,
+        the proof is written first so that the exporter's last scrape serves it, and the
+        summary once more with ``monitoring`` (whether that scrape came): the one exception.
+        With a trace, each record gets its link rate."""
         run_dir, trace = self.run_dir, self.trace
-        if self.req.code is not None:  # testbed writes its summary, from the records
-            write_json(run_dir / "summary.json", summary_from_records(run_dir, self.req, len(self.tb.workers),
-                                                                      self.t_start, self.duration, self.say))
+        workload = None
+        if self.req.code is not None:  # testbed makes its summary's workload part, from the records
+            workload = summary_from_records(run_dir, self.req, len(self.tb.workers), self.t_start, self.duration,
+                                            self.say)
         ts = self.train_start
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
                             self.end_counters, self.duration, self.shapes,
-                            (ts.counters, self.t_end - ts.time) if ts and ts.counters is not None else None)
+                            (ts.counters, self.t_end - ts.time) if ts and ts.counters is not None else None,
+                            workload=workload)
         summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
         apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
                              self.end_all))
@@ -261,9 +271,9 @@ class _Run:
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)
         if self.traffic is not None:
             summary["cross_traffic"] = self.traffic.summary(self.t_start, self.t_start + self.duration)
-        write_json(run_dir / "summary.json", summary)
         final_scrape = None
         if self.exporter is not None:
+            write_json(run_dir / "summary.json", summary)  # what the exporter's last scrape serves
             final_scrape = self.exporter.finish()  # Prometheus gets the final records before the exporter goes
             self.exporter.close()
             self.exporter = None

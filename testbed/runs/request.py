@@ -1,10 +1,12 @@
 """What `testbed run` is asked to do, what it shows while it runs, and how runs are named.
 
-    RunRequest   the run's inputs (scheme, workload arguments, testbed, --bw / --bw-trace, ...)
+    RunRequest   the run's inputs (scheme, the workload's typed options, testbed, --bw / --bw-trace, ...)
     UserCode     a user's own script (--script FILE) or module (-m MOD) the ranks run instead
     Status       what the progress display shows, refreshed about twice a second
     new_run_id   runs/<time>-<scheme variant>-<bw>, unique in the output directory
-    host_paths   workload arguments naming host files, made absolute (and the directories to mount)
+
+The built-in workload's options are one typed value (:class:`testbed.runs.spec.WorkloadSpec`),
+parsed once and rendered to the ranks' argv once; the user's own code's arguments pass through.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from testbed.hosts.runplace import CodeTree
 from testbed.model.units import Rate
 from testbed.runs import grid
+from testbed.runs.spec import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,9 @@ class UserCode:
 @dataclass
 class RunRequest:
     scheme: str
-    workload_args: list[str]
-    """Arguments for ``python -m workloads.train`` other than --scheme/--out/--iface."""
+    workload_args: list[str] = field(default_factory=list)
+    """Arguments of the workload other than --scheme/--out (parsed into ``spec`` for
+    workloads.train; the user's own code's, or another module's, passed on unchanged)."""
     topology: Path | None = None
     testbed: str | None = None
     bw: Rate | None = None
@@ -97,23 +101,34 @@ class RunRequest:
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
+    spec: WorkloadSpec | None = None
+    """workloads.train's options, typed (the grid point's included); when not given, parsed
+    once from ``scheme``, ``workload_args`` and ``params`` on first use (:attr:`workload`)."""
+
+    @property
+    def workload(self) -> WorkloadSpec | None:
+        """The built-in trainer's typed options (None: the user's code or another module,
+        whose arguments are not ours to parse). TestbedError when they are wrong."""
+        if self.code is not None or self.module != "workloads.train":
+            return None
+        if self.spec is None:
+            self.spec = WorkloadSpec.parse(self.scheme, [*self.workload_args, *grid.argv(self.params, builtin=True)])
+        return self.spec
 
     @property
     def args(self) -> list[str]:
-        """The code's arguments: ``workload_args``, then the grid point's ``--KEY VALUE``."""
+        """The code's arguments: the built-in trainer's rendered from its spec (without
+        --scheme); others' ``workload_args``, then the grid point's ``--KEY VALUE``."""
+        spec = self.workload
+        if spec is not None:
+            return spec.args()
         return [*self.workload_args, *grid.argv(self.params, builtin=self.code is None)]
 
     @property
     def compute_backend(self) -> str:
-        """The workload's ``--backend`` (auto, gloo or nccl; the last one given wins, as in argparse)."""
-        value = "auto"
-        args = self.args
-        for i, a in enumerate(args):
-            if a == "--backend" and i + 1 < len(args):
-                value = args[i + 1]
-            elif a.startswith("--backend="):
-                value = a.partition("=")[2]
-        return value
+        """The workload's torch.distributed backend (auto, gloo or nccl; auto for code not ours)."""
+        spec = self.workload
+        return spec.backend if spec is not None else "auto"
 
 
 @dataclass
@@ -143,26 +158,3 @@ def new_run_id(out: Path, scheme: str, bw: Rate | str | None) -> str:
         n += 1
         rid = f"{base}-{n}"
     return rid
-
-
-PATH_FLAGS = {"--init": "file", "--data-dir": "dir", "--hook-path": "dir"}
-"""Workload arguments that name host files: made absolute, and their directories mounted
-into container workers at the same path."""
-
-
-def host_paths(args: list[str]) -> tuple[list[str], list[Path]]:
-    """``args`` with the paths of PATH_FLAGS made absolute (``--flag PATH`` and
-    ``--flag=PATH``), and the directories they need: ranks run in the run directory."""
-    out, mounts = list(args), []
-    for i, a in enumerate(args):
-        flag, eq, value = a.partition("=")
-        kind = PATH_FLAGS.get(flag)
-        if not kind or not (eq or i + 1 < len(args)):
-            continue
-        p = Path(value if eq else args[i + 1]).resolve()
-        if eq:
-            out[i] = f"{flag}={p}"
-        else:
-            out[i + 1] = str(p)
-        mounts.append(p.parent if kind == "file" else p)
-    return out, list(dict.fromkeys(mounts))

@@ -38,8 +38,11 @@ def bottleneck_shapes(bottlenecks: list[Link]) -> dict:
 
 
 def request_record(req: RunRequest, tb: Testbed, created: bool, flows: list, trace) -> dict:
-    """The request as run.json and summary.json keep it (with the sweep's ``extra``)."""
-    request = {"scheme": req.scheme, "workload_args": req.workload_args, "bw": str(req.bw) if req.bw else None,
+    """The request as run.json and summary.json keep it (with the sweep's ``extra``); the
+    built-in trainer's arguments as its spec renders them (paths absolute, the grid point in)."""
+    spec = req.workload
+    request = {"scheme": req.scheme, "workload_args": spec.args() if spec is not None else req.workload_args,
+               "bw": str(req.bw) if req.bw else None,
                "testbed": tb.name, "created_testbed": created, "timeout_s": req.timeout, **req.extra}
     if req.params:
         request["params"] = req.params

@@ -18,13 +18,18 @@ from testbed.runs.rundir import code_version
 from testbed.runs.userrecords import sane_number
 
 def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], start: dict, end: dict,
-              duration: float, shapes: dict, train_start: tuple[dict, float] | None = None) -> dict:
+              duration: float, shapes: dict, train_start: tuple[dict, float] | None = None,
+              workload: dict | None = None) -> dict:
     """``train_start``: the bottleneck counters when the first iteration began, and how long
-    before the end that was: bytes and utilisation are measured from then (else from the launch)."""
-    try:
-        summary = read_json(run_dir / "summary.json", "json", "summary")
-    except FileNotFoundError:
-        raise TestbedError(f"the ranks exited 0 but wrote no summary.json in {run_dir}") from None
+    before the end that was: bytes and utilisation are measured from then (else from the launch).
+    ``workload``: the workload's part (None: the summary.json rank 0 wrote)."""
+    if workload is not None:
+        summary = dict(workload)
+    else:
+        try:
+            summary = read_json(run_dir / "summary.json", "json", "summary")
+        except FileNotFoundError:
+            raise TestbedError(f"the ranks exited 0 but wrote no summary.json in {run_dir}") from None
     iters = summary.get("iterations") or 0
     rates = sorted({s["rate"] for dirs in shapes.values() for s in dirs.values()})
     summary.update({

@@ -29,8 +29,10 @@ from testbed.common.outdir import own_dir
 from testbed.runs import grid
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
+from testbed.runs.preflight import check_target
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven
 from testbed.runs.request import UserCode
+from testbed.runs.spec import WorkloadSpec
 from testbed.model.units import Rate
 
 
@@ -53,6 +55,25 @@ class SweepRequest:
     """The parameter grid (:mod:`testbed.runs.grid`): every run gets one of its points."""
     code: UserCode | None = None
     """The user's own script or module instead of ``schemes`` (its label is the one scheme)."""
+    _specs: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def spec(self, scheme: str, point: dict) -> WorkloadSpec | None:
+        """The typed options of ``scheme``'s runs at grid ``point``, parsed once (None: the user's
+        code, whose arguments pass through); a repeat changes only its seed."""
+        if self.code is not None:
+            return None
+        key = (scheme, tuple(sorted(point.items())))
+        if key not in self._specs:
+            self._specs[key] = WorkloadSpec.parse(scheme, [*self.workload_args, *grid.argv(point, builtin=True)])
+        return self._specs[key]
+
+    def check(self) -> None:
+        """Every scheme at every grid point, and ``init``, checked (TestbedError) before anything is built."""
+        for scheme in self.schemes:
+            for point in grid.for_scheme(self.params, None if self.code else scheme):
+                self.spec(scheme, point)
+        if self.init is not None and self.code is None:
+            WorkloadSpec.parse("allreduce", ["--init", str(self.init)])
 
 
 @dataclass(frozen=True)
@@ -105,15 +126,6 @@ def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     return path
 
 
-def with_seed(args: list[str], offset: int) -> list[str]:
-    """``args`` with every ``--seed S`` made ``--seed S+offset`` (a sweep's repeat k uses seed + k)."""
-    out = list(args)
-    for i, a in enumerate(out[:-1]):
-        if a == "--seed":
-            out[i + 1] = str(int(out[i + 1]) + offset)
-    return out
-
-
 def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
     made = check_out(req.out)
@@ -134,6 +146,8 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
     plan = [(bw, scheme, point, rep) for bw in req.bws for scheme in req.schemes
             for point in grid.for_scheme(req.params, None if req.code else scheme) for rep in range(req.repeats)]
     try:
+        req.check()  # every run's options, then the testbed's names: before anything is built
+        check_target(req.testbed, req.topology)
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)  # before pre-training
         init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
         index["checkpoint"] = str(init) if init else None
@@ -181,7 +195,9 @@ def _new_dir(out: Path) -> Path:
 def _request(req: SweepRequest, scheme: str, point: dict, rep: int, init: Path | None, testbed: str, bw: Rate,
              sweep_dir: Path, run_id: str) -> RunRequest:
     """One run of the sweep: repeat ``rep`` (seed + rep) of ``scheme`` at ``bw`` with grid ``point``."""
-    args = with_seed(req.workload_args, rep) + (["--init", str(init)] if init else [])
-    return RunRequest(scheme=scheme, workload_args=args, params=point, code=req.code,
+    spec = req.spec(scheme, point)
+    if spec is not None:
+        spec = spec.replace(seed=spec.seed + rep, **({"init": init} if init else {}))
+    return RunRequest(scheme=scheme, workload_args=req.workload_args, spec=spec, params=point, code=req.code,
                       testbed=testbed, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
                       extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter)

@@ -174,11 +174,12 @@ def test_a_run_or_sweep_refused_after_the_out_check_leaves_no_out_directory(tmp_
 
 def test_the_run_header_says_when_max_iters_ends_the_run_before_its_epochs(capsys):
     from testbed.cli.runs import _announce
+    from testbed.runs.spec import WorkloadSpec
 
-    w = {"model": "cnn", "dataset": "digits", "epochs": 15.0, "batch_size": 32, "max_iters": 5}
+    w = WorkloadSpec.parse("pactrain", ["--epochs", "15", "--batch-size", "32", "--max-iters", "5"])
     _announce("pactrain", w, "100mbit", "three_switch (default)")
     assert "15 epochs (at most 5 iterations), batch 32/worker" in capsys.readouterr().err
-    _announce("pactrain", {**w, "max_iters": None}, "100mbit", "three_switch (default)")
+    _announce("pactrain", w.replace(max_iters=None), "100mbit", "three_switch (default)")
     assert "15 epochs, batch 32/worker" in capsys.readouterr().err
 
 

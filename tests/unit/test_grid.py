@@ -42,10 +42,13 @@ def test_a_switch_in_the_grid_picks_the_trainers_flag_and_your_code_gets_it_as_w
 
 
 def test_a_point_reaches_the_code_after_its_own_arguments():
-    req = RunRequest(scheme="s", workload_args=["--epochs", "1", "--backend", "gloo"],
+    req = RunRequest(scheme="allreduce", workload_args=["--epochs", "1", "--backend", "gloo"],
                      params={"lr": "0.1", "backend": "nccl"})
-    assert req.args == ["--epochs", "1", "--backend", "gloo", "--lr", "0.1", "--backend", "nccl"]
-    assert req.compute_backend == "nccl"  # the last one wins, as argparse reads it
+    assert req.args == ["--epochs", "1.0", "--lr", "0.1", "--backend", "nccl"]  # typed, rendered once
+    assert req.compute_backend == "nccl"  # the point's, after the arguments: the last one wins, as in argparse
+    mine = RunRequest(scheme="s", workload_args=["--epochs", "1", "--backend", "gloo"], params={"backend": "nccl"},
+                      code=UserCode("script", "/x/train.py", Path("/x")))
+    assert mine.args == ["--epochs", "1", "--backend", "gloo", "--backend", "nccl"]  # not ours: as given
 
 
 def test_a_schemes_own_parameter_goes_only_to_the_schemes_that_have_it():

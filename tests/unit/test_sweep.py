@@ -5,7 +5,7 @@ import pytest
 
 from testbed.cli.workload import with_prune_ratios as _with_prune_ratios
 from testbed.common.errors import TestbedError
-from testbed.runs.sweep import Pretraining, with_seed
+from testbed.runs.sweep import Pretraining, SweepRequest, _request
 from workloads.schemes import parse_variant
 from workloads.train import hyper_params, parse_args
 
@@ -22,10 +22,19 @@ def test_prune_ratios_expand_every_pactrain_entry_and_nothing_else():
             _with_prune_ratios(names, ratios)
 
 
-def test_each_repeat_gets_its_own_seed():
-    assert with_seed(["--model", "cnn", "--seed", "3", "--lr", "0.1"], 2) == ["--model", "cnn", "--seed", "5",
-                                                                              "--lr", "0.1"]
-    assert with_seed(["--seed", "0"], 0) == ["--seed", "0"]
+def test_each_repeat_gets_its_own_seed(tmp_path):
+    """Repeat k runs with the spec's seed + k (read from the typed options, the last --seed
+    given winning as in argparse); the user's code gets its arguments unchanged."""
+    from testbed.runs.request import UserCode
+
+    req = SweepRequest(schemes=["allreduce"], bws=[], workload_args=["--seed", "1", "--lr", "0.1", "--seed=3"])
+    runs = [_request(req, "allreduce", {}, rep, None, "tb", None, tmp_path, f"r{rep}") for rep in (0, 2)]
+    assert [r.workload.seed for r in runs] == [3, 5]
+    assert runs[1].args == ["--lr", "0.1", "--seed", "5"]
+    assert req.spec("allreduce", {}) is req.spec("allreduce", {})  # parsed once per scheme and point
+    mine = SweepRequest(schemes=["script:t.py"], bws=[], workload_args=["--seed", "3"],
+                        code=UserCode("script", "/x/t.py", tmp_path))
+    assert _request(mine, "script:t.py", {}, 2, None, "tb", None, tmp_path, "r2").args == ["--seed", "3"]
 
 
 def test_the_checkpoint_key_names_the_pretraining_dataset():

@@ -189,14 +189,3 @@ def test_what_another_host_gets_of_your_code_is_its_directory_without_outputs_bo
     monkeypatch.setattr(runplace, "MAX_CODE_FILES", 3)
     with pytest.raises(TestbedError, match=f"your code's directory {proj} holds more than 3 files"):
         tree.files()
-
-
-def test_path_flags_are_made_absolute_in_both_spellings(tmp_path, monkeypatch):
-    """Ranks run in the run directory: a relative --init or --data-dir, as `--flag PATH` or
-    `--flag=PATH`, is made absolute and its directory mounted for container and VM workers."""
-    from testbed.runs.request import host_paths
-
-    monkeypatch.chdir(tmp_path)
-    args, mounts = host_paths(["--init=ck/p.pt", "--data-dir", "data", "--lr", "0.1", "--hook-path"])
-    assert args == [f"--init={tmp_path}/ck/p.pt", "--data-dir", f"{tmp_path}/data", "--lr", "0.1", "--hook-path"]
-    assert mounts == [tmp_path / "ck", tmp_path / "data"]
