@@ -234,10 +234,13 @@ def test_compute_time_run_sends_the_real_models_bytes_and_says_accuracy_was_not_
 
 
 def test_placement_aware_schemes_across_three_switch(tmp_path, clean_kernel):
-    """8 ranks behind two edge switches: each rank is told its switch, and what crosses the
-    shaped uplinks per iteration orders the schemes as their designs say."""
+    """Ranks behind two edge switches (three_switch with two workers on each: every rank
+    imports torch, 1.5 s of CPU, so four, not eight): each rank is told its switch, and what
+    crosses the shaped uplinks per iteration orders the schemes as their designs say."""
     topo = yaml.safe_load((ROOT / "testbed" / "topologies" / "three_switch.yaml").read_text())
     topo["name"] = "rplace"
+    topo["nodes"] = {n: v for n, v in topo["nodes"].items() if n not in {"w2", "w3", "w6", "w7"}}
+    topo["links"] = [lk for lk in topo["links"] if set(lk["endpoints"]) <= set(topo["nodes"])]
     path = _topology(tmp_path, topo)
     cli_json("up", str(path))
     per_iter = {}
@@ -248,14 +251,14 @@ def test_placement_aware_schemes_across_three_switch(tmp_path, clean_kernel):
                     timeout=600)
             assert r.returncode == 0, r.stdout + r.stderr
             s = json.loads(r.stdout)
-            assert s["status"] == "ok" and s["world_size"] == 8 and s["iterations"] == 10, s
+            assert s["status"] == "ok" and s["world_size"] == 4 and s["iterations"] == 10, s
             d = Path(s["run_dir"])
             told = json.loads((d / "placement.json").read_text())
-            assert told["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and told["names"] == ["s1", "s2"]
+            assert told["groups"] == [[0, 1], [2, 3]] and told["names"] == ["s1", "s2"]
             seen = json.loads((d / "summary.json").read_text())["placement"]
             assert seen["groups"] == told["groups"] and seen["names"] == told["names"], "ranks built the topology's"
             workers = json.loads((d / "run.json").read_text())["workers"]
-            assert [w["switch"] for w in workers] == ["s1"] * 4 + ["s2"] * 4
+            assert [w["switch"] for w in workers] == ["s1"] * 2 + ["s2"] * 2
             per_iter[scheme] = s["bottleneck"]["bytes_per_iteration"]
     finally:
         cli("down", "rplace")
