@@ -5,9 +5,15 @@ files (``slow``, ``kernel``, skips) are kept."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers set COLUMNS=80, which the CLI obeys (testbed.cli.render): its
+    # tables would wrap where a plain pytest run, whose output is a pipe, prints them whole
+    os.environ.pop("COLUMNS", None)
 
 _HERE = Path(__file__).resolve().parent
 _BY_FOLDER = {"kernel": pytest.mark.kernel, "workloads": pytest.mark.workloads}
