@@ -14,8 +14,8 @@ import stat
 import sys
 from pathlib import Path
 
-from workloads import data, schemes
-from workloads.models import MODELS
+from workloads import schemes
+from workloads.names import DATASET_NAMES, MODEL_NAMES, DatasetError
 
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 """torch.distributed backends a run may ask for (auto: nccl when CUDA is available, else gloo)."""
@@ -91,10 +91,10 @@ def _parser(raise_errors: bool) -> _Parser:
     p.raise_errors = raise_errors
     p.add_argument("--scheme", default="allreduce",
                    help=f"one of: {', '.join(schemes.SCHEMES)}; or {schemes.VARIANT_HELP}")
-    p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODEL_NAMES)}")
     p.add_argument("--width", type=float, default=1.0, help="channel/embedding multiplier")
     p.add_argument("--depth", type=int, default=None, help="cap on blocks/convs/layers per stage")
-    p.add_argument("--dataset", default="digits", help=f"one of: {', '.join(data.DATASETS)}")
+    p.add_argument("--dataset", default="digits", help=f"one of: {', '.join(DATASET_NAMES)}")
     p.add_argument("--data-dir", default=None, help="directory holding the CIFAR python-pickle folders")
     p.add_argument("--epochs", type=float, default=3, help="epochs to train (fractions allowed)")
     p.add_argument("--max-iters", type=int, default=None, help="stop after this many iterations")
@@ -196,6 +196,8 @@ def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None 
 def prepare(args: argparse.Namespace):
     """Validate what can be checked before joining the group; (scheme, dataset).
     ValueError (a DatasetError is one) says what to fix."""
+    from workloads import data  # torch: not for a launcher that only checks a command line
+
     return validate(args), data.load(args.dataset, args.data_dir)
 
 
@@ -211,10 +213,10 @@ def validate(args: argparse.Namespace):
     scheme = schemes.get(args.scheme)
     if args.scheme == "hook" and not args.hook:
         raise ValueError("scheme hook needs --hook package.module:factory (your DDP communication hook)")
-    if args.dataset not in data.DATASETS:
-        raise ValueError(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(data.DATASETS)}")
-    if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
+    if args.dataset not in DATASET_NAMES:
+        raise ValueError(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(DATASET_NAMES)}")
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
     if args.init:
         _check_checkpoint(Path(args.init))
     if args.dataset in CIFAR_FILES:
@@ -267,14 +269,14 @@ def _check_cifar(name: str, data_dir: str | None) -> None:
     """``--data-dir`` holds the release's batches as regular files (their contents are the ranks' to read)."""
     sub, files = CIFAR_FILES[name]
     if not data_dir:
-        raise data.DatasetError(f"--dataset {name} needs --data-dir: the directory holding {sub}/ (the python "
+        raise DatasetError(f"--dataset {name} needs --data-dir: the directory holding {sub}/ (the python "
                                 f"version from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
     base = Path(data_dir)
     d = next((d for d in (base / sub, base) if d.is_dir() and any((d / f).exists() for f in files)), None)
     if d is None:
-        raise data.DatasetError(f"--data-dir {data_dir}: no {sub}/ with CIFAR files found; extract the python "
+        raise DatasetError(f"--data-dir {data_dir}: no {sub}/ with CIFAR files found; extract the python "
                                 f"version of {name} there (nothing is downloaded)")
     missing = [f for f in files if not _regular(d / f)]
     if missing:
-        raise data.DatasetError(f"--data-dir {data_dir}: {d} lacks {', '.join(missing)} as regular files; "
+        raise DatasetError(f"--data-dir {data_dir}: {d} lacks {', '.join(missing)} as regular files; "
                                 f"extract the python version of {name} there again")

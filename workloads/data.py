@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from workloads import untrusted
+from workloads import names, untrusted
 
 MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -29,8 +29,7 @@ MEAN_STD = {
 }
 
 
-class DatasetError(ValueError):
-    """A dataset cannot be loaded; the message says how to fix it."""
+DatasetError = names.DatasetError
 
 
 @dataclass(frozen=True)

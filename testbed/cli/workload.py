@@ -26,15 +26,15 @@ RUN_DEFAULTS = {"model": "cnn", "dataset": "digits", "epochs": 15.0, "batch_size
 
 
 def _models():
-    from workloads.models import MODELS
+    from workloads.names import MODEL_NAMES
 
-    return MODELS
+    return MODEL_NAMES
 
 
 def _datasets():
-    from workloads.data import DATASETS
+    from workloads.names import DATASET_NAMES
 
-    return DATASETS
+    return DATASET_NAMES
 
 
 def _dist_backends():

@@ -164,3 +164,11 @@ def test_every_matrix_weight_of_every_model_is_pruned_at_the_ratio(name):
     dense = sum(p.numel() for p in model.parameters())
     removed = sum(int((~m).sum()) for m in masks.values())
     assert abs((dense - removed) / dense - 0.5) <= 0.02 * 0.5, (dense, removed)
+
+
+def test_the_names_a_launcher_checks_are_the_registries():
+    """workloads.names lists them without torch, for `testbed run`'s checks."""
+    from workloads.data import DATASETS
+    from workloads.names import DATASET_NAMES, MODEL_NAMES
+
+    assert MODEL_NAMES == tuple(MODELS) and DATASET_NAMES == tuple(DATASETS)
