@@ -35,6 +35,19 @@ def star_of_stars(n: int, name: str = "stars", rate: str = "1gbit", per_leaf: in
     return {"name": name, "defaults": {"link": {"rate": rate}}, "nodes": nodes, "links": links}
 
 
+def three_switch(name: str, workers: set[str] | None = None) -> dict:
+    """topologies/three_switch.yaml named ``name``, with only ``workers`` (all eight when None)."""
+    import yaml
+
+    topo = yaml.safe_load((Path(__file__).resolve().parents[1] / "testbed" / "topologies" /
+                           "three_switch.yaml").read_text())
+    topo["name"] = name
+    if workers is not None:
+        topo["nodes"] = {n: v for n, v in topo["nodes"].items() if v["kind"] == "switch" or n in workers}
+        topo["links"] = [lk for lk in topo["links"] if set(lk["endpoints"]) <= set(topo["nodes"])]
+    return topo
+
+
 def _await_line(proc, text: bytes, timeout: float) -> None:
     """Read ``proc``'s stdout until a line holds ``text`` (then leave the rest unread)."""
     import select

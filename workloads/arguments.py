@@ -270,13 +270,13 @@ def _check_cifar(name: str, data_dir: str | None) -> None:
     sub, files = CIFAR_FILES[name]
     if not data_dir:
         raise DatasetError(f"--dataset {name} needs --data-dir: the directory holding {sub}/ (the python "
-                                f"version from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
+                           f"version from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
     base = Path(data_dir)
     d = next((d for d in (base / sub, base) if d.is_dir() and any((d / f).exists() for f in files)), None)
     if d is None:
         raise DatasetError(f"--data-dir {data_dir}: no {sub}/ with CIFAR files found; extract the python "
-                                f"version of {name} there (nothing is downloaded)")
+                           f"version of {name} there (nothing is downloaded)")
     missing = [f for f in files if not _regular(d / f)]
     if missing:
         raise DatasetError(f"--data-dir {data_dir}: {d} lacks {', '.join(missing)} as regular files; "
-                                f"extract the python version of {name} there again")
+                           f"extract the python version of {name} there again")

@@ -12,7 +12,8 @@ Every consumer (the GPUs a run shares, the paths mounted into container workers,
 seed, the records) reads the spec's fields; nothing scans an argv again. The user's own
 code (--script/-m) is not ours to parse: its arguments pass through unchanged.
 
-``workloads`` (and torch) is imported when a spec is parsed, never when this module is.
+``workloads`` is imported when a spec is parsed, never when this module is; neither
+imports torch (the names it checks are in ``workloads.names``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import three_switch
 from tests.kernel.conftest import cli
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -75,14 +76,9 @@ QUIET_HOOK = ("import torch\n"
 
 
 def _up(tmp_path, name: str, workers: set[str] | None = None):
-    """three_switch as ``name``, with only ``workers`` (all eight when None)."""
-    topo = yaml.safe_load((ROOT / "testbed" / "topologies" / "three_switch.yaml").read_text())
-    topo["name"] = name
-    if workers is not None:
-        topo["nodes"] = {n: v for n, v in topo["nodes"].items() if v["kind"] == "switch" or n in workers}
-        topo["links"] = [lk for lk in topo["links"] if set(lk["endpoints"]) <= set(topo["nodes"])]
+    """three_switch as ``name``, with only ``workers`` (all eight when None), up while in use."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(topo))
+    path.write_text(yaml.safe_dump(three_switch(name, workers)))
     assert cli("up", str(path)).returncode == 0
     try:
         yield tmp_path

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dumbbell
+from tests.helpers import dumbbell, three_switch
 from tests.kernel.conftest import cli, cli_json, run
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -237,11 +237,7 @@ def test_placement_aware_schemes_across_three_switch(tmp_path, clean_kernel):
     """Ranks behind two edge switches (three_switch with two workers on each: every rank
     imports torch, 1.5 s of CPU, so four, not eight): each rank is told its switch, and what
     crosses the shaped uplinks per iteration orders the schemes as their designs say."""
-    topo = yaml.safe_load((ROOT / "testbed" / "topologies" / "three_switch.yaml").read_text())
-    topo["name"] = "rplace"
-    topo["nodes"] = {n: v for n, v in topo["nodes"].items() if n not in {"w2", "w3", "w6", "w7"}}
-    topo["links"] = [lk for lk in topo["links"] if set(lk["endpoints"]) <= set(topo["nodes"])]
-    path = _topology(tmp_path, topo)
+    path = _topology(tmp_path, three_switch("rplace", {"w0", "w1", "w4", "w5"}))
     cli_json("up", str(path))
     per_iter = {}
     try:
