@@ -114,6 +114,9 @@ def _parser(raise_errors: bool) -> _Parser:
                    help="paper-scale traffic: replace forward and backward by this many seconds per iteration "
                         "(e.g. measured on your GPU); the real model's parameters, DDP buckets, hooks and "
                         "collectives, synthetic gradients; no accuracy. Needs --max-iters")
+    p.add_argument("--dilation", type=float, default=1.0, metavar="K",
+                   help="time dilation (set by `testbed run --dilation`, which also slows every shaped link "
+                        "K-fold): sleep K x --compute-time, record every duration divided by K")
     p.add_argument("--backend", choices=DIST_BACKENDS, default="auto",
                    help="auto: nccl when CUDA is available, else gloo")
     p.add_argument("--iface", default=None,
@@ -190,6 +193,8 @@ def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None 
     d.update(schemes.hyper(scheme, vars(args)))
     d["init"] = Path(args.init).name if args.init else None
     d["pretrain_dataset"] = pretrain_dataset
+    if args.dilation != 1:  # runs at different K are compared, never averaged
+        d["dilation"] = args.dilation
     return d
 
 
@@ -222,6 +227,11 @@ def validate(args: argparse.Namespace):
     if args.dataset in CIFAR_FILES:
         _check_cifar(args.dataset, args.data_dir)
     schemes.check_values(vars(args))
+    if args.dilation != 1.0:
+        if not (math.isfinite(args.dilation) and 1 <= args.dilation <= MAX_DILATION):
+            raise ValueError(f"--dilation is a factor in [1, {MAX_DILATION:g}], got {args.dilation}")
+        if args.compute_time is None:
+            raise ValueError("--dilation needs --compute-time: real compute cannot be slowed K-fold")
     if args.compute_time is not None:
         if not (math.isfinite(args.compute_time) and 0 <= args.compute_time <= 3600):
             raise ValueError(f"--compute-time is seconds per iteration in [0, 3600], got {args.compute_time}")
@@ -241,6 +251,9 @@ def _regular(path: Path) -> bool:
     except OSError:
         return False
 
+
+MAX_DILATION = 1000.0
+"""The largest time dilation: 1000 x a 10 Gbit link is 10 Mbit, still well above HTB's floor."""
 
 CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
 """How a file torch.load reads begins: torch.save's zip archive, or the legacy pickle."""

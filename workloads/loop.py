@@ -1,5 +1,8 @@
 """The iterations of one run: step, record, evaluate, until the last iteration or the target.
 
+Every duration it records is in emulated seconds: the measured one divided by ``--dilation``
+(1 unless ``testbed run --dilation K`` slowed the links and the stated compute K-fold).
+
 ``Loop`` holds what the iterations touch (built by ``workloads.train.train``); ``run()``
 returns the ``Progress`` the summary is made of. Per iteration, in order: one optimizer
 step through DDP and the scheme's hook (``step``), its record line and log line
@@ -69,6 +72,7 @@ class Loop:
         while True:
             for x, y in self._batches(epoch, aug):
                 dt, loss = self.step(x, y)
+                dt /= self.args.dilation  # emulated seconds (--dilation K: everything ran K times slower)
                 self.record(progress, epoch, dt, loss)
                 if self.synthetic is None and (progress.iterations % eval_every == 0
                                                or progress.iterations == self.total):
@@ -116,7 +120,7 @@ class Loop:
         progress.iterations += 1
         it = progress.iterations
         progress.train_s += dt
-        compute_s, comm_s, overlap_s = self.timers.read()
+        compute_s, comm_s, overlap_s = (None if t is None else t / self.args.dilation for t in self.timers.read())
         payload = self.state.take_payload_bytes()
         progress.iter_s.append(dt)
         progress.payloads.append(payload)

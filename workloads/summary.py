@@ -66,6 +66,7 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
         "dense_iterations": stats.get("dense_iterations"), "control_bytes": stats.get("control_bytes"),
         "init": pretrained, "from_scratch": pretrained is None,
         "compute_time_s": args.compute_time, "accuracy_measured": args.compute_time is None,
+        "dilation": args.dilation,
         "max_rss_bytes_per_rank": totals.max_rss_bytes_per_rank,
         "max_rss_bytes_all_ranks": totals.max_rss_bytes_all_ranks,
         "placement": placement}

@@ -89,7 +89,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     model, pretrained = _model(args, ds, rank, device)
-    synthetic = SyntheticCompute(model, args.compute_time, args.seed * 1000 + rank) \
+    synthetic = SyntheticCompute(model, args.compute_time * args.dilation, args.seed * 1000 + rank) \
         if args.compute_time is not None else None
     masks = _prune(args, model, ds, rank, device, synthetic) if scheme.prunes else None
     total, per_epoch = _iterations(args, ds, world, synthetic)
@@ -113,7 +113,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
                 "iterations_per_epoch": per_epoch, "dense_bytes": dense_bytes,
                 "torch": torch.__version__, "device": str(device), "placement": where.to_dict(),
                 "compute_time_s": args.compute_time, "accuracy_measured": synthetic is None,
-                "fields": {"iteration": records.ITER_FIELDS, "eval": records.EVAL_FIELDS}})
+                "dilation": args.dilation, "fields": {"iteration": records.ITER_FIELDS, "eval": records.EVAL_FIELDS}})
     it_log = records.JsonlWriter(out / f"rank{rank}.jsonl") if out else None
     ev_log = records.JsonlWriter(out / "eval.jsonl") if out and rank == 0 and synthetic is None else None
 
@@ -128,7 +128,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     if rank == 0 and out:
         records.write_json(out / "summary.json", summary(
             args, scheme, ds, world=world, backend=backend, progress=progress, totals=totals, per_epoch=per_epoch,
-            wall_s=time.time() - start, dense_bytes=dense_bytes,
+            wall_s=(time.time() - start) / args.dilation, dense_bytes=dense_bytes,
             kept_fraction=state.kept_fraction() if hasattr(state, "kept_fraction") else None,
             pretrained=pretrained, placement=where.to_dict(),
             scheme_stats=state.stats() if hasattr(state, "stats") else None))

@@ -29,6 +29,9 @@ RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
 TopologyOpt = typer.Option(None, "--topology", metavar="FILE", help="Topology to bring up (default three_switch).")
 TimeoutOpt = typer.Option(300.0, "--timeout", metavar="SECONDS",
                           help="Seconds without progress from any rank before the run is stopped.")
+DilationOpt = typer.Option(None, "--dilation", metavar="K|auto", help="Time dilation (with --compute-time): every "
+                           "link and the stated compute K times slower, every recorded time divided by K, so this "
+                           "machine's own overheads shrink K-fold. auto: K = 1, 2, 4, ... until two agree within 5 %.")
 PretrainDatasetOpt = choice(None, "--pretrain-dataset", choices=DATASETS,
                             help="Pre-train on this dataset, fine-tune on --dataset (default: --dataset).")
 
@@ -68,6 +71,7 @@ def run(
                                             "it up."),
     out_dir: Path = typer.Option(Path("runs"), "--out", metavar="DIR", help="Directory for run directories."),
     timeout: float = TimeoutOpt,
+    dilation: Optional[str] = DilationOpt,
     exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
     workload: dict = None,
@@ -80,12 +84,14 @@ def run(
     """
     with guard(as_json):
         from testbed.model.flows import parse_spec
+        from testbed.runs import dilation as dilations
         from testbed.runs.experiment import RunRequest
         from testbed.runs.preflight import preflight
 
         code = user_code(ctx, scheme, script, module)  # SCHEME checked there when it is one
         rate = _rate(bw) if bw is not None else None
         check_timeout(timeout)
+        k = dilations.parse(dilation) if dilation is not None else 1.0
         if not (math.isfinite(trace_window) and trace_window > 0):
             raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
         flows = None
@@ -93,7 +99,8 @@ def run(
             flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
         shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate, out=out_dir,
                        timeout=timeout, exporter=exporter, bw_trace=bw_trace, trace_format=trace_format,
-                       trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows)
+                       trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows,
+                       dilation=1.0 if k == dilations.AUTO else k)
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
@@ -103,14 +110,16 @@ def run(
             pre = pretraining(spec, pretrain_dataset, pretrain_epochs) \
                 if wants_pretraining(scheme, pretrain, pretrain_dataset, spec) and spec.init is None else None
             req = RunRequest(scheme=scheme, spec=spec, **shaping)
-        preflight(req)  # all that needs only the options, names and topology: before pre-training
+        if k == dilations.AUTO:
+            dilations.check(_largest(req, k), given="auto")
+        preflight(_largest(req, k))  # all that needs only the options, names and topology: before pre-training
         if req.spec is not None:
             if pre is not None:
                 req.spec = req.spec.replace(init=_checkpoint(out_dir, pre, as_json))
             if not as_json:
                 _announce(scheme, req.spec, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
                           shaping["testbed"] or topology or "three_switch (default)")
-        summary = _with_display(_run_one, req, as_json)
+        summary = _with_display(_run_auto if k == dilations.AUTO else _run_one, req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 
 
@@ -147,6 +156,22 @@ def _announce(scheme: str, spec, bottleneck, where) -> None:
 def _at_most(n) -> str:
     """`` (at most N iterations)`` where --max-iters ends the run before its epochs do."""
     return "" if n is None else f" (at most {n} iteration{'s' if n != 1 else ''})"
+
+
+def _largest(req, k):
+    """The request as its most dilated run makes it (--dilation auto goes up to MAX_AUTO)."""
+    from dataclasses import replace
+
+    from testbed.runs.dilation import AUTO
+    from testbed.runs.dilation_auto import MAX_AUTO
+
+    return replace(req, dilation=MAX_AUTO) if k == AUTO else req
+
+
+def _run_auto(req, on_status, on_message):
+    from testbed.runs.dilation_auto import run_auto
+
+    return run_auto(req, lambda r: _run_one(r, on_status, on_message), on_message)
 
 
 def _run_one(req, on_status, on_message):
@@ -187,6 +212,7 @@ def _render_summary(s: dict) -> None:
         ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
          ("-" if tta is None else f"{tta:.1f} s")),
         ("mean iteration", f"{(s.get('mean_iter_s') or 0) * 1000:.0f} ms"),
+        *_dilation_rows(s),
         ("payload / iteration", "-" if s.get("mean_payload_bytes") is None else f"{s['mean_payload_bytes']:,.0f} B"),
         ("bottleneck bytes / iteration", f"{b.get('bytes_per_iteration') or 0:,.0f} B"),
         ("bottleneck utilisation", f"mean {b.get('mean_utilisation') or 0:.0%}, max {b.get('max_utilisation') or 0:.0%}"),
@@ -197,6 +223,17 @@ def _render_summary(s: dict) -> None:
         t.add_row(*lit(k, v))
     out.print(t)
     plain(f"run directory: {s['run_dir']}  (`testbed report {s['run_dir']}`)")
+
+
+def _dilation_rows(s: dict) -> list[tuple[str, str]]:
+    """A dilated run's K, and whether --dilation auto validated it."""
+    k = s.get("dilation")
+    if not isinstance(k, (int, float)) or k == 1:
+        return []
+    said = {True: "validated", False: "not validated"}.get(s.get("dilation_validated"), "-")
+    curve = ", ".join(f"K {c['k']:g}: {c['median_iter_s'] * 1000:.0f} ms" for c in s.get("dilation_curve") or []
+                      if isinstance(c.get("median_iter_s"), (int, float)))
+    return [("time dilation", f"K = {k:g}, {said}" + (f" ({curve})" if curve else "") + "; times in emulated seconds")]
 
 
 def _proof_rows(s: dict) -> list[tuple[str, str]]:
@@ -236,6 +273,8 @@ def sweep(
     out_dir: Path = typer.Option(Path("runs"), "--out", metavar="DIR", help="Where the sweep directory and "
                                  "checkpoints go."),
     timeout: float = TimeoutOpt,
+    dilation: Optional[str] = typer.Option(None, "--dilation", metavar="K", help="Time dilation of every run (with "
+                                           "--compute-time; find K with `testbed run --dilation auto`)."),
     exporter: bool = RunExporterOpt,
     as_json: bool = JsonOpt,
     workload: dict = None,
@@ -251,7 +290,8 @@ def sweep(
         rates = _rates(bw)
         check_timeout(timeout)
         shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir, timeout=timeout,
-                      testbed=testbed_name(testbed) if testbed else None, exporter=exporter)
+                      testbed=testbed_name(testbed) if testbed else None, exporter=exporter,
+                      dilation=_sweep_dilation(dilation))
         if code is not None:
             req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
                                **shared)
@@ -267,6 +307,16 @@ def sweep(
                   f"{len(failed)} failed); `testbed report {index['dir']}`")
         if failed:
             raise typer.Exit(1)
+
+
+def _sweep_dilation(text: str | None) -> float:
+    from testbed.runs.dilation import AUTO, parse
+
+    k = parse(text) if text is not None else 1.0
+    if k == AUTO:
+        raise TestbedError("sweep --dilation takes a factor K, not 'auto'",
+                           "find K with `testbed run --dilation auto` on one scheme, then sweep with it")
+    return float(k)
 
 
 def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dataset, pretrain_epochs,

@@ -37,6 +37,7 @@ from testbed.common.writes import WriteFailed
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link, Shape
+from testbed.runs import dilation
 from testbed.runs.checks import check_out, check_testbed, discard_out, gpus_for, load_trace
 from testbed.runs.exporter import start_run_exporter
 from testbed.runs.diskfull import as_disk_failure
@@ -74,6 +75,9 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
 
 
 def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str], None]) -> dict:
+    dilation.check(req)
+    if req.dilation != 1:  # the ranks sleep K x the stated compute and divide what they record
+        req.spec = req.workload.replace(dilation=req.dilation)
     trace = load_trace(req)
     restore_signals = install_signals()
     r = _Run(req, trace, say)
@@ -129,6 +133,9 @@ class _Run:
         """The bottleneck shapes from before --bw / --bw-trace, put back at the end."""
         self.flows: list = []
         self.bottlenecks: list[Link] = []
+        """The bottleneck links with the shapes in force (K times slower in a dilated run)."""
+        self.emulated: list[Link] = []
+        """The same as the emulation sees them (--bw set, before dilation): what the summary names."""
         self.run_id, self.run_dir = "", None
         self.request, self.shapes, self.seats = {}, {}, []
         self.argv: list[str] = []
@@ -156,12 +163,20 @@ class _Run:
         kept for the end, also for --bw-trace)."""
         req, tb = self.req, self.tb
         self.flows, bottlenecks = check_testbed(tb, req, self.trace)
-        if req.bw is not None or self.trace is not None:
+        dilation.check_flows(self.flows, req.dilation)
+        if req.dilation != 1:
+            self.restore = [(l, d, l.shape(d)) for l in tb.topology.links for d in DIRECTIONS]
+        elif req.bw is not None or self.trace is not None:
             for l in bottlenecks:
                 for d in DIRECTIONS:
                     self.restore.append((l, d, l.shape(d)))
         if req.bw is not None:
             tb.set_links(bottlenecks, rate=req.bw)
+        self.emulated = [l for l in tb.topology.links if l.bottleneck]  # as the emulation sees them
+        if req.dilation != 1:
+            dilation.slow_down(tb, req.dilation)
+            self.say(f"time dilation {req.dilation:g}: every link {req.dilation:g} times slower, the compute "
+                     f"{req.dilation:g} x --compute-time; times recorded / {req.dilation:g}")
         self.bottlenecks = [l for l in tb.topology.links if l.bottleneck]  # the shapes now in force
 
     def open_run_dir(self) -> None:
@@ -170,7 +185,7 @@ class _Run:
         self.run_id = req.run_id or new_run_id(req.out, req.scheme, "trace" if trace is not None else req.bw)
         self.run_dir = req.out / self.run_id
         own_dir(self.run_dir, fresh=True)  # private: the ranks' records are the user's
-        self.shapes = bottleneck_shapes(self.bottlenecks)
+        self.shapes = bottleneck_shapes(self.emulated)
         self.request = request_record(req, self.tb, self.created, self.flows, trace)
         self.seats = write_run_files(self.run_dir, self.run_id, self.request, self.shapes, self.tb)
         if req.code is not None:  # the user's own code: its arguments as given, its directory reachable
@@ -195,8 +210,12 @@ class _Run:
         if self.trace is not None:
             from testbed.engine.replay import start_background
 
-            self.replayer = start_background(tb.name, req.bw_trace, fmt=req.trace_format, window_s=req.trace_window,
-                                             loop=req.trace_loop, log=run_dir / "trace.jsonl", while_pid=os.getpid(),
+            path, fmt, loop = req.bw_trace, req.trace_format, req.trace_loop
+            if req.dilation != 1:  # its times x K, its rates / K (a Mahimahi trace's loop kept)
+                path, fmt, loop = dilation.dilate_trace(self.trace, req.dilation, run_dir / "trace-dilated.csv"), \
+                    "csv", self.trace.loop
+            self.replayer = start_background(tb.name, path, fmt=fmt, window_s=req.trace_window,
+                                             loop=loop, log=run_dir / "trace.jsonl", while_pid=os.getpid(),
                                              start_on=run_dir / "config.json")  # 0 s: when training starts
             self.say(f"the bottleneck links follow {req.bw_trace} (steps in {run_dir / 'trace.jsonl'})")
         if self.flows:
@@ -216,7 +235,7 @@ class _Run:
         if not self.tb.topology.hosts:  # (its thread reads only this host's counters)
             self.train_start = TrainStart(tb, self.bottlenecks, self.run_dir / "started", self.t_start)
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
-        self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout, mounts=self.mounts,
+        self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout * req.dilation, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,
                                  code=req.code.tree(req.out) if req.code is not None else None)
         self.say(f"run {self.run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {self.run_dir}")
@@ -262,12 +281,12 @@ class _Run:
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
                             self.end_counters, self.duration, self.shapes,
                             (ts.counters, self.t_end - ts.time) if ts and ts.counters is not None else None,
-                            workload=workload)
+                            workload=workload, dilation=self.req.dilation)
         summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
         apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
                              self.end_all))
         if trace is not None:
-            rates, late = RateTimeline.from_run(run_dir, self.shapes)
+            rates, late = RateTimeline.from_run(run_dir, self.shapes, self.req.dilation)
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)
         if self.traffic is not None:
             summary["cross_traffic"] = self.traffic.summary(self.t_start, self.t_start + self.duration)

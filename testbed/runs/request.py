@@ -101,6 +101,9 @@ class RunRequest:
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
     Prometheus, announced through file-SD target files."""
+    dilation: float = 1.0
+    """Time dilation K (:mod:`testbed.runs.dilation`): every link and the stated compute K
+    times slower, every recorded duration divided by K."""
     spec: WorkloadSpec | None = None
     """workloads.train's options, typed (the grid point's included); when not given, parsed
     once from ``scheme``, ``workload_args`` and ``params`` on first use (:attr:`workload`)."""

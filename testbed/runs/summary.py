@@ -19,10 +19,12 @@ from testbed.runs.userrecords import sane_number
 
 def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], start: dict, end: dict,
               duration: float, shapes: dict, train_start: tuple[dict, float] | None = None,
-              workload: dict | None = None) -> dict:
+              workload: dict | None = None, dilation: float = 1.0) -> dict:
     """``train_start``: the bottleneck counters when the first iteration began, and how long
     before the end that was: bytes and utilisation are measured from then (else from the launch).
-    ``workload``: the workload's part (None: the summary.json rank 0 wrote)."""
+    ``workload``: the workload's part (None: the summary.json rank 0 wrote). ``links`` are
+    in force (K times slower in a run dilated K-fold) and ``duration`` is wall-clock: the
+    summary gives emulated rates (x K) and seconds (/ K); ``shapes`` are the emulated ones."""
     if workload is not None:
         summary = dict(workload)
     else:
@@ -31,20 +33,24 @@ def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], star
         except FileNotFoundError:
             raise TestbedError(f"the ranks exited 0 but wrote no summary.json in {run_dir}") from None
     iters = summary.get("iterations") or 0
+    duration /= dilation
+    if train_start is not None:
+        train_start = (train_start[0], train_start[1] / dilation)
     rates = sorted({s["rate"] for dirs in shapes.values() for s in dirs.values()})
     summary.update({
         "run_id": run_id, "run_dir": str(run_dir), "status": "ok", "request": request,
         "bw": request["bw"] or (rates[0] if len(rates) == 1 else ",".join(rates)),
         "topology": request["testbed"], "params": request.get("params", {}), "bottleneck_shapes": shapes,
-        "bottleneck": _bottleneck(links, *(train_start or (start, duration)), end, iters),
+        "bottleneck": _bottleneck(links, *(train_start or (start, duration)), end, iters, dilation),
         "run_s": duration, "testbed_version": __version__, "code_version": code_version(),
+        "dilation": dilation, "dilation_validated": None if dilation == 1 else False,
     })
     summary["bottleneck"]["measured_from"] = "training start" if train_start else "launch"
     summary["mean_wire_tx_bytes_per_iteration"] = _mean_wire_tx(run_dir, summary.get("world_size", 0))
     return summary
 
 
-def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iters: int) -> dict:
+def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iters: int, k: float = 1.0) -> dict:
     """Bytes, drops and utilisation per bottleneck direction between two counter readings."""
     per = {}
     total = 0
@@ -52,7 +58,7 @@ def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iter
     for l in links:
         for d in DIRECTIONS:
             b = end.get((l.index, d), {}).get("bytes", 0) - start.get((l.index, d), {}).get("bytes", 0)
-            rate = l.shape(d).rate.bps
+            rate = l.shape(d).rate.bps * k  # the emulated rate
             per[f"{l.name} {d}"] = {"bytes": b, "rate_bps": rate,
                                     "drops": end.get((l.index, d), {}).get("drops", 0)
                                     - start.get((l.index, d), {}).get("drops", 0),

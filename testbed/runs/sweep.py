@@ -27,6 +27,7 @@ from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
 from testbed.common.outdir import own_dir
 from testbed.runs import grid
+from testbed.runs.dilation import check as check_dilation
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
 from testbed.runs.preflight import check_target
@@ -55,6 +56,8 @@ class SweepRequest:
     """The parameter grid (:mod:`testbed.runs.grid`): every run gets one of its points."""
     code: UserCode | None = None
     """The user's own script or module instead of ``schemes`` (its label is the one scheme)."""
+    dilation: float = 1.0
+    """Every run's time dilation K (:mod:`testbed.runs.dilation`)."""
     _specs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def spec(self, scheme: str, point: dict) -> WorkloadSpec | None:
@@ -74,6 +77,11 @@ class SweepRequest:
                 self.spec(scheme, point)
         if self.init is not None and self.code is None:
             WorkloadSpec.parse("allreduce", ["--init", str(self.init)])
+        if self.dilation != 1:  # refused as a run would refuse it, before the first run
+            for scheme in self.schemes:
+                spec = self.spec(scheme, grid.for_scheme(self.params, None if self.code else scheme)[0])
+                check_dilation(RunRequest(scheme=scheme, spec=spec, code=self.code, dilation=self.dilation,
+                                          cross_traffic=[]))
 
 
 @dataclass(frozen=True)
@@ -200,4 +208,4 @@ def _request(req: SweepRequest, scheme: str, point: dict, rep: int, init: Path |
         spec = spec.replace(seed=spec.seed + rep, **({"init": init} if init else {}))
     return RunRequest(scheme=scheme, workload_args=req.workload_args, spec=spec, params=point, code=req.code,
                       testbed=testbed, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
-                      extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter)
+                      extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter, dilation=req.dilation)

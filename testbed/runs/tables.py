@@ -32,7 +32,7 @@ def _spread(xs) -> tuple:
 
 
 _TRAIN_KEYS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
-               "epochs", "max_iters", "bucket_cap_mb", "init", "pretrain_dataset")
+               "epochs", "max_iters", "bucket_cap_mb", "init", "pretrain_dataset", "dilation")
 """Keys of a summary's ``hyper`` that are the training's, not the scheme's: a variant is
 compared with the allreduce run that shares them."""
 

@@ -25,10 +25,15 @@ class RateTimeline:
         self.times = [t for t, _ in steps]
         self.rates = [r for _, r in steps]
         self.initial = initial
+        self.k = 1.0
+        """The run's dilation: records' iter_s span K times as many wall-clock seconds."""
 
     @classmethod
-    def from_run(cls, run_dir: Path, shapes: dict) -> tuple["RateTimeline", list[float]]:
-        """The timeline, and each applied step's lateness (s), read from the run's trace.jsonl."""
+    def from_run(cls, run_dir: Path, shapes: dict, dilation: float = 1.0) -> tuple["RateTimeline", list[float]]:
+        """The timeline, and each applied step's lateness (s), read from the run's trace.jsonl;
+        ``shapes``: the emulated ones. A dilated run's steps set rates K times lower: the
+        timeline holds the emulated rates (x K) and its ``k`` (a record's iter_s is K times
+        shorter than the wall-clock time it spanned)."""
         from testbed.model.units import Rate, UnitError
 
         steps, late = [], []
@@ -36,13 +41,15 @@ class RateTimeline:
             if r.get("event") != "step" or not isinstance(r.get("time"), (int, float)):
                 continue
             try:
-                steps.append((float(r["time"]), float(Rate.parse(str(r["rate"])).bps)))
+                steps.append((float(r["time"]), float(Rate.parse(str(r["rate"])).bps) * dilation))
             except UnitError:
                 continue
             if isinstance(r.get("late_s"), (int, float)):
                 late.append(r["late_s"])
         rates = {Rate.parse(s["rate"]).bps for dirs in shapes.values() for s in dirs.values()}
-        return cls(steps, float(min(rates)) if rates else None), sorted(late)
+        timeline = cls(steps, float(min(rates)) if rates else None)
+        timeline.k = dilation
+        return timeline, sorted(late)
 
     def at(self, t: float) -> float | None:
         i = bisect.bisect_right(self.times, t)
@@ -77,7 +84,7 @@ def annotate_rates(run_dir: Path, world: int, rates: RateTimeline) -> None:
         for x in recs:
             t, dt = x.get("time"), x.get("iter_s")
             if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
-                x["link_rate_bps"] = rates.over(t - dt, t)
+                x["link_rate_bps"] = rates.over(t - dt * rates.k, t)
         atomic_write(path, "".join(json.dumps(x) + "\n" for x in recs))  # a full disk keeps the records as they were
 
 
@@ -92,17 +99,17 @@ def trace_summary(summary: dict, run_dir: Path, trace_file: Path, rates: RateTim
     for x in read_jsonl(run_dir / "rank0.jsonl"):
         t, dt = x.get("time"), x.get("iter_s")
         if isinstance(t, (int, float)) and isinstance(dt, (int, float)):
-            if rates.changes_within(t - dt, t):
+            if rates.changes_within(t - dt * rates.k, t):
                 continue  # a step came while it ran
-            rate = rates.over(t - dt, t)
+            rate = rates.over(t - dt * rates.k, t)
             if rate is not None:
                 by_rate.setdefault(round(rate), []).append(dt)
     summary["bw"] = f"trace {trace_file.name}"
     capacity = rates.over(t_start, t_start + duration)
     b = summary["bottleneck"]
     if capacity and duration > 0:
-        for v in b["links"].values():
-            v["rate_bps"], v["utilisation"] = capacity, v["bytes"] * 8 / duration / capacity
+        for v in b["links"].values():  # emulated rate over emulated seconds
+            v["rate_bps"], v["utilisation"] = capacity, v["bytes"] * 8 / (duration / rates.k) / capacity
         util = [v["utilisation"] for v in b["links"].values()]
         b["max_utilisation"], b["mean_utilisation"] = max(util), sum(util) / len(util)
     summary["bw_trace"] = {

@@ -1,0 +1,73 @@
+"""``testbed run --dilation auto``: find a K at which the emulation no longer measures this
+machine, and run at it.
+
+A run at K = 1, then 2, 4, 8, ... (each a whole run of its own, ``RUN_ID-k1``, ``-k2``, ...)
+until two successive K give median iteration times (in emulated seconds) within
+``TOLERANCE`` of each other: the machine's own overheads no longer move the result, so the
+larger K is *validated*. The last run is the result; its summary keeps the curve
+(``dilation_curve``: K, median iteration seconds, run id) and ``dilation_validated``. When
+``MAX_AUTO`` is reached without agreement the last run is kept, marked not validated, and
+the curve says how far it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from testbed.common.files import write_json
+from testbed.runs.request import RunRequest, new_run_id
+
+TOLERANCE = 0.05
+"""Two successive K agree when their median iteration times differ by at most 5 %."""
+MAX_AUTO = 64.0
+"""The largest K auto tries (each doubling is one more run)."""
+
+
+def agree(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
+    """Median iteration times ``a`` (at K) and ``b`` (at 2K) agree: |b - a| <= tolerance x a."""
+    return a > 0 and abs(b - a) <= tolerance * a
+
+
+def ladder(max_k: float = MAX_AUTO) -> list[float]:
+    """The K auto tries, in order: 1, 2, 4, ... up to ``max_k``."""
+    ks, k = [], 1.0
+    while k <= max_k:
+        ks.append(k)
+        k *= 2
+    return ks
+
+
+def run_auto(req: RunRequest, run_one: Callable[[RunRequest], dict], say: Callable[[str], None],
+             max_k: float = MAX_AUTO) -> dict:
+    """Runs of ``req`` at K = 1, 2, 4, ... (``run_one`` makes one, as testbed.runs.experiment.run
+    does) until two successive ones agree; the last one's summary, with the curve."""
+    base = req.run_id or new_run_id(req.out, req.scheme, req.bw)
+    curve: list[dict] = []
+    summary: dict = {}
+    validated = False
+    for k in ladder(max_k):
+        say(f"--dilation auto: a run at K = {k:g}")
+        summary = run_one(replace(req, dilation=k, run_id=f"{base}-k{k:g}", spec=req.spec))
+        curve.append({"k": k, "median_iter_s": summary.get("median_iter_s"), "run_id": summary["run_id"]})
+        if len(curve) >= 2 and _agree(curve[-2], curve[-1]):
+            validated = True
+            break
+    last = curve[-1]
+    verdict = (f"validated: K = {curve[-2]['k']:g} and {last['k']:g} agree within {TOLERANCE:.0%}" if validated else
+               f"not validated: no two successive K up to {last['k']:g} agreed within {TOLERANCE:.0%}")
+    say(f"--dilation auto: {verdict} ({', '.join(_point(c) for c in curve)})")
+    summary.update(dilation_validated=validated, dilation_curve=curve, dilation_tolerance=TOLERANCE)
+    write_json(Path(summary["run_dir"]) / "summary.json", summary)
+    return summary
+
+
+def _agree(a: dict, b: dict) -> bool:
+    x, y = a["median_iter_s"], b["median_iter_s"]
+    return isinstance(x, (int, float)) and isinstance(y, (int, float)) and agree(x, y)
+
+
+def _point(c: dict) -> str:
+    t = c["median_iter_s"]
+    return f"K {c['k']:g}: {t * 1000:.1f} ms" if isinstance(t, (int, float)) else f"K {c['k']:g}: -"
