@@ -213,3 +213,14 @@ def test_refusals_from_the_command_line_are_one_line_and_leave_no_out(tmp_path, 
     assert r.returncode == 1 and says in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len([x for x in r.stderr.splitlines() if x.startswith("error")]) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_run_of_a_dilated_sweep_is_dilated(tmp_path):
+    from testbed.runs.sweep import SweepRequest, _request
+
+    req = SweepRequest(schemes=["allreduce", "topk:0.01"], bws=[], workload_args=SYNTHETIC, dilation=8)
+    req.check()
+    runs = [_request(req, s, {}, 0, None, "tb", None, tmp_path, f"r{s}") for s in req.schemes]
+    assert [r.dilation for r in runs] == [8, 8]
+    with pytest.raises(TestbedError, match="needs --compute-time"):
+        SweepRequest(schemes=["allreduce"], bws=[], workload_args=["--max-iters", "3"], dilation=8).check()
