@@ -176,7 +176,10 @@ def _prune(args, model, ds, rank, device, synthetic) -> dict:
 
 
 def _iterations(args, ds, world, synthetic) -> tuple[int, int]:
-    """(iterations the run makes, iterations per epoch); a synthetic run's epoch is the run."""
+    """(iterations the run makes, iterations per epoch); a synthetic run's epoch is the run
+    (it reads no data: its batch is not bounded by the data set's size)."""
+    if synthetic:
+        return args.max_iters, args.max_iters
     per_epoch = data.iterations_per_epoch(ds, world, args.batch_size)
     if per_epoch == 0:
         raise ValueError(f"--batch-size {args.batch_size} x {world} ranks exceeds the "
@@ -184,8 +187,6 @@ def _iterations(args, ds, world, synthetic) -> tuple[int, int]:
     total = math.ceil(args.epochs * per_epoch)
     if args.max_iters:
         total = min(total, args.max_iters)
-    if synthetic:
-        total, per_epoch = args.max_iters, args.max_iters
     return total, per_epoch
 
 

@@ -224,3 +224,14 @@ def test_every_run_of_a_dilated_sweep_is_dilated(tmp_path):
     assert [r.dilation for r in runs] == [8, 8]
     with pytest.raises(TestbedError, match="needs --compute-time"):
         SweepRequest(schemes=["allreduce"], bws=[], workload_args=["--max-iters", "3"], dilation=8).check()
+
+
+def test_a_synthetic_run_of_many_ranks_is_not_bounded_by_the_data_set():
+    """--compute-time reads no data: 64 ranks x batch 32 exceed digits' 1438 training
+    samples, which ended such runs ("exceeds the training samples") before they started."""
+    import argparse
+
+    from workloads.train import _iterations
+
+    args = argparse.Namespace(max_iters=5, epochs=15, batch_size=32)
+    assert _iterations(args, None, 64, synthetic=object()) == (5, 5)
