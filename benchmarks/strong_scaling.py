@@ -3,6 +3,7 @@
     sudo python -m benchmarks.strong_scaling [--configs 4x2,8x2,8x4,16x4] [--model resnet18] [--width 0.5]
                                              [--bw 500mbit] [--global-compute 1.6] [--iters 4] [--repeats 1]
                                              [--schemes allreduce,hier-allreduce,prunex:0.5,topk:0.01]
+                                             [--dilation K|auto]
                                              [--out runs/strong_scaling]
     python -m benchmarks.strong_scaling --analyse runs/strong_scaling/sweep-...   (re-read, no runs)
 
@@ -94,13 +95,34 @@ def run_sweeps(args) -> list[Path]:
         for n, s in plan(parse_configs(args.configs)):
             path = Path(tmp) / f"ss{n}x{s}.yaml"
             path.write_text(yaml.safe_dump(topology(n, s, args.bw), sort_keys=False))
-            cmd = [*testbed_argv(), "sweep", "--topology", str(path), "--schemes", ",".join(args.schemes),
-                   "--bw", args.bw if s > 1 else "10gbit", "--model", args.model, "--width", str(args.width),
-                   "--compute-time", f"{args.global_compute / n:.6g}", "--max-iters", str(args.iters),
-                   "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900", "--no-exporter",
-                   "--json", "--", "--prunex-prune-at", "0"]
+            common = ["--topology", str(path), "--bw", args.bw if s > 1 else "10gbit", "--model", args.model,
+                      "--width", str(args.width), "--compute-time", f"{args.global_compute / n:.6g}",
+                      "--max-iters", str(args.iters), "--out", str(args.out), "--timeout", "900", "--no-exporter",
+                      "--json"]
+            k = args.dilation if args.dilation != "auto" else find_dilation(common, f"{n}x{s}")
+            cmd = [*testbed_argv(), "sweep", "--schemes", ",".join(args.schemes), "--repeats", str(args.repeats),
+                   "--dilation", str(k), *common, "--", "--prunex-prune-at", "0"]
             dirs.append(run_sweep(cmd, f"{n}x{s}"))
     return dirs
+
+
+def find_dilation(common: list[str], what: str) -> str:
+    """``testbed run allreduce --dilation auto`` on the configuration: the K its sweep runs at
+    (the validated one, or the largest tried when none agreed: said so)."""
+    import json
+    import subprocess
+
+    cmd = [*testbed_argv(), "run", "allreduce", "--dilation", "auto", *common]
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        s = json.loads(p.stdout)
+        k = s["dilation"]
+    except (ValueError, KeyError):
+        raise SystemExit(f"--dilation auto failed for {what} (exit {p.returncode}): {p.stdout[-2000:]}") from None
+    curve = ", ".join(f"K {c['k']:g}: {c['median_iter_s'] * 1000:.1f} ms" for c in s["dilation_curve"])
+    print(f"{what}: K = {k:g} ({'validated' if s['dilation_validated'] else 'NOT validated'}; {curve})", flush=True)
+    return f"{k:g}"
 
 
 def _median(values) -> float | None:
@@ -123,7 +145,8 @@ def analyse(runs: list[RunData]) -> None:
     print("speed-up = all-reduce's iteration time on one switch's worth of ranks / this one's (own: the "
           "scheme's own one-switch time); medians over runs\n")
     print(f"{'ranks':>5} {'switches':>8} {'scheme':<16} {'runs':>4} {'compute s':>9} {'iter s':>8} "
-          f"{'speed-up':>8} {'own':>6} {'ideal':>5} {'uplink MB/iter':>14} {'RSS/rank GB':>11} {'RSS all GB':>10}")
+          f"{'speed-up':>8} {'own':>6} {'ideal':>5} {'uplink MB/iter':>14} {'RSS/rank GB':>11} {'PSS all GB':>10} "
+          f"{'K':>4}")
     order = [v for v in SCHEMES if any(k[2] == v for k in cells)] + sorted({k[2] for k in cells} - set(SCHEMES))
     for n, s in sorted({(k[0], k[1]) for k in cells}, key=lambda c: (c[1] > 1, c[0] // c[1], c[0])):
         ref = t.get((n // s, 1, "allreduce"))
@@ -137,11 +160,12 @@ def analyse(runs: list[RunData]) -> None:
             wire = _median(w for w, _ in wires)
             mark = "*" if any(not ok for _, ok in wires) else " "
             rss = (_median(r.summary.get("max_rss_bytes_per_rank") for r in rs) or 0) / 1e9
-            rss_all = (_median(r.summary.get("max_rss_bytes_all_ranks") for r in rs) or 0) / 1e9
+            pss_all = (_median(r.summary.get("pss_bytes_all_ranks") for r in rs) or 0) / 1e9
+            k = rs[0].summary.get("dilation") or 1
             print(f"{n:>5} {s:>8} {v:<16} {len(rs):>4} {rs[0].summary.get('compute_time_s') or 0:9.3f} "
                   f"{_f(it, '8.3f')} {_f(ref / it if ref and it else None, '8.2f')} "
                   f"{_f(own / it if own and it else None, '6.2f')} {s:>5} {_f(wire and wire / 1e6, '13.2f')}{mark} {rss:11.2f} "
-                  f"{rss_all:10.2f}")
+                  f"{pss_all:10.2f} {k:4g}")
     print("* timed iterations shorter than 3 s: uplink bytes are the whole run's average, start-up included")
 
 
@@ -161,6 +185,8 @@ def main() -> None:
                    help="seconds one rank would compute the whole global batch (an input, not a measurement)")
     p.add_argument("--iters", type=int, default=4, help="iterations per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell (seed + k)")
+    p.add_argument("--dilation", default="1", help="time dilation K of every run, or auto: found per "
+                   "configuration by `testbed run allreduce --dilation auto`, then every scheme runs at it")
     p.add_argument("--out", type=Path, default=Path("runs/strong_scaling"))
     p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
     args = p.parse_args()

@@ -33,3 +33,19 @@ def max_rss_bytes() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def pss_bytes() -> float | None:
+    """This process's proportional set size now: its private memory plus its share of what
+    it shares with others (torch's libraries, mapped once for every rank). Summed over ranks
+    it is the memory they hold together, which a sum of resident sizes overstates (each
+    counts the shared pages whole). None where /proc/self/smaps_rollup is missing."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        return None
+    return None
+

@@ -78,6 +78,8 @@ SUMMARY_FIELDS = {
     "control_bytes": "prunex: bytes of the norm all-reduces of its projections; pactrain: of its mask agreements' "
                      "checksums; part of payload (else null)",
     "placement": "domains of ranks (groups, names, hosts): switches under testbed, machines under torchrun",
+    "pss_bytes_all_ranks": "the ranks' proportional set sizes at the end, summed: the memory they hold together "
+                           "(max_rss_bytes_all_ranks counts every shared page once per rank); null where unknown",
     "dilation": "time dilation K (1: none): every shaped link ran K times slower, the stated compute took K "
                 "times longer, and every duration here is the measured one divided by K",
 }

@@ -7,6 +7,7 @@ builds the dictionary rank 0 writes.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from workloads import data, schemes
 from workloads.arguments import hyper_params
 from workloads.loop import Progress
-from workloads.measure import max_rss_bytes
+from workloads.measure import max_rss_bytes, pss_bytes
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Totals:
     """Of the last iteration, per rank."""
     max_rss_bytes_per_rank: float
     max_rss_bytes_all_ranks: float
+    pss_bytes_all_ranks: float | None = None
+    """The ranks' proportional set sizes at the end, summed: the memory they hold together."""
 
 
 def gather(progress: Progress, world: int, device: torch.device) -> Totals:
@@ -36,11 +39,13 @@ def gather(progress: Progress, world: int, device: torch.device) -> Totals:
     pay = torch.tensor([sum(progress.payloads), len(progress.payloads), progress.payloads[-1]],
                        dtype=torch.float64, device=device)
     dist.all_reduce(pay)
+    pss = pss_bytes()
     rss = torch.tensor([max_rss_bytes()], dtype=torch.float64, device=device)
-    rss_sum = rss.clone()
+    sums = torch.tensor([max_rss_bytes(), pss if pss is not None else math.nan], dtype=torch.float64, device=device)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
-    dist.all_reduce(rss_sum)
-    return Totals(float(pay[0] / pay[1]), float(pay[2] / world), float(rss[0]), float(rss_sum[0]))
+    dist.all_reduce(sums)
+    pss_all = float(sums[1]) if math.isfinite(float(sums[1])) else None
+    return Totals(float(pay[0] / pay[1]), float(pay[2] / world), float(rss[0]), float(sums[0]), pss_all)
 
 
 def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, *, world: int, backend: str,
@@ -69,4 +74,5 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
         "dilation": args.dilation,
         "max_rss_bytes_per_rank": totals.max_rss_bytes_per_rank,
         "max_rss_bytes_all_ranks": totals.max_rss_bytes_all_ranks,
+        "pss_bytes_all_ranks": totals.pss_bytes_all_ranks,
         "placement": placement}

@@ -235,3 +235,12 @@ def test_a_synthetic_run_of_many_ranks_is_not_bounded_by_the_data_set():
 
     args = argparse.Namespace(max_iters=5, epochs=15, batch_size=32)
     assert _iterations(args, None, 64, synthetic=object()) == (5, 5)
+
+
+def test_the_memory_of_many_ranks_is_their_proportional_set_sizes():
+    """Summed resident sizes count torch's shared libraries once per rank (64 ranks: 22 GB
+    "used" on a 23 GB machine that had 11 GB free); the proportional set size shares them."""
+    from workloads.measure import max_rss_bytes, pss_bytes
+
+    pss = pss_bytes()
+    assert pss is not None and 0 < pss <= max_rss_bytes()
