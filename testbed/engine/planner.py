@@ -14,7 +14,7 @@ from testbed.model.topology import Topology
 from testbed.nodes import get as backend
 from testbed.nodes.cgroup import CreateCgroup
 from testbed.plan import naming
-from testbed.plan.actions import AddAddress, CreateBridge, CreateNetns, ShapeEgress
+from testbed.plan.actions import AddAddress, CreateBridge, CreateNetns, ShapeEgress, StaticNeighbours
 from testbed.plan.links import End, LinkContext, kind_for
 from testbed.plan.plan import PINNED_INDEX_BASE, Endpoint, NodeInfo, Plan
 
@@ -28,6 +28,7 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict
     made: set[str] = set()
     for link in topology.links:
         _link(plan, ctx, link, made)
+    _neighbours(plan)
     for h in dict.fromkeys(n.host for n in topology.nodes):  # what `exec` and `run` start in a node joins it
         plan.add(h, CreateCgroup(topology.name))
     _ready(plan)
@@ -95,11 +96,24 @@ def _link(plan: Plan, ctx: LinkContext, link, made: set[str]) -> None:
     for node_name in (link.a, link.b):
         info = plan.nodes[node_name]
         if info.kind == "worker" and backend(info.backend).host_address:
-            plan.add(info.host, AddAddress(info.netns, naming.WORKER_IFACE, info.address, plan.subnet.prefixlen))
+            plan.add(info.host, AddAddress(info.netns, naming.WORKER_IFACE, info.address, plan.subnet.prefixlen,
+                                           naming.worker_mac(plan.topology.name, info.rank)))
     plan.egress[(link.index, "forward")] = Endpoint(a.ns, a.ifname, a.host)
     plan.egress[(link.index, "reverse")] = Endpoint(b.ns, b.ifname, b.host)
     plan.add(a.host, ShapeEgress(a.ns, a.ifname, link.forward, link.index, "forward"))
     plan.add(b.host, ShapeEgress(b.ns, b.ifname, link.reverse, link.index, "reverse"))
+
+
+def _neighbours(plan: Plan) -> None:
+    """Every worker whose address the host sets (its kernel is the host's) gets permanent ARP
+    entries for the others of its kind (StaticNeighbours says why); a VM's guest, with its
+    own kernel and MAC, resolves and is resolved by ARP as usual."""
+    static = [plan.nodes[w.name] for w in plan.topology.workers if backend(w.backend).host_address]
+    for info in static:
+        entries = tuple(f"{p.address} {naming.worker_mac(plan.topology.name, p.rank or 0)}"
+                        for p in static if p is not info)
+        if entries:
+            plan.add(info.host, StaticNeighbours(info.netns, naming.WORKER_IFACE, entries))
 
 
 def _ready(plan: Plan) -> None:

@@ -17,6 +17,9 @@ from testbed.net import netns
 if TYPE_CHECKING:
     from pyroute2.netlink.exceptions import NetlinkError
 
+NUD_PERMANENT = 0x80
+"""A neighbour entry the kernel never expires nor counts toward its table's garbage collection."""
+
 _HINTS = {
     errno.EPERM: "run as root (or with CAP_NET_ADMIN)",
     errno.EEXIST: "a stale object from an earlier run? `testbed down --all` removes testbed leftovers",
@@ -130,11 +133,20 @@ class Rtnl:
         self.call(f"attaching {ifname} to {master}", "link", "set", index=self.index(ifname),
                   master=self.index(master), state="up")
 
-    def add_address_up(self, ifname: str, address: str, prefixlen: int) -> None:
+    def add_address_up(self, ifname: str, address: str, prefixlen: int, mac: str | None = None) -> None:
         idx = self.index(ifname)
+        if mac is not None:  # while it is down
+            self.call(f"setting {ifname}'s MAC address to {mac}", "link", "set", index=idx, address=mac)
         self.call(f"adding {address}/{prefixlen} to {ifname}", "addr", "add", index=idx,
                   address=address, prefixlen=prefixlen)
         self.call(f"setting {ifname} up", "link", "set", index=idx, state="up")
+
+    def add_neighbours(self, ifname: str, entries: list[tuple[str, str]]) -> None:
+        """Permanent neighbour (ARP) entries ``(IPv4 address, MAC)`` on ``ifname``."""
+        idx = self.index(ifname)
+        for address, mac in entries:
+            self.call(f"adding the neighbour {address} ({mac}) on {ifname}", "neigh", "replace", dst=address,
+                      lladdr=mac, ifindex=idx, state=NUD_PERMANENT)
 
     def delete_link(self, ifname: str) -> bool:
         found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)

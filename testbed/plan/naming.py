@@ -68,6 +68,16 @@ def state_id(state_dir: str | None = None) -> str:
     return hashlib.sha256(path.encode()).hexdigest()[:12]
 
 
+def worker_mac(testbed: str, rank: int) -> str:
+    """Worker ``rank``'s MAC address in ``testbed``: locally administered unicast (02:...),
+    two bytes of the testbed's name hashed, three of the rank (unique within the testbed,
+    the one L2 segment its workers share, also across hosts)."""
+    import hashlib
+
+    h = hashlib.sha256(testbed.encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in (h[0], h[1], (rank >> 16) & 0xFF, (rank >> 8) & 0xFF, rank & 0xFF))
+
+
 def tag(testbed: str, state: str | None = None) -> str:
     """``testbed:NAME@STATEID``: the testbed and the state directory that own an object."""
     return f"{TAG_PREFIX}{testbed}@{state or state_id()}"
