@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -105,4 +106,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no interpreter shutdown (module teardown, the scrape threads): `down` waits for this
+    # process to exit after SIGTERM, and the kernel closes the sockets and netlink handles
+    os._exit(code)
