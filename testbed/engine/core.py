@@ -286,7 +286,11 @@ class Testbed:
                 if own:
                     changer.close()
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
-            state["topology"] = self.topology.to_dict()
+            if changer.memo is not None and state is changer.memo[1]:  # a replay's own state: its changed links
+                for idx, l in new_links.items():  # (to_dict of 64 links was 0.6 ms of each 64-link step)
+                    state["topology"]["links"][idx] = l.to_dict()
+            else:
+                state["topology"] = self.topology.to_dict()
             changed_at = time.time()  # exported, so a dashboard marks the change even when no scrape fell between
             times = state.setdefault("shape_changed_at", {})
             for l in new_links.values():

@@ -55,7 +55,8 @@ class ReplayResult:
         if not late:
             return {"steps": 0}
         return {"steps": len(late), "median_s": statistics.median(late),
-                "p95_s": late[min(len(late) - 1, round(0.95 * (len(late) - 1)))], "max_s": late[-1]}
+                "p95_s": late[min(len(late) - 1, round(0.95 * (len(late) - 1)))],
+                "p99_s": late[min(len(late) - 1, round(0.99 * (len(late) - 1)))], "max_s": late[-1]}
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "lateness": self.lateness(), "interrupted": self.interrupted,
