@@ -277,8 +277,9 @@ class Testbed:
             # every other host keeps a copy of the state (`testbed status` typed there): the
             # hosts changed get the new shapes with their change; on a one-off change (not a
             # trace's steps, which go on at their pace) the others get them too
-            copies = {idx: {d: l.shape(d).to_dict() for d in DIRECTIONS} for idx, l in new_links.items()}
             hosts = set(by_site) | ({h.name for h in current.hosts} if own else set())
+            copies = ({idx: {d: l.shape(d).to_dict() for d in DIRECTIONS} for idx, l in new_links.items()}
+                      if hosts - {self.here} else None)  # (0.3 ms of a 64-link step; this host keeps none)
             try:
                 for site in sorted((self.site(h) for h in hosts), key=lambda s: s.order):
                     site.shape(by_site.get(site.host, []), changer, copies)
