@@ -47,7 +47,7 @@ from testbed.runs.monitoring import Every, ExporterWatch
 from testbed.runs.request import RunRequest, Status, new_run_id, variant_slug
 from testbed.runs.spec import WorkloadSpec
 from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_files
-from testbed.runs.sampling import LinkSampler, Progress, TrainStart
+from testbed.runs.sampling import LinkSampler, Progress, TrainStart, train_start
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
 from testbed.runs.summary import mark, rank_tx_bytes, summarise
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
@@ -232,8 +232,7 @@ class _Run:
         self.start_counters = self.sampler.sample()
         self.start_all = tb.link_counters()
         self.t_start = time.time()
-        if not self.tb.topology.hosts:  # (its thread reads only this host's counters)
-            self.train_start = TrainStart(tb, self.bottlenecks, self.run_dir / "started", self.t_start)
+        self.train_start = train_start(tb, self.bottlenecks, self.run_dir, self.t_start)  # rank 0 on any host
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout * req.dilation, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,

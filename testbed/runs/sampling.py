@@ -2,7 +2,8 @@
 
     LinkSampler   the bottleneck links' tc counters: appended to links.jsonl (bytes, drops,
                   rate, utilisation) and kept as the live utilisation
-    TrainStart    the bottleneck counters when rank 0 starts its first iteration
+    TrainStart    the bottleneck counters when rank 0 starts its first iteration, on this
+                  host or another (train_start chooses LocalMarker or RemoteMarker)
     Progress      the launcher's tick: a link sample every second, the newest records of
                   rank 0 and the evaluations, and the progress display's Status
 """
@@ -80,15 +81,16 @@ class LinkSampler:
 class TrainStart:
     """The bottleneck counters when training starts, so that utilisation and bytes per
     iteration leave out torch's import, the rendezvous and DDP's start-up broadcast. Rank 0
-    creates ``started`` in the run directory (workloads.collectives): the built-in trainer
-    just before its first iteration, the user's code when its process group is up. A thread
-    polls for it every 10 ms (the counters are read within about 10 ms of the start); a
-    workload that never says so has no such moment: None."""
+    creates ``started`` in its host's copy of the run directory (workloads.collectives): the
+    built-in trainer just before its first iteration, the user's code when its process group
+    is up. A thread polls ``marker`` for it (:class:`LocalMarker` every 10 ms when rank 0
+    runs on this host, :class:`RemoteMarker` every 20 ms over SFTP when it runs on another)
+    and then reads the counters of every host (one agent round trip for the others'). A
+    workload that never says so, or a marker that cannot be watched, has no such moment:
+    None (the summary measures from the launch)."""
 
-    POLL_S = 0.01
-
-    def __init__(self, tb: Testbed, links: list[Link], marker: Path, since: float):
-        self.tb, self.links, self.marker, self.since = tb, links, marker, since
+    def __init__(self, tb: Testbed, links: list[Link], marker: LocalMarker | RemoteMarker):
+        self.tb, self.links, self.marker = tb, links, marker
         self.counters: dict | None = None
         self.time: float | None = None
         self._stop = threading.Event()
@@ -96,21 +98,90 @@ class TrainStart:
         self._thread.start()
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.POLL_S):
-            try:
-                if self.marker.stat().st_mtime < self.since:
-                    continue
-            except OSError:
-                continue
-            try:
-                self.counters, self.time = self.tb.link_counters(self.links), time.time()
-            except TestbedError:
-                pass  # the summary measures from the launch instead
+        try:
+            self.marker.open()
+            while not self._stop.wait(self.marker.poll_s):
+                if self.marker.seen():
+                    self.counters, self.time = self.tb.link_counters(self.links), time.time()
+                    return
+        except Exception:  # a lost host, a refused read (paramiko, netlink): the summary measures from the launch
             return
+        finally:
+            self.marker.close()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class LocalMarker:
+    """``started`` in this host's run directory, made after ``since`` (the launch)."""
+
+    poll_s = 0.01
+
+    def __init__(self, path: Path, since: float):
+        self.path, self.since = path, since
+
+    def open(self) -> None:
+        pass
+
+    def seen(self) -> bool:
+        try:
+            return self.path.stat().st_mtime >= self.since
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteMarker:
+    """``started`` in another host's directory of the run (``testbed _host rundir``, as the
+    launcher's :class:`~testbed.hosts.runplace.RemoteRun` opens it), stat'ed over an SFTP
+    channel of its own (the launcher's is not shared between threads). The launcher copies
+    the file back only every ``COLLECT_EVERY_S`` (2 s): too late to read the counters by.
+    That host's clock is not compared with this one's: a marker already there when the
+    watch begins (a directory of an earlier run of the same id) counts only once its
+    modification time changes."""
+
+    poll_s = 0.02
+
+    def __init__(self, site, run_name: str):
+        self.site, self.run_name = site, run_name
+        self.sftp = None
+        self.path = ""
+        self.stale: float | None = None
+
+    def open(self) -> None:
+        d = self.site.remote.call("rundir", self.site.tb.name, self.run_name)["path"]
+        if not isinstance(d, str) or not d.startswith("/"):
+            raise TestbedError(f"host {self.site.host} answered rundir with {d!r}")
+        self.path = f"{d}/started"
+        self.sftp = self.site.remote.client().open_sftp()
+        self.stale = self._mtime()
+
+    def _mtime(self) -> float | None:
+        try:
+            return self.sftp.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def seen(self) -> bool:
+        m = self._mtime()
+        return m is not None and m != self.stale
+
+    def close(self) -> None:
+        if self.sftp is not None:
+            self.sftp.close()
+            self.sftp = None
+
+
+def train_start(tb: Testbed, links: list[Link], run_dir: Path, since: float) -> TrainStart:
+    """Watch for training's start where rank 0 runs: this host, or another one."""
+    host = next(w.host for w in tb.workers if w.rank == 0)
+    if host == tb.here:
+        return TrainStart(tb, links, LocalMarker(run_dir / "started", since))
+    return TrainStart(tb, links, RemoteMarker(tb.site(host), run_dir.name))
 
 
 class Progress:
