@@ -61,6 +61,7 @@ EVAL_FIELDS = {
 }
 SUMMARY_FIELDS = {
     "scheme": "", "model": "", "dataset": "", "world_size": "", "backend": "",
+    "test_samples": "images the accuracy is measured on (one of them is 1 / test_samples of accuracy)",
     "iterations": "iterations run", "epochs": "epochs run (fractional if stopped early)",
     "wall_s": "seconds from the first iteration to the end, evaluations included",
     "train_s": "training seconds, evaluations excluded",

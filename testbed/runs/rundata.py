@@ -57,6 +57,14 @@ class RunData:
                 return e["train_s"]
         return None
 
+    def tta_sustained(self, target: float | None) -> float | None:
+        """Training seconds to ``target`` held for K_SUSTAINED evaluations in a row (the
+        summary's target when None)."""
+        from testbed.runs.stats import sustained_tta
+
+        t = target if target is not None else self.summary.get("target_accuracy")
+        return sustained_tta(self.evals, t) if isinstance(t, (int, float)) else None
+
 
 def _json_file(path: Path, warn) -> dict | None:
     """A run's JSON file, or None (with a warning) when it is torn or not a JSON object."""

@@ -10,6 +10,7 @@ import statistics
 from testbed.model.units import Rate, UnitError
 from testbed.runs import grid
 from testbed.runs.rundata import RunData
+from testbed.runs.stats import compare, pair, pair_key
 
 
 def bw_key(bw: str) -> float:
@@ -73,13 +74,17 @@ def _labels(groups: dict) -> dict:
     return out
 
 
-def table(runs: list[RunData], target: float | None = None, include_unproven: bool = False) -> list[dict]:
+def table(runs: list[RunData], target: float | None = None, include_unproven: bool = False,
+          baseline: str = "allreduce") -> list[dict]:
     """One row per (bandwidth, world size, variant), a variant being the scheme with all its
     hyper-parameters (the summary's ``hyper``: model, dataset, batch, lr, prune ratio, ...):
     runs differing in any of them are never averaged together. Repeats give the median and
     the min-max. Rows are compared with the allreduce row at the same bandwidth, world size
     and training hyper-parameters; when the runs span several world sizes, the scheme
-    column names it ("spardl 0.01 (4 ranks)")."""
+    column names it ("spardl 0.01 (4 ranks)"). Each row is also set against ``baseline``'s
+    (a scheme, at the same bandwidth, world size and training hyper-parameters) over paired
+    repeats: the median ratio of time to target and of iteration time, a paired bootstrap
+    95 % interval and a verdict (:mod:`testbed.runs.stats`)."""
     groups: dict[tuple[str, int, str, str], list[RunData]] = {}
     for r in runs:
         groups.setdefault((r.bw, _world(r), r.label, freeze(_hyper(r))), []).append(r)
@@ -87,6 +92,10 @@ def table(runs: list[RunData], target: float | None = None, include_unproven: bo
     several = len({w for _, w, _, _ in groups}) > 1
     ranked = ("ok", "unproven") if include_unproven else ("ok",)
     rows = [_row(key, rs, labels[key], target, several, ranked) for key, rs in groups.items()]
+    ok = {id(row): [r for r in rs if r.status in ranked] for row, rs in zip(rows, groups.values())}
+    for row in rows:
+        chosen = _baseline(row, rows, baseline)
+        _paired(row, ok[id(row)], ok[id(chosen)] if chosen else [], target)
     for row in rows:  # normalise to allreduce at the same bandwidth (the paper's Fig. 3)
         base = _baseline(row, rows)
         row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
@@ -107,6 +116,8 @@ def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: 
     reached = [t for t in ttas if t is not None]
     ordered = sorted(reached) + [float("inf")] * (len(ttas) - len(reached))  # not reached: after all
     tta_median = statistics.median(ordered) if ordered else None
+    held = sorted((t for t in (r.tta_sustained(target) for r in ok) if t is not None))
+    held_all = held + [float("inf")] * (len(ok) - len(held))
     acc, it = _spread(r.summary.get("final_accuracy") for r in ok), _spread(r.summary.get("mean_iter_s") for r in ok)
     return {
         "bw": bw, "scheme": f"{label} ({world} ranks)" if several else label, "variant": label,
@@ -117,7 +128,10 @@ def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: 
         "tta_s": tta_median if tta_median is not None and tta_median != float("inf") else None,
         "tta_min_s": min(reached) if reached else None,
         "tta_max_s": max(reached) if reached and len(reached) == len(ok) else None,
+        "tta_sustained_s": _finite(statistics.median(held_all)) if held_all else None,
+        "sustained_reached": len(held),
         "final_accuracy": acc[0], "final_accuracy_min": acc[1], "final_accuracy_max": acc[2],
+        "accuracy_resolution": _resolution(ok),
         "mean_iter_s": it[0], "mean_iter_min_s": it[1], "mean_iter_max_s": it[2],
         "payload_bytes_per_iter": _mean(r.summary.get("mean_payload_bytes") for r in ok),
         "wire_bytes_per_iter": _mean((r.summary.get("bottleneck") or {}).get("bytes_per_iteration") for r in ok),
@@ -126,13 +140,39 @@ def _row(key: tuple[str, int, str, str], rs: list[RunData], label: str, target: 
     }
 
 
-def _baseline(row: dict, rows: list[dict]) -> dict | None:
-    """The allreduce row this row is compared with: same bandwidth, world size and training
-    hyper-parameters (model, dataset, batch, lr, checkpoint, ...)."""
+def _baseline(row: dict, rows: list[dict], scheme: str = "allreduce") -> dict | None:
+    """The ``scheme`` row this row is compared with (a base scheme, e.g. allreduce, or a
+    variant label): same bandwidth, world size and training hyper-parameters (model,
+    dataset, batch, lr, checkpoint, ...)."""
     train = {k: row["hyper"].get(k) for k in _TRAIN_KEYS}
     same = [x for x in rows if x["bw"] == row["bw"] and x["world_size"] == row["world_size"]
-            and x["base_scheme"] == "allreduce" and {k: x["hyper"].get(k) for k in _TRAIN_KEYS} == train]
+            and scheme in (x["base_scheme"], x["variant"]) and {k: x["hyper"].get(k) for k in _TRAIN_KEYS} == train]
     return same[0] if len(same) == 1 else None
+
+
+PAIRED = ("ratio", "ci95_low", "ci95_high", "pairs", "verdict")
+"""The keys of a row's paired comparison, per metric (tta_sustained_ratio, iter_ratio_ci95_low, ...)."""
+
+
+def _paired(row: dict, mine: list[RunData], base: list[RunData], target: float | None) -> None:
+    """The row against its baseline's runs, paired by repeat: sustained time to target, and
+    mean iteration time."""
+    metrics = {"tta_sustained": lambda r: r.tta_sustained(target), "iter": lambda r: r.summary.get("mean_iter_s")}
+    for name, value in metrics.items():
+        c = compare(pair(mine, base, lambda r: pair_key(r.summary), value)) if base else compare([])
+        c["ratio"] = c.pop("median_ratio")
+        row.update({f"{name}_{k}": c[k] for k in PAIRED})
+
+
+def _finite(x: float) -> float | None:
+    return x if x != float("inf") else None
+
+
+def _resolution(runs: list[RunData]) -> float | None:
+    """One test sample's share of the accuracy (1 / test samples; digits: 1 / 359 = 0.0028)."""
+    n = {r.summary.get("test_samples") for r in runs}
+    v = n.pop() if len(n) == 1 else None
+    return 1 / v if type(v) is int and v > 0 else None
 
 
 def _world(r: RunData) -> int:
