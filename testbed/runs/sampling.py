@@ -145,6 +145,7 @@ class RemoteMarker:
     modification time changes."""
 
     poll_s = 0.02
+    TIMEOUT_S = 10.0
 
     def __init__(self, site, run_name: str):
         self.site, self.run_name = site, run_name
@@ -158,6 +159,7 @@ class RemoteMarker:
             raise TestbedError(f"host {self.site.host} answered rundir with {d!r}")
         self.path = f"{d}/started"
         self.sftp = self.site.remote.client().open_sftp()
+        self.sftp.get_channel().settimeout(self.TIMEOUT_S)  # a host cut off ends the watch, not hangs it
         self.stale = self._mtime()
 
     def _mtime(self) -> float | None:

@@ -121,6 +121,12 @@ class FakeSftp:
             raise FileNotFoundError(path)
         return Stat(self.files[path])
 
+    def get_channel(self):
+        return self
+
+    def settimeout(self, seconds):
+        self.timeout = seconds
+
     def close(self):
         self.closed = True
 
@@ -162,7 +168,7 @@ def test_a_remote_marker_is_watched_in_that_hosts_copy_of_the_run_directory():
     sftp.files["/run/testbed/tb/runs/run-7/started"] = 1000.0  # rank 0 on h1 starts training
     _wait(ts)
     assert ts.counters == {(0, "forward"): {"bytes": 1000}}
-    assert sftp.closed  # its own channel, closed when done
+    assert sftp.closed and sftp.timeout == RemoteMarker.TIMEOUT_S  # its own channel, bounded, closed when done
 
 
 def test_a_remote_marker_left_by_an_earlier_run_counts_only_once_it_changes():
