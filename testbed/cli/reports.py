@@ -31,6 +31,9 @@ def report(
     include_unproven: bool = typer.Option(False, "--include-unproven", help="Rank runs whose proof had nothing "
                                           "to compare with (status unproven) beside proven ones; bypassed and "
                                           "failed runs are never ranked."),
+    baseline: str = typer.Option("allreduce", "--baseline", metavar="SCHEME", help="The scheme (or variant label) "
+                                 "every row is set against over paired repeats: median ratio, bootstrap 95 % "
+                                 "interval, verdict."),
     as_json: bool = JsonOpt,
 ):
     """Tables and plots comparing schemes by time-to-accuracy, per bandwidth (proven runs only)."""
@@ -42,7 +45,7 @@ def report(
         runs = find_runs(dirs, warn=lambda m: err.print(Text(f"warning: {m}", style="yellow")))
         if not runs:
             raise TestbedError("no readable runs in " + ", ".join(map(str, dirs)), "see the warnings above")
-        result = write(runs, out_dir or dirs[0] / "report", target_acc, include_unproven)
+        result = write(runs, out_dir or dirs[0] / "report", target_acc, include_unproven, baseline)
         if as_json:
             emit(result)
             return
@@ -52,6 +55,7 @@ def report(
             for r in rows:
                 t.add_row(*lit(*_cells(r)))
             out.print(t)
+            _paired_lines(rows, baseline)
             for r in (x for x in rows if x["failed"]):
                 out.print(Text(f"{r['scheme']}: {'; '.join(r['failed'])}", style="yellow"), highlight=False,
                           markup=False)
@@ -66,6 +70,24 @@ def _cells(r: dict) -> list[str]:
             _spread(r, "final_accuracy", ".4f"), _spread(r, "mean_iter_s", ".0f", 1000),
             _num(r["iter_time_vs_allreduce"], ".2f"), _num(r["payload_bytes_per_iter"], ",.0f"),
             _num(r["wire_bytes_per_iter"], ",.0f")]
+
+
+def _paired_lines(rows: list[dict], baseline: str) -> None:
+    """Under a bandwidth's table: each row against the baseline over paired repeats."""
+    res = next((r["accuracy_resolution"] for r in rows if r.get("accuracy_resolution")), None)
+    if res:
+        plain(f"accuracy resolution: {res * 100:.2f} points (one test sample)")
+    for r in rows:
+        parts = []
+        for name, what in (("iter", "iteration time"), ("tta_sustained", "sustained time to target")):
+            ratio, n = r.get(f"{name}_ratio"), r.get(f"{name}_pairs") or 0
+            if ratio is None:
+                continue
+            ci = (f" [{r[f'{name}_ci95_low']:.2f}-{r[f'{name}_ci95_high']:.2f}]"
+                  if r.get(f"{name}_ci95_low") is not None else "")
+            parts.append(f"{what} x{ratio:.2f}{ci} ({n} pair{'s' if n != 1 else ''}: {r[f'{name}_verdict']})")
+        if parts and r["variant"] != baseline and r["base_scheme"] != baseline:
+            plain(f"{r['scheme']} / {baseline}: " + "; ".join(parts))
 
 
 def _num(value, fmt: str) -> str:

@@ -35,10 +35,11 @@ from testbed.runs.tables import freeze, table
 __all__ = ["RunData", "find_runs", "table", "write"]
 
 
-def write(runs: list[RunData], out: Path, target: float | None = None, include_unproven: bool = False) -> dict:
+def write(runs: list[RunData], out: Path, target: float | None = None, include_unproven: bool = False,
+          baseline: str = "allreduce") -> dict:
     """Tables and figures into ``out``, a directory of the user's own (made private when new;
     refused when another user owns it or can write it: see testbed.common.outdir)."""
-    rows = table(runs, target, include_unproven)
+    rows = table(runs, target, include_unproven, baseline)
     with OutDir(out) as d:
         d.write_text("report.json", json.dumps({"rows": rows, "runs": [str(r.path) for r in runs]}, indent=2,
                                                default=str) + "\n")

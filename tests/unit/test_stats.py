@@ -86,3 +86,26 @@ def test_the_report_sets_each_scheme_against_the_baseline_over_paired_repeats():
     assert rows["allreduce"]["tta_sustained_s"] == pytest.approx(20.0 * 1.2)  # the median repeat's 2nd evaluation
     against_fp16 = {r["variant"]: r for r in table(runs, baseline="fp16")}
     assert against_fp16["allreduce"]["iter_ratio"] == pytest.approx(2.0)
+
+
+def test_report_prints_each_scheme_against_the_chosen_baseline(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    climb = [0.5, 0.92, 0.93, 0.95, 0.96]
+    runs = [_run("allreduce", k, 1.0 + 0.1 * k, climb) for k in range(3)]
+    runs += [_run("fp16", k, 0.5 + 0.05 * k, climb) for k in range(3)]
+    for r in runs:
+        d = tmp_path / "sweep" / r.path.name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps(r.summary))
+        (d / "run.json").write_text(json.dumps({"run_id": d.name, "request": {"scheme": r.summary["scheme"]}}))
+        (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in r.evals))
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(tmp_path / "sweep"), "--baseline",
+                        "allreduce"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    assert "accuracy resolution: 0.28 points (one test sample)" in p.stdout
+    assert ("fp16 / allreduce: iteration time x0.50 [0.50-0.50] (3 pairs: lower); sustained time to target x0.50 "
+            "[0.50-0.50] (3 pairs: lower)") in p.stdout, p.stdout
