@@ -9,10 +9,13 @@ import hashlib
 import io
 import os
 import pickle
+import pwd
+import shutil
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ import pytest
 import torch
 
 from tests.workloads.launch import ROOT, train
-from workloads import checkpoint, data, untrusted
+from workloads import checkpoint, data
 from workloads.models import build_model
 from workloads.schemes import hook
 
@@ -62,6 +65,8 @@ def _py2_batch(n: int) -> bytes:
 
 
 def test_real_cifar_batches_load_through_the_restricted_unpickler(tmp_path):
+    from workloads import untrusted  # here, not at the top: the other tests run on code that lacks it
+
     raw = _py2_batch(4)
     assert b"cnumpy.core.multiarray\n_reconstruct" in raw and pickle.BINSTRING in raw
     _cifar_dir(tmp_path, raw)
@@ -92,12 +97,15 @@ def test_a_planted_cifar_batch_runs_nothing_and_is_one_line_naming_the_file(tmp_
     d = _cifar_dir(tmp_path, pickle.dumps(payload(marker), protocol=2))
     with pytest.raises(data.DatasetError) as e:
         data.load("cifar10", str(tmp_path))
+    assert not marker.exists(), "the planted batch ran its code"  # first: what the unrestricted pickle.load did
     msg = str(e.value)
     assert msg.startswith(f"cannot read {d / 'data_batch_1'} as a CIFAR batch: {named}") and "\n" not in msg, msg
-    assert "never" in msg and "kriz/cifar" in msg and not marker.exists()
+    assert "never" in msg and "kriz/cifar" in msg
 
 
 def test_a_cifar_batch_that_is_no_regular_file_or_too_large_is_refused(tmp_path):
+    from workloads import untrusted
+
     d = tmp_path / "cifar-10-batches-py"
     d.mkdir()
     os.mkfifo(d / "data_batch_1")  # would block a plain open
@@ -174,7 +182,8 @@ def test_a_rank_says_one_line_for_a_planted_checkpoint(tmp_path):
     torch.save({"format": 1, "x": _Planted(os.system, f"touch {marker}")}, evil)
     r = subprocess.run([sys.executable, "-m", "workloads.train", "--init", str(evil), "--max-iters", "1",
                         "--batch-size", "8"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and not marker.exists(), r.stderr
+    assert not marker.exists(), "loading the checkpoint ran its code"  # first: what an unrestricted torch.load did
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"error (rank 0): --init {evil}: not loaded: it holds what a weights-only load refuses (Trying to " \
            "load unsupported GLOBAL posix.system" in r.stderr, r.stderr
 
@@ -189,25 +198,55 @@ def test_saving_a_checkpoint_never_writes_through_planted_links(tmp_path):
     ck.symlink_to(victim)
     checkpoint.save(ck, _model(), model_name="cnn", width=0.25, depth=None, num_classes=10, dataset="digits",
                     accuracy=None)
-    assert victim.read_text() == "precious"
+    assert victim.read_bytes() == b"precious", "the checkpoint was written through the planted link"
     assert not ck.is_symlink() and ck.is_file() and checkpoint.load_into(_model(), ck, "cnn")
     assert sorted(p.name for p in out.iterdir()) == ["ck.pt", "ck.pt.tmp"]  # no temporary file left
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another user owns")
-def test_pretraining_refuses_a_directory_another_user_owns_and_others_may_write(tmp_path):
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    os.chown(shared, 65534, 65534)
-    shared.chmod(0o1777)  # as /tmp, but not ours
-    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", "--out", str(shared / "ck.pt")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+OTHER = "tbuntrusted1"  # a second real user; not the kernel tests' (they remove theirs when done)
+
+
+@pytest.fixture
+def other_user():
+    """(name, uid) of a second real user made by useradd (removed after, when made here), and
+    a folder as /tmp is (sticky, everyone may write; pytest's tmp_path is root's own, 0700)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a second user (useradd)")
+    if shutil.which("runuser") is None or shutil.which("useradd") is None:
+        pytest.skip("runuser/useradd missing: cannot act as another user here")
+    try:
+        pwd.getpwnam(OTHER)
+        made = False
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", OTHER], check=True)
+        made = True
+    place = Path(tempfile.mkdtemp(prefix="tb-untrusted-", dir="/tmp"))
+    place.chmod(0o1777)
+    try:
+        yield OTHER, pwd.getpwnam(OTHER).pw_uid, place
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+        if made:
+            subprocess.run(["pkill", "-9", "-u", OTHER], capture_output=True)
+            subprocess.run(["userdel", OTHER], capture_output=True)
+
+
+def _as(user: str, *argv: str) -> None:
+    subprocess.run(["runuser", "-u", user, "--", *argv], check=True, capture_output=True, cwd="/")
+
+
+def test_pretraining_refuses_a_directory_another_user_owns_and_others_may_write(other_user):
+    user, uid, place = other_user
+    shared = place / "tmp"
+    _as(user, "mkdir", "-m", "1777", str(shared))  # the other user's, everyone may write: as /tmp, but not ours
+    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", "--out", str(shared / "ck.pt"), "--epochs",
+                        "0.05", "--width", "0.25"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip() == (f"error: will not write the checkpoint {shared / 'ck.pt'}: {shared} belongs to "
-                                "uid 65534 and everyone may write to it: another user could replace the file "
+                                f"uid {uid} and everyone may write to it: another user could replace the file "
                                 "there; write it in a directory of your own (e.g. ~/ckpt/)"), p.stderr
     assert list(shared.iterdir()) == []
-    shared.chmod(0o755)  # another user's, but only they may write: where root writes for them
+    _as(user, "chmod", "0755", str(shared))  # another user's, but only they may write: where root writes for them
     checkpoint.save(shared / "ck.pt", _model(), model_name="cnn", width=0.25, depth=None, num_classes=10,
                     dataset="digits", accuracy=None)
 
