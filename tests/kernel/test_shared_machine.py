@@ -1,6 +1,7 @@
 """A lab machine shared by several users (issue: hardening III), with real users made by
 useradd: what one user plants cannot make another's (or root's) report or run write through
-it, and what one user runs (exporters, Prometheus, run directories) others cannot read."""
+it, and what one user runs (the link and run exporters, Prometheus, run directories) others
+cannot read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -46,7 +48,7 @@ def _own(path: Path, user: str) -> None:
 
 def _planted_runs(tmp: Path, victim_file: Path) -> Path:
     """A world-readable folder of the attacker's: one plausible run, and a report/ folder whose
-    files link to ``victim_file``."""
+    files link to ``victim_file``, left writable by all (so that anyone's report could write there)."""
     shared = tmp / "shared"
     run = shared / "runs" / "r1"
     run.mkdir(parents=True)
@@ -57,8 +59,9 @@ def _planted_runs(tmp: Path, victim_file: Path) -> Path:
     for name in ("report.json", "report.csv", "proof.csv", "tta.png"):
         (shared / "runs" / "report" / name).symlink_to(victim_file)
     _own(shared, ATTACKER)
-    for d in (shared, shared / "runs", run, shared / "runs" / "report"):
+    for d in (shared, shared / "runs", run):
         d.chmod(0o755)
+    (shared / "runs" / "report").chmod(0o777)
     return shared / "runs"
 
 
@@ -72,10 +75,10 @@ def test_report_never_writes_through_what_another_user_planted(users, shared_tmp
     runs = _planted_runs(shared_tmp, secret)
 
     r = as_user(VICTIM, "report", str(runs))  # the default place is the attacker's report/ folder
+    assert secret.read_bytes() == b"the victim's own\n", "report wrote through the attacker's link"
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"belongs to uid {pwd.getpwnam(ATTACKER).pw_uid}" in r.stderr, r.stderr
     assert "--out" in r.stderr
-    assert secret.read_text() == "the victim's own\n"
     _ok(as_user(VICTIM, "report", str(runs), "--out", str(victim_home / "rep")))  # a place of their own
     assert stat.S_IMODE((victim_home / "rep").stat().st_mode) == 0o700
     assert (victim_home / "rep" / "report.csv").stat().st_uid == pwd.getpwnam(VICTIM).pw_uid
@@ -84,6 +87,7 @@ def test_report_never_writes_through_what_another_user_planted(users, shared_tmp
         (runs / "report" / name).unlink()
         (runs / "report" / name).symlink_to(root_file)
     r = cli("report", str(runs))
+    assert root_file.read_bytes() == b"root's own\n", "report run by root wrote through the attacker's link"
     assert r.returncode == 1 and "belongs to uid" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = cli("report", str(runs), "--out", str(runs / "mine"))  # under a folder the attacker can rename
     assert r.returncode == 1 and f"{runs} belongs to uid" in r.stderr, r.stderr
@@ -124,6 +128,20 @@ def _status(url: str, headers: dict | None = None, as_: str | None = None) -> in
         return e.code
 
 
+def _listening(uid: int) -> set[str]:
+    """The TCP addresses (HOST:PORT) that processes of ``uid`` listen on."""
+    out = subprocess.run(["ss", "-ltnHe"], capture_output=True, text=True, timeout=30).stdout
+    return {line.split()[3] for line in out.splitlines() if f" uid:{uid} " in line}
+
+
+def _body(url: str, headers: dict) -> bytes:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return r.read()
+    except (OSError, ValueError):
+        return b""
+
+
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (apt-get install prometheus)")
 def test_a_users_exporters_prometheus_and_runs_answer_that_user_only(users):
     owner, home = VICTIM, users[VICTIM]
@@ -133,9 +151,9 @@ def test_a_users_exporters_prometheus_and_runs_answer_that_user_only(users):
     try:
         _ok(as_user(owner, "up", _write(home, owner, "priv", dumbbell(name="priv", rate="1gbit"))))
         exporter = json.loads(_ok(as_user(owner, "status", "priv", "--json")).stdout)["exporter"]
+        assert _status(exporter, as_=ATTACKER) == 401 and _status(exporter) == 401  # the link exporter
         token = (home / ".local/state/testbed/metrics.token").read_text().strip()
         assert stat.S_IMODE((home / ".local/state/testbed/metrics.token").stat().st_mode) == 0o600
-        assert _status(exporter, as_=ATTACKER) == 401 and _status(exporter) == 401
         assert _status(exporter, {"Authorization": f"Bearer {token}"}) == 200
         basic = {"Authorization": "Basic " + base64.b64encode(f"testbed:{token}".encode()).decode()}
         for path in ("/api/v1/targets", "/api/v1/query?query=up", "/-/ready"):
@@ -144,8 +162,25 @@ def test_a_users_exporters_prometheus_and_runs_answer_that_user_only(users):
         st = json.loads(_ok(as_user(owner, "monitor", "status", "--json")).stdout)
         assert st["running"] and stat.S_IMODE(os.stat(st["dir"]).st_mode) == 0o700
 
-        run = json.loads(_ok(as_user(owner, "run", "allreduce", "-t", "priv", "--max-iters", "2", "--out",
-                                     str(home / "runs"), "--json")).stdout)
+        # the run's own exporter (on by default), asked while it serves (it waits for Prometheus' scrape):
+        # the loopback port the owner listens on that was not there before the run
+        uid = pwd.getpwnam(owner).pw_uid
+        before = _listening(uid)
+        p = as_user(owner, "run", "allreduce", "-t", "priv", "--max-iters", "2", "--out", str(home / "runs"),
+                    "--json", popen=True)
+        run_exporter = None
+        deadline = time.monotonic() + 120
+        while run_exporter is None and p.poll() is None and time.monotonic() < deadline:
+            for address in _listening(uid) - before:
+                url = f"http://{address}/metrics"
+                if b"testbed_run_info" in _body(url, {"Authorization": f"Bearer {token}"}):
+                    run_exporter = url
+            time.sleep(0.05)
+        assert run_exporter is not None, "no run exporter found while the run lasted"
+        assert _status(run_exporter, as_=ATTACKER) == 401 and _status(run_exporter) == 401, run_exporter
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, out + err
+        run = json.loads(out)
         assert stat.S_IMODE(Path(run["run_dir"]).stat().st_mode) == 0o700
         r = subprocess.run(["runuser", "-u", ATTACKER, "--", "cat", str(Path(run["run_dir"]) / "summary.json")],
                            capture_output=True, text=True)
