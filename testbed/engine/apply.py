@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from typing import Callable
 
 from testbed.common.errors import TestbedError
@@ -29,7 +28,7 @@ LEDGER_CHUNK = 64  # actions recorded per fsync; down treats recorded-but-never-
 
 def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | None = None,
                exporter: str | None = None, schedules: bool = True, ctx: ApplyContext | None = None) -> None:
-    """Run the plan's actions (the exporter starting beside them), then the links' schedules, recording
+    """Run the plan's actions (then start the exporter and the links' schedules), recording
     each ahead in ``ledger``.
 
     ``state`` is written with ``ready: True`` once the network is complete, and with the
@@ -38,17 +37,12 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     name = plan.topology.name
     ctx = ctx or ApplyContext(name, LocalHost())
     fault = int(os.environ.get(FAULT_ENV, "-1"))
+    ctx.fault_after_exporter = fault == len(plan.actions)
     total = len(plan.actions)
     recorded = 0
-    starter: _ExporterStart | None = None
     try:
         with Signals() as signals:
             ctx.check = signals.check
-            if exporter is not None:  # recorded first, then started beside the build (its start is ~0.2 s of CPU)
-                target = testbed_target(name)
-                start = StartExporter(f"--sd-file={target}", str(target), exporter, str(ledger.dir / "exporter.log"))
-                ledger.record(start.to_dict())
-                starter = _ExporterStart(start, ctx)
             for i, action in enumerate(plan.actions):
                 signals.check()
                 if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
@@ -61,11 +55,12 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                     progress(i + 1, total, action.describe())
             state["ready"] = True
             ledger.write_state(state)
-            if starter is not None:
+            if exporter is not None:
                 signals.check()
-                starter.wait()
-                if fault == total:  # test hook: die with the network complete and the exporter running,
-                    os.kill(os.getpid(), signal.SIGKILL)  # recorded only in the ledger (not in the state)
+                target = testbed_target(name)
+                start = StartExporter(f"--sd-file={target}", str(target), exporter, str(ledger.dir / "exporter.log"))
+                ledger.record(start.to_dict())
+                start.apply(ctx)
                 state["exporter"] = ctx.results["exporter"]
                 ledger.write_state(state)
             for link in plan.topology.links:  # schedules: a background replay per link, from now on
@@ -73,8 +68,6 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                     signals.check()
                     start_background(name, None, link=link.name, locked=True)
     except BaseException as e:
-        if starter is not None:  # not started behind teardown's back: it is done (up or failed) first
-            starter.join()
         ctx.close()
         old = ignore_interrupts()
         try:
@@ -91,30 +84,3 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     finally:
         ctx.close()
         ledger.close()
-
-
-class _ExporterStart:
-    """``StartExporter.apply`` in a thread while the plan's actions run: the exporter's
-    interpreter starts on the other core instead of after the network is complete. It is
-    recorded in the ledger before the thread starts; a failure is raised by :meth:`wait`."""
-
-    def __init__(self, start: StartExporter, ctx: ApplyContext):
-        self._start, self._ctx = start, ctx
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="testbed-exporter-start", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._start.apply(self._ctx)
-        except BaseException as e:  # handed to the building thread
-            self._error = e
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def wait(self) -> None:
-        """Until the exporter announced its address; its failure, if it failed."""
-        self.join()
-        if self._error is not None:
-            raise self._error

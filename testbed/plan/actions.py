@@ -22,7 +22,9 @@ What an action is, the registry and the contexts: :mod:`testbed.plan.base` (re-e
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -247,6 +249,8 @@ class StartExporter(Action):
         with open(log, "ab") as f:
             proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)  # Ctrl-C in the terminal is ours to handle
+        if ctx.fault_after_exporter:  # test hook: die with the exporter running, recorded only in the ledger
+            os.kill(os.getpid(), signal.SIGKILL)
         deadline = time.monotonic() + 30.0
         pause = 0.005  # it announces itself within tens of ms (collectors.__main__): look often, then every 50 ms
         while (addr := read_target(target)) is None:

@@ -135,6 +135,7 @@ class ApplyContext:
         """Where kernel calls happen (:class:`testbed.hosts.local.LocalHost`)."""
         self.results: dict[str, object] = {}
         """Values an action hands back to ``up`` (e.g. the exporter's URL)."""
+        self.fault_after_exporter = False
         self.shares: dict[str, dict] = {}
         """Host name -> its share of the plan (what ``testbed _host apply`` is given)."""
         self.pending: list = []
