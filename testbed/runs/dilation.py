@@ -14,7 +14,7 @@ Dilation thus models hosts K times faster than this one at everything not stated
     dilated      a shape K times slower (rate / K, delay and jitter x K; loss and queue kept)
     emulated     a link as the emulation sees it (the inverse, for the summary)
     dilate_trace a trace K times slower, written as CSV for the replay
-    slow_down    every link of a testbed K times slower (the shapes before returned to restore)
+    slow_down    every link of a testbed K times slower
 
 ``--dilation auto`` (:mod:`testbed.runs.dilation_auto`) raises K until two successive K agree.
 """
@@ -127,15 +127,13 @@ def dilate_trace(trace: Trace, k: float, out: Path) -> Path:
     return out
 
 
-def slow_down(tb, k: float) -> list[tuple[Link, str, Shape]]:
-    """Every link of ``tb`` K times slower, both directions; returns (link, direction, shape
-    before) for each, to put back. Links sharing a shape change in one call."""
-    before, groups = [], {}
+def slow_down(tb, k: float) -> None:
+    """Every link of ``tb`` K times slower, both directions (the caller keeps the shapes to
+    put back: those from before its own --bw). Links sharing a shape change in one call."""
+    groups: dict[tuple[Shape, str], list[Link]] = {}
     for l in tb.topology.links:
         for d in DIRECTIONS:
-            before.append((l, d, l.shape(d)))
             groups.setdefault((dilated(l.shape(d), k, f"link {l.name}"), d), []).append(l)
     for (shape, d), links in groups.items():
         tb.set_links(links, rate=shape.rate, delay=shape.delay if shape.delay else None,
                      jitter=shape.jitter if shape.jitter else None, direction=d)
-    return before

@@ -14,6 +14,7 @@ import yaml
 from tests.helpers import dumbbell
 
 from .conftest import cli
+from .test_processes import _marked
 
 LEAVE = r'''
 import ctypes, os, sys
@@ -30,23 +31,6 @@ if os.fork() == 0:  # a daemon as daemon(3) makes one (fork, setsid, fork), then
     os._exit(0)
 os.wait()
 '''
-
-
-def _marked(mark: str) -> list[int]:
-    """Live processes (no zombies) with ``mark`` as an argument."""
-    out = []
-    for e in os.scandir("/proc"):
-        try:
-            if e.name.isdigit():
-                with open(f"{e.path}/cmdline", "rb") as f:
-                    if mark.encode() not in f.read().split(b"\0"):
-                        continue
-                with open(f"{e.path}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        out.append(int(e.name))
-        except (OSError, IndexError):
-            continue
-    return out
 
 
 def test_down_ends_a_daemon_that_moved_out_of_its_node(clean_kernel, tmp_path):
