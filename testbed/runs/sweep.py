@@ -1,11 +1,13 @@
 """`testbed sweep`: every scheme (or the user's own code) x bandwidth x parameter-grid point
-(x repeats), the built-in schemes from one pre-trained checkpoint.
+(x repeats), the built-in schemes from pre-trained checkpoints.
 
 Repeat k of a run uses the workload's seed + k (data order, augmentation, stochastic
-rounding), so the spread over repeats is training's, not only the clock's.
-The checkpoint is made once per (model, width, depth, pre-training dataset, seed, epochs) by
-``python -m workloads.pretrain`` and cached under ``OUT/checkpoints/``; every run starts
-from it (``--init``), so schemes are compared from the same weights. All runs share one
+rounding) and starts from the checkpoint pre-trained with seed + k, so the spread over
+repeats is training's and pre-training's, not only the clock's, while repeat k of every
+scheme starts from the same weights (the pairs of ``report``'s intervals).
+A checkpoint is made once per (model, width, depth, pre-training dataset, seed, epochs) by
+``python -m workloads.pretrain`` and cached under ``OUT/checkpoints/`` (``--init`` gives
+one for every repeat instead). All runs share one
 testbed (brought up here unless ``--testbed`` names a running one) and land in
 ``OUT/sweep-<time>/``, with ``sweep.json`` listing them. A failed run is recorded and the
 sweep goes on; the sweep then exits non-zero.
@@ -19,7 +21,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from testbed.common import procs
@@ -157,13 +159,15 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
         req.check()  # every run's options, then the testbed's names: before anything is built
         check_target(req.testbed, req.topology)
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)  # before pre-training
-        init = req.init or (checkpoint(req.out, req.pretrain, say) if req.pretrain is not None else None)
-        index["checkpoint"] = str(init) if init else None
+        inits = _Checkpoints(req, say)
+        index["checkpoint"] = _str(inits.get(0))
         for k, (bw, scheme, point, rep) in enumerate(plan, 1):
             run_id = "-".join(x for x in (variant_slug(scheme), str(bw), grid.slug(point), f"r{rep}") if x)
             where = "".join(f", {key}={v}" for key, v in point.items())
             say(f"[{k}/{len(plan)}] {scheme} at {bw}{where}, repeat {rep + 1}/{req.repeats}")
-            entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "params": point, "repeat": rep}
+            init = inits.get(rep)
+            entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "params": point, "repeat": rep,
+                     "checkpoint": _str(init)}
             try:
                 run(_request(req, scheme, point, rep, init, tb.name, bw, sweep_dir, run_id),
                     on_status=on_status, on_message=say)
@@ -188,6 +192,28 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
             tb.down()
     index["dir"] = str(sweep_dir)
     return index
+
+
+class _Checkpoints:
+    """Repeat k's starting point: ``--init`` for every repeat, else the checkpoint
+    pre-trained with seed + k (made when its repeat first runs, cached), so the spread over
+    repeats includes pre-training's and paired repeats share their start."""
+
+    def __init__(self, req: SweepRequest, say: Callable[[str], None]):
+        self.req, self.say = req, say
+        self.made: dict[int, Path] = {}
+
+    def get(self, rep: int) -> Path | None:
+        if self.req.init is not None or self.req.pretrain is None:
+            return self.req.init
+        if rep not in self.made:
+            pre = replace(self.req.pretrain, seed=self.req.pretrain.seed + rep)
+            self.made[rep] = checkpoint(self.req.out, pre, self.say)
+        return self.made[rep]
+
+
+def _str(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
 
 
 def _new_dir(out: Path) -> Path:

@@ -104,3 +104,29 @@ def test_a_cached_checkpoint_that_is_a_link_or_someone_elses_is_refused(tmp_path
         os.chown(cached, 65534, 65534)
         with pytest.raises(TestbedError, match="not a file of yours"):
             checkpoint(tmp_path, pre, print)
+
+
+def test_each_repeat_starts_from_its_own_pretrained_checkpoint(tmp_path, monkeypatch):
+    """Repeat k pre-trains with seed + k, once (reused by every scheme's repeat k); --init
+    is every repeat's start instead; without pre-training there is none."""
+    from pathlib import Path
+
+    from testbed.runs import sweep as sw
+
+    made = []
+
+    def fake(out, pre, say):
+        made.append(pre.seed)
+        return out / f"{pre.key}.pt"
+
+    monkeypatch.setattr(sw, "checkpoint", fake)
+    pre = Pretraining("cnn", "digits", 1, seed=3)
+    inits = sw._Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[], out=tmp_path, pretrain=pre), print)
+    got = [inits.get(rep) for rep in (0, 1, 0, 2, 1)]
+    assert made == [3, 4, 5]
+    assert [p.name for p in got] == [f"{Pretraining('cnn', 'digits', 1, seed=s).key}.pt" for s in (3, 4, 3, 5, 4)]
+    given = SweepRequest(schemes=["allreduce"], bws=[], workload_args=[], out=tmp_path, pretrain=pre,
+                         init=Path("/c.pt"))
+    assert sw._Checkpoints(given, print).get(2) == Path("/c.pt")
+    assert sw._Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[]), print).get(1) is None
+    assert made == [3, 4, 5]
