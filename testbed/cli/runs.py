@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from functools import partial
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,9 +30,10 @@ RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
 TopologyOpt = typer.Option(None, "--topology", metavar="FILE", help="Topology to bring up (default three_switch).")
 TimeoutOpt = typer.Option(300.0, "--timeout", metavar="SECONDS",
                           help="Seconds without progress from any rank before the run is stopped.")
-DilationOpt = typer.Option(None, "--dilation", metavar="K|auto", help="Time dilation (with --compute-time): every "
-                           "link and the stated compute K times slower, every recorded time divided by K, so this "
-                           "machine's own overheads shrink K-fold. auto: K = 1, 2, 4, ... until two agree within 5 %.")
+DilationOpt = typer.Option(None, "--dilation", metavar="K|auto[:FIRST-LAST]", help="Time dilation (with "
+                           "--compute-time): every link and the stated compute K times slower, every recorded time "
+                           "divided by K, so this machine's own overheads shrink K-fold. auto: K = 1, 2, 4, ... 64 "
+                           "until two agree within 5 %; auto:8-256: from 8 up to 256.")
 PretrainDatasetOpt = choice(None, "--pretrain-dataset", choices=DATASETS,
                             help="Pre-train on this dataset, fine-tune on --dataset (default: --dataset).")
 
@@ -100,7 +102,7 @@ def run(
         shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate, out=out_dir,
                        timeout=timeout, exporter=exporter, bw_trace=bw_trace, trace_format=trace_format,
                        trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows,
-                       dilation=1.0 if k == dilations.AUTO else k)
+                       dilation=1.0 if isinstance(k, dilations.Auto) else k)
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
@@ -110,8 +112,8 @@ def run(
             pre = pretraining(spec, pretrain_dataset, pretrain_epochs) \
                 if wants_pretraining(scheme, pretrain, pretrain_dataset, spec) and spec.init is None else None
             req = RunRequest(scheme=scheme, spec=spec, **shaping)
-        if k == dilations.AUTO:
-            dilations.check(_largest(req, k), given="auto")
+        if isinstance(k, dilations.Auto):
+            dilations.check(_largest(req, k), given=dilation)
         preflight(_largest(req, k))  # all that needs only the options, names and topology: before pre-training
         if req.spec is not None:
             if pre is not None:
@@ -119,7 +121,8 @@ def run(
             if not as_json:
                 _announce(scheme, req.spec, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
                           shaping["testbed"] or topology or "three_switch (default)")
-        summary = _with_display(_run_auto if k == dilations.AUTO else _run_one, req, as_json)
+        summary = _with_display(_run_one if not isinstance(k, dilations.Auto) else
+                                 partial(_run_auto, auto=k), req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 
 
@@ -159,19 +162,18 @@ def _at_most(n) -> str:
 
 
 def _largest(req, k):
-    """The request as its most dilated run makes it (--dilation auto goes up to MAX_AUTO)."""
+    """The request as its most dilated run makes it (--dilation auto goes up to its ladder's last K)."""
     from dataclasses import replace
 
-    from testbed.runs.dilation import AUTO
-    from testbed.runs.dilation_auto import MAX_AUTO
+    from testbed.runs.dilation import Auto
 
-    return replace(req, dilation=MAX_AUTO) if k == AUTO else req
+    return replace(req, dilation=k.ladder()[-1]) if isinstance(k, Auto) else req
 
 
-def _run_auto(req, on_status, on_message):
+def _run_auto(req, on_status, on_message, auto):
     from testbed.runs.dilation_auto import run_auto
 
-    return run_auto(req, lambda r: _run_one(r, on_status, on_message), on_message)
+    return run_auto(req, lambda r: _run_one(r, on_status, on_message), on_message, auto)
 
 
 def _run_one(req, on_status, on_message):
@@ -310,10 +312,10 @@ def sweep(
 
 
 def _sweep_dilation(text: str | None) -> float:
-    from testbed.runs.dilation import AUTO, parse
+    from testbed.runs.dilation import Auto, parse
 
     k = parse(text) if text is not None else 1.0
-    if k == AUTO:
+    if isinstance(k, Auto):
         raise TestbedError("sweep --dilation takes a factor K, not 'auto'",
                            "find K with `testbed run --dilation auto` on one scheme, then sweep with it")
     return float(k)

@@ -9,7 +9,7 @@ compute look the same in emulated time; what shrinks K-fold is everything else t
 spends: the collectives' copying and summing, the hooks' compression, Python, scheduling.
 Dilation thus models hosts K times faster than this one at everything not stated.
 
-    parse        "K" or "auto" from a command line
+    parse        "K", "auto" or "auto:FIRST-LAST" from a command line
     check        where dilation would be wrong, refused before anything is built
     dilated      a shape K times slower (rate / K, delay and jitter x K; loss and queue kept)
     emulated     a link as the emulation sees it (the inverse, for the summary)
@@ -22,7 +22,8 @@ Dilation thus models hosts K times faster than this one at everything not stated
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
@@ -35,20 +36,59 @@ MAX_DILATION = 1000.0
 """K at most (as workloads.arguments bounds it): 1000 x a 10 Gbit link is 10 Mbit."""
 
 AUTO = "auto"
+MAX_AUTO = 64.0
+"""The largest K plain ``auto`` tries (each doubling is one more run)."""
 
 
-def parse(text: str) -> float | str:
-    """``--dilation``'s value: a factor K in [1, 1000], or "auto"."""
-    if text.strip().lower() == AUTO:
-        return AUTO
+@dataclass(frozen=True)
+class Auto:
+    """``--dilation auto[:FIRST-LAST]``: runs at K = FIRST, 2 FIRST, 4 FIRST, ... up to LAST
+    (plain ``auto``: 1 to 64) until two successive K agree."""
+
+    first: float = 1.0
+    last: float = MAX_AUTO
+
+    def ladder(self) -> list[float]:
+        ks, k = [], self.first
+        while k <= self.last:
+            ks.append(k)
+            k *= 2
+        return ks
+
+
+def parse(text: str) -> float | Auto:
+    """``--dilation``'s value: a factor K in [1, 1000], ``auto``, or ``auto:FIRST-LAST``
+    (a ladder that starts above 1 saves the runs a large emulation needs no proof for)."""
+    t = text.strip().lower()
+    if t == AUTO:
+        return Auto()
+    if t.startswith(AUTO + ":"):
+        return _auto_range(text, t[len(AUTO) + 1:])
+    return _factor(text, text)
+
+
+def _factor(text: str, value: str) -> float:
     try:
-        k = float(text)
+        k = float(value)
     except ValueError:
         k = math.nan
     if not (math.isfinite(k) and 1 <= k <= MAX_DILATION):
-        raise TestbedError(f"--dilation {text}: give a factor K in [1, {MAX_DILATION:g}] (e.g. 4) or 'auto'",
+        raise TestbedError(f"--dilation {text}: give a factor K in [1, {MAX_DILATION:g}] (e.g. 4), 'auto' or "
+                           "'auto:FIRST-LAST' (e.g. auto:8-256)",
                            "K slows every shaped link and the stated --compute-time K-fold; see docs/dilation.md")
     return k
+
+
+def _auto_range(text: str, spec: str) -> Auto:
+    m = re.fullmatch(r"([^-]+)-([^-]+)", spec)
+    if not m:
+        raise TestbedError(f"--dilation {text}: write auto:FIRST-LAST, e.g. auto:8-256",
+                           "auto doubles K from FIRST up to LAST until two successive K agree")
+    first, last = _factor(text, m[1]), _factor(text, m[2])
+    if 2 * first > last:
+        raise TestbedError(f"--dilation {text}: LAST must be at least twice FIRST (two K to compare)",
+                           "e.g. auto:8-256")
+    return Auto(first, last)
 
 
 def check(req, given: str | None = None) -> None:

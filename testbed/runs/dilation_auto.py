@@ -1,12 +1,12 @@
 """``testbed run --dilation auto``: find a K at which the emulation no longer measures this
 machine, and run at it.
 
-A run at K = 1, then 2, 4, 8, ... (each a whole run of its own, ``RUN_ID-k1``, ``-k2``, ...)
+A run at K = 1, then 2, 4, 8, ... (or from ``auto:FIRST-LAST``'s FIRST; each a whole run of its own, ``RUN_ID-k1``, ``-k2``, ...)
 until two successive K give median iteration times (in emulated seconds) within
 ``TOLERANCE`` of each other: the machine's own overheads no longer move the result, so the
 larger K is *validated*. The last run is the result; its summary keeps the curve
 (``dilation_curve``: K, median iteration seconds, run id) and ``dilation_validated``. When
-``MAX_AUTO`` is reached without agreement the last run is kept, marked not validated, and
+the ladder's last K (64 for plain ``auto``) is reached without agreement the last run is kept, marked not validated, and
 the curve says how far it got.
 """
 
@@ -17,12 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from testbed.common.files import write_json
+from testbed.runs.dilation import Auto
 from testbed.runs.request import RunRequest, new_run_id
 
 TOLERANCE = 0.05
 """Two successive K agree when their median iteration times differ by at most 5 %."""
-MAX_AUTO = 64.0
-"""The largest K auto tries (each doubling is one more run)."""
 
 
 def agree(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
@@ -30,24 +29,16 @@ def agree(a: float, b: float, tolerance: float = TOLERANCE) -> bool:
     return a > 0 and abs(b - a) <= tolerance * a
 
 
-def ladder(max_k: float = MAX_AUTO) -> list[float]:
-    """The K auto tries, in order: 1, 2, 4, ... up to ``max_k``."""
-    ks, k = [], 1.0
-    while k <= max_k:
-        ks.append(k)
-        k *= 2
-    return ks
-
-
 def run_auto(req: RunRequest, run_one: Callable[[RunRequest], dict], say: Callable[[str], None],
-             max_k: float = MAX_AUTO) -> dict:
-    """Runs of ``req`` at K = 1, 2, 4, ... (``run_one`` makes one, as testbed.runs.experiment.run
-    does) until two successive ones agree; the last one's summary, with the curve."""
+             auto: Auto = Auto()) -> dict:
+    """Runs of ``req`` at K = ``auto``'s ladder (1, 2, 4, ...; ``run_one`` makes one, as
+    testbed.runs.experiment.run does) until two successive ones agree; the last one's
+    summary, with the curve."""
     base = req.run_id or new_run_id(req.out, req.scheme, req.bw)
     curve: list[dict] = []
     summary: dict = {}
     validated = False
-    for k in ladder(max_k):
+    for k in auto.ladder():
         say(f"--dilation auto: a run at K = {k:g}")
         summary = run_one(replace(req, dilation=k, run_id=f"{base}-k{k:g}", spec=req.spec))
         curve.append({"k": k, "median_iter_s": summary.get("median_iter_s"), "run_id": summary["run_id"]})

@@ -13,7 +13,8 @@ from testbed.model.shapes import Shape
 from testbed.model.trace import load_trace, parse_csv
 from testbed.model.units import Duration, Loss, Rate
 from testbed.runs import dilation
-from testbed.runs.dilation_auto import agree, ladder, run_auto
+from testbed.runs.dilation import Auto
+from testbed.runs.dilation_auto import agree, run_auto
 from testbed.runs.request import RunRequest, UserCode
 from testbed.runs.spec import WorkloadSpec
 from testbed.runs.summary import _bottleneck
@@ -22,12 +23,14 @@ from testbed.runs.timeline import RateTimeline
 SYNTHETIC = ["--compute-time", "0.2", "--max-iters", "5"]
 
 
-@pytest.mark.parametrize("text, k", [("4", 4.0), ("1", 1.0), ("2.5", 2.5), ("auto", "auto"), (" AUTO ", "auto")])
+@pytest.mark.parametrize("text, k", [("4", 4.0), ("1", 1.0), ("2.5", 2.5), ("auto", Auto(1, 64)), (" AUTO ", Auto()),
+                                     ("auto:8-256", Auto(8, 256)), ("auto:1-2", Auto(1, 2))])
 def test_dilation_values(text, k):
     assert dilation.parse(text) == k
 
 
-@pytest.mark.parametrize("text", ["0.5", "0", "-2", "nan", "inf", "1001", "x", ""])
+@pytest.mark.parametrize("text", ["0.5", "0", "-2", "nan", "inf", "1001", "x", "", "auto:", "auto:8", "auto:8-12",
+                                  "auto:0-8", "auto:8-2000", "auto:a-b", "auto:1-2-4"])
 def test_bad_dilation_values_are_one_line(text):
     with pytest.raises(TestbedError) as e:
         dilation.parse(text)
@@ -150,13 +153,29 @@ def test_auto_that_never_agrees_is_not_validated(tmp_path):
         d.mkdir()
         return {"run_id": req.run_id, "run_dir": str(d), "median_iter_s": 1.0 / req.dilation}
 
-    s = run_auto(_req(run_id="r", out=tmp_path), run_one, lambda m: None, max_k=8)
+    s = run_auto(_req(run_id="r", out=tmp_path), run_one, lambda m: None, Auto(1, 8))
     assert s["dilation_validated"] is False and [c["k"] for c in s["dilation_curve"]] == [1, 2, 4, 8]
 
 
 def test_agreement_and_ladder():
     assert agree(1.0, 1.049) and agree(1.0, 0.951) and not agree(1.0, 1.06) and not agree(0.0, 0.0)
-    assert ladder(64) == [1, 2, 4, 8, 16, 32, 64] and ladder(1) == [1]
+    assert Auto().ladder() == [1, 2, 4, 8, 16, 32, 64] and Auto(1, 1).ladder() == [1]
+    assert Auto(8, 256).ladder() == [8, 16, 32, 64, 128, 256] and Auto(3, 20).ladder() == [3, 6, 12]
+
+
+def test_auto_from_a_first_k(tmp_path):
+    seen = []
+
+    def run_one(req):
+        seen.append(req.dilation)
+        d = tmp_path / req.run_id
+        d.mkdir()
+        return {"run_id": req.run_id, "run_dir": str(d), "median_iter_s": 0.1 + 1.0 / req.dilation}
+
+    s = run_auto(_req(run_id="r", out=tmp_path), run_one, lambda m: None, Auto(8, 256))
+    # 225, 162.5, 131.3, 115.6, 107.8, 103.9 ms: 128 and 256 are the first within 5 %
+    assert seen == [8, 16, 32, 64, 128, 256]
+    assert s["dilation_validated"] is True and s["run_id"] == "r-k256"
 
 
 def test_the_ranks_divide_what_they_record(monkeypatch):
