@@ -10,7 +10,11 @@ machine's loopback. For each rate, iperf3 sends one TCP stream from host a to ho
 forwarders used (utime + stime from /proc/PID/stat) per Gbit/s of goodput. ``unshaped``
 measures the tunnel's own ceiling.
 
-    python -m benchmarks.tunnel [--rates 100mbit,500mbit,1gbit,unshaped] [--seconds 10] [--json]
+    python -m benchmarks.tunnel [--rates 100mbit,500mbit,1gbit,unshaped] [--seconds 10] [--max-payload N]
+                                [--no-baseline] [--json]
+
+Before each rate, the same rate on a plain local veth link (what testbed makes for a link on
+one host) is measured too, so that a busy machine's own shortfall shows beside the tunnel's.
 
 Run it as an ordinary user (``runuser -u USER -- .venv/bin/python -m benchmarks.tunnel``);
 needs iperf3, iproute2 and util-linux (unshare, nsenter). The kernel test
@@ -98,8 +102,10 @@ def _holder(name: str, index: int) -> Host:
 class Lab:
     """Two pretend hosts joined by the tunnel; a context manager that leaves nothing."""
 
-    def __init__(self, token: bytes | None = None, gso_max_size: int = GSO_MAX, baseline: bool = False) -> None:
+    def __init__(self, token: bytes | None = None, gso_max_size: int = GSO_MAX, baseline: bool = False,
+                 max_payload: int | None = None) -> None:
         self.token = token or tunnelwire.new_token()
+        self.max_payload = max_payload
         self.gso = gso_max_size
         self.hosts: list[Host] = []
         self.baseline = baseline
@@ -160,7 +166,8 @@ class Lab:
         for h in self.hosts:
             h.forwarder = subprocess.Popen(
                 [sys.executable, "-m", "testbed.net.tunnel", "--ifname", "tf", "--bind", "127.0.0.1:0",
-                 "--userns", h.ns("user"), "--netns", h.ns("net")],
+                 "--userns", h.ns("user"), "--netns", h.ns("net"),
+                 *(["--max-payload", str(self.max_payload)] if self.max_payload else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert h.forwarder.stdin and h.forwarder.stdout
             h.forwarder.stdin.write(self.token.hex() + "\n")
@@ -281,11 +288,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the plain veth link measured before each rate (shows what a busy machine gives)")
+    ap.add_argument("--max-payload", type=int, help="the forwarders' largest UDP payload (e.g. 1472: no IP "
+                    "fragments on a 1500-byte underlay; frames are then sent in parts)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rates = [None if r == "unshaped" else Rate.parse(r) for r in args.rates.split(",")]
     rows = []
-    with Lab(baseline=not args.no_baseline) as lab:
+    with Lab(baseline=not args.no_baseline, max_payload=args.max_payload) as lab:
         for rate in rates:
             rows.append(measure(lab, rate, args.seconds))
             if not args.json:
