@@ -19,6 +19,9 @@ ExporterOpt = typer.Option(True, "--exporter/--no-exporter",
                                 "`testbed monitor` through file-based discovery; stopped by `down`).")
 ExporterListenOpt = typer.Option("127.0.0.1:0", "--exporter-listen", metavar="HOST:PORT",
                                  help="Where the exporter listens (port 0: any free port; loopback by default).")
+HostsOpt = typer.Option(None, "--hosts", metavar="slurm",
+                        help="slurm: the topology's hosts are the nodes of the Slurm job this runs in (salloc / "
+                             "sbatch), in SLURM_JOB_NODELIST's order, reached through srun (docs/slurm.md).")
 TopologyArg = typer.Argument(None, metavar="FILE", show_default=False,
                              help="Topology YAML file (e.g. topologies/three_switch.yaml), or a shipped "
                                   "topology's name (three_switch); -t FILE says the same.")
@@ -30,13 +33,21 @@ def register(app: typer.Typer) -> None:
     app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_)
 
 
-def _topology(file: Optional[str], testbed: Optional[str]):
-    """The topology of ``up FILE`` / ``up -t FILE`` (one of them)."""
-    from testbed.model.topology import load_topology
+def _topology(file: Optional[str], testbed: Optional[str], hosts: Optional[str] = None):
+    """The topology of ``up FILE`` / ``up -t FILE`` (one of them); ``--hosts slurm``: its
+    hosts made the nodes of this Slurm job."""
+    from testbed.model.topology import load_topology, load_topology_dict, read_topology_file
 
     if (file is None) == (testbed is None):
         raise usage("give the topology once: FILE, or -t FILE")
-    return load_topology(file or testbed)
+    if hosts is None:
+        return load_topology(file or testbed)
+    from testbed.hosts.slurmjob import HOSTS_SLURM, from_job
+
+    if hosts != HOSTS_SLURM:
+        raise usage(f"--hosts takes {HOSTS_SLURM} (the nodes of this Slurm job), not {hosts!r}")
+    data, source = read_topology_file(file or testbed)
+    return load_topology_dict(from_job(data) if isinstance(data, dict) else data, source=source)
 
 
 def up(
@@ -47,11 +58,12 @@ def up(
                                  "plan; create nothing."),
     exporter: bool = ExporterOpt,
     exporter_listen: str = ExporterListenOpt,
+    hosts: Optional[str] = HostsOpt,
     as_json: bool = JsonOpt,
 ):
     """Build the emulated network described by FILE (and start its link exporter)."""
     with guard(as_json):
-        topo = _topology(file, testbed)
+        topo = _topology(file, testbed, hosts)
         if dry_run:
             _print_plan(_preflight(topo, exporter_listen if exporter else None), as_json)
             return
@@ -71,11 +83,12 @@ def validate(
     testbed: Optional[str] = typer.Option(None, "--testbed", "-t", metavar="FILE", help="The same as FILE."),
     exporter: bool = ExporterOpt,
     exporter_listen: str = ExporterListenOpt,
+    hosts: Optional[str] = HostsOpt,
     as_json: bool = JsonOpt,
 ):
     """Check FILE, and this host, as `testbed up FILE` would before building anything."""
     with guard(as_json):
-        topo = _topology(file, testbed)
+        topo = _topology(file, testbed, hosts)
         plan = _preflight(topo, exporter_listen if exporter else None)
         if as_json:
             emit({"name": topo.name, "valid": True, "subnet": str(plan.subnet), "hosts": plan.hosts,

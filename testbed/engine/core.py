@@ -32,7 +32,8 @@ from testbed.net import tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
 from testbed.net.tcbatch import LinkChanger
 from testbed.hosts.local import LOCAL, LocalHost
-from testbed.hosts.site import LocalSite, ShapeChange, Site, SshSite
+from testbed.hosts import kinds
+from testbed.hosts.site import LocalSite, ShapeChange, Site
 from testbed.plan.actions import ApplyContext
 from testbed.engine.preflight import local_plan, preflight
 from testbed.plan.plan import Endpoint, NodeInfo, Plan
@@ -89,9 +90,11 @@ class Testbed:
         self._sites: dict[str, Site] = {}
 
     def site(self, host: str) -> Site:
-        """The part of this testbed on ``host``: this machine's, or another host's over SSH."""
+        """The part of this testbed on ``host``: this machine's, or another host's (over SSH,
+        or a node of the Slurm job: :mod:`testbed.hosts.kinds`)."""
         if host not in self._sites:
-            self._sites[host] = (LocalSite if host == self.here else SshSite)(self, host)
+            cls = LocalSite if host == self.here else kinds.site_class(self.topology.host(host))
+            self._sites[host] = cls(self, host)
         return self._sites[host]
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from testbed.common.version import __version__
 from testbed.engine.planner import make_plan
 from testbed.engine.teardown import require_root
 from testbed.hosts.share import AwaitShares, RemoteShare
-from testbed.hosts.ssh import Remote
+from testbed.hosts import kinds
 from testbed.model.topology import LOCAL_HOST as LOCAL
 from testbed.model.topology import Topology
 from testbed.monitor import sd
@@ -109,7 +109,7 @@ def probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> No
     """Ask every remote host, in parallel, whether it can build its share (root, version,
     underlay and MTU, names free, its backends ready); the first refusal is raised."""
     def one(h):
-        r = Remote(h)
+        r = kinds.remote(h)
         try:
             r.require_root()
             return r.call("probe", payload={

@@ -1,6 +1,6 @@
 """Other hosts' shares of a plan, as actions: each host builds its share with its own
-ledger (``testbed _host apply`` over SSH, :mod:`testbed.engine.hostagent`); the controller
-records :class:`RemoteShare` before asking, so ``down`` asks the host to remove it again."""
+ledger (``testbed _host apply`` over SSH, or as a step of the Slurm job: :mod:`testbed.hosts.kinds`,
+:mod:`testbed.engine.hostagent`); the controller records :class:`RemoteShare` before asking, so ``down`` asks the host to remove it again."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from testbed.common.errors import StateError, TestbedError
-from testbed.hosts.ssh import Remote
+from testbed.hosts import kinds
 from testbed.model.topology import host_from_json
 from testbed.monitor.sd import parse_listen, testbed_target, write_target
 from testbed.plan.actions import Action, ApplyContext, Teardown, register
@@ -46,7 +46,7 @@ class RemoteShare(Action):
 
     def apply(self, ctx: ApplyContext) -> None:
         spec = self.host_spec()
-        remote = ctx.remotes.get(spec.name) or ctx.remotes.setdefault(spec.name, Remote(spec))
+        remote = ctx.remotes.get(spec.name) or ctx.remotes.setdefault(spec.name, kinds.remote(spec))
         payload = ctx.shares[self.host]
         box: dict = {}
 
@@ -61,7 +61,7 @@ class RemoteShare(Action):
         ctx.pending.append((self.host, t, box))
 
     def undo(self, td: Teardown) -> None:
-        remote = Remote(self.host_spec())
+        remote = kinds.remote(self.host_spec())
         try:
             remote.call("down", td.testbed)
         except TestbedError as e:

@@ -1,5 +1,6 @@
-"""The machines a topology spans: ``hosts:`` (remote machines reached over SSH) and
-``vxlan:`` (the tunnels that carry links between hosts). The local host is implicit.
+"""The machines a topology spans: ``hosts:`` (remote machines reached over SSH, or nodes
+of a Slurm job reached through ``srun``) and ``vxlan:`` (the tunnels that carry links
+between hosts). The local host is implicit.
 
 A ``hosts:`` entry also travels as JSON (a ledger entry, a relay's argument) and is then
 checked by the same rules (:func:`host_from_json`).
@@ -24,13 +25,19 @@ DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(
 USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
 
-HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed")
+SLURM_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed",
+             "slurm", "slurm_job")
+SSH_ONLY_KEYS = ("user", "port", "key", "known_hosts", "accept_new_host_key")
+"""What only a host reached over SSH takes (a Slurm node is reached through ``srun``)."""
 VXLAN_KEYS = ("port", "mtu")
 
 
 @dataclass(frozen=True)
 class Host:
-    """A machine reached over SSH that runs its share of the testbed (``hosts:``)."""
+    """A machine that runs its share of the testbed (``hosts:``): reached over SSH, or (with
+    ``slurm``) a node of a Slurm job reached through ``srun`` (:mod:`testbed.hosts.slurm`)."""
 
     name: str
     address: str
@@ -48,10 +55,25 @@ class Host:
     accept-new). A key that *changed* is refused whatever this says."""
     testbed: str = "testbed"
     """The testbed program on that host (same version as here)."""
+    slurm: str | None = None
+    """The Slurm node this host is (``SLURMD_NODENAME`` there); None: reached over SSH."""
+    slurm_job: int | None = None
+    """The job whose steps reach it; None: the job this process runs in (``SLURM_JOB_ID``)."""
+
+    @property
+    def kind(self) -> str:
+        """How it is reached: ``ssh`` or ``slurm`` (:mod:`testbed.hosts.kinds` by this name)."""
+        return "ssh" if self.slurm is None else "slurm"
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"name": self.name, "address": self.address, "underlay": self.underlay,
-                             "user": self.user, "port": self.port}
+        d: dict[str, Any] = {"name": self.name, "address": self.address, "underlay": self.underlay}
+        if self.slurm is not None:
+            d["slurm"] = self.slurm
+            if self.slurm_job is not None:
+                d["slurm_job"] = self.slurm_job
+            d["testbed"] = self.testbed
+            return d
+        d.update(user=self.user, port=self.port)
         for k in ("key", "known_hosts"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
@@ -113,6 +135,8 @@ def _new_host_name(value: Any, path: str, seen: set[str]) -> str:
 def _host(d: dict, name: str, path: str) -> Host:
     """One entry's fields after its name, checked in the order they are listed."""
     address, underlay = _address_and_underlay(d, path)
+    if "slurm" in d or "slurm_job" in d:
+        return _slurm_host(d, name, path, address, underlay)
     user = d.get("user", "root")
     if not isinstance(user, str) or not USER_RE.fullmatch(user):
         raise TopologyError(f"{path}.user", f"invalid user name {user!r}", "e.g. user: root")
@@ -128,6 +152,25 @@ def _host(d: dict, name: str, path: str) -> Host:
         raise TopologyError(f"{path}.testbed", f"invalid program path {program!r}",
                             "give the testbed program's path on that host, e.g. /opt/testbed/.venv/bin/testbed")
     return Host(name, address, underlay, user, port, key, known_hosts, accept, program)
+
+
+def _slurm_host(d: dict, name: str, path: str, address: str, underlay: str) -> Host:
+    """An entry that is a node of a Slurm job: its node name, its job, the testbed program there."""
+    node, job = d.get("slurm"), d.get("slurm_job")
+    if not isinstance(node, str) or not SLURM_NODE_RE.fullmatch(node):
+        raise TopologyError(f"{path}.slurm", f"invalid Slurm node name {node!r}" if node is not None else "missing",
+                            "the node's name as Slurm knows it (scontrol show hostnames), e.g. slurm: gpu17")
+    if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
+        raise TopologyError(f"{path}.slurm_job", f"a Slurm job id is a positive integer, got {job!r}")
+    ssh = [k for k in SSH_ONLY_KEYS if k in d]
+    if ssh:
+        raise TopologyError(f"{path}.{ssh[0]}", f"{ssh[0]} is an SSH setting; a Slurm node is reached through srun",
+                            "remove it, or remove slurm: to reach the host over SSH")
+    program = d.get("testbed", "testbed")
+    if not isinstance(program, str) or not PROGRAM_RE.fullmatch(program):
+        raise TopologyError(f"{path}.testbed", f"invalid program path {program!r}",
+                            "give the testbed program's path on that node, e.g. /opt/testbed/.venv/bin/testbed")
+    return Host(name, address, underlay, testbed=program, slurm=node, slurm_job=job)
 
 
 def _address_and_underlay(d: dict, path: str) -> tuple[str, str]:

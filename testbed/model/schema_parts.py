@@ -83,6 +83,11 @@ HOST = {
     "known_hosts": {"type": "string", "minLength": 1, "description": "host keys are checked here (default ~/.ssh/known_hosts)"},
     "accept_new_host_key": {"type": "boolean", "default": False,
                             "description": "trust a key seen for the first time (a changed key is refused always)"},
+    "slurm": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+              "description": "this host is that node of a Slurm job, reached through srun (no SSH); "
+                             "`testbed up --hosts slurm` writes it"},
+    "slurm_job": {"type": "integer", "minimum": 1,
+                  "description": "the Slurm job whose steps reach the node (default: the job testbed runs in)"},
 }
 
 VXLAN = {"port": {"type": "integer", "minimum": 1, "maximum": 65535},
