@@ -3,7 +3,7 @@
     sudo python -m benchmarks.strong_scaling [--configs 4x2,8x2,8x4,16x4] [--model resnet18] [--width 0.5]
                                              [--bw 500mbit] [--global-compute 1.6] [--iters 4] [--repeats 1]
                                              [--schemes allreduce,hier-allreduce,prunex:0.5,topk:0.01]
-                                             [--dilation K|auto]
+                                             [--dilation K|auto|auto:FIRST-LAST] [--validate]
                                              [--out runs/strong_scaling]
     python -m benchmarks.strong_scaling --analyse runs/strong_scaling/sweep-...   (re-read, no runs)
 
@@ -97,22 +97,46 @@ def run_sweeps(args) -> list[Path]:
             path.write_text(yaml.safe_dump(topology(n, s, args.bw), sort_keys=False))
             common = ["--topology", str(path), "--bw", args.bw if s > 1 else "10gbit", "--model", args.model,
                       "--width", str(args.width), "--compute-time", f"{args.global_compute / n:.6g}",
-                      "--max-iters", str(args.iters), "--out", str(args.out), "--timeout", "900", "--no-exporter",
-                      "--json"]
-            k = args.dilation if args.dilation != "auto" else find_dilation(common, f"{n}x{s}")
-            cmd = [*testbed_argv(), "sweep", "--schemes", ",".join(args.schemes), "--repeats", str(args.repeats),
-                   "--dilation", str(k), *common, "--", "--prunex-prune-at", "0"]
-            dirs.append(run_sweep(cmd, f"{n}x{s}"))
+                      "--max-iters", str(args.iters), "--timeout", "900", "--no-exporter", "--json"]
+            auto = ladder_for(args.dilation, n)
+            k = find_dilation([*common, "--out", str(args.out)], f"{n}x{s}", auto) if auto else args.dilation
+            dirs.append(run_sweep(sweep_argv(args, k, args.repeats, args.out, common), f"{n}x{s}"))
+            if args.validate and auto:
+                doubled = f"{2 * float(k):g}"
+                check = run_sweep(sweep_argv(args, doubled, 1, args.out / "validate", common), f"{n}x{s} at 2K")
+                VALIDATIONS.append((n, s, float(k), dirs[-1], check))
     return dirs
 
 
-def find_dilation(common: list[str], what: str) -> str:
-    """``testbed run allreduce --dilation auto`` on the configuration: the K its sweep runs at
+VALIDATIONS: list[tuple[int, int, float, Path, Path]] = []
+"""(ranks, switches, K, the sweep at K, the sweep at 2K) of --validate."""
+
+
+def sweep_argv(args, k: str, repeats: int, out: Path, common: list[str]) -> list[str]:
+    return [*testbed_argv(), "sweep", "--schemes", ",".join(args.schemes), "--repeats", str(repeats),
+            "--dilation", str(k), *common, "--out", str(out), "--", "--prunex-prune-at", "0"]
+
+
+def ladder_for(spec: str, ranks: int) -> str | None:
+    """The ``--dilation auto:FIRST-LAST`` of a configuration (None: a fixed K). Plain
+    ``auto`` starts at the power of two nearest below ranks / 2 and goes up to 512: on two
+    cores, smaller K measured the machine at every size tried (64 ranks: 2025, 862, 717, 226,
+    151, 117 and 67 ms at K = 1 to 64), and each rejected run costs the ranks' start-up."""
+    if spec == "auto":
+        first = 1
+        while first * 2 <= ranks // 2:
+            first *= 2
+        return f"auto:{first}-512"
+    return spec if spec.startswith("auto") else None
+
+
+def find_dilation(common: list[str], what: str, auto: str) -> str:
+    """``testbed run allreduce --dilation AUTO`` on the configuration: the K its sweep runs at
     (the validated one, or the largest tried when none agreed: said so)."""
     import json
     import subprocess
 
-    cmd = [*testbed_argv(), "run", "allreduce", "--dilation", "auto", *common]
+    cmd = [*testbed_argv(), "run", "allreduce", "--dilation", auto, *common]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     try:
@@ -123,6 +147,23 @@ def find_dilation(common: list[str], what: str) -> str:
     curve = ", ".join(f"K {c['k']:g}: {c['median_iter_s'] * 1000:.1f} ms" for c in s["dilation_curve"])
     print(f"{what}: K = {k:g} ({'validated' if s['dilation_validated'] else 'NOT validated'}; {curve})", flush=True)
     return f"{k:g}"
+
+
+def print_validations() -> None:
+    """Each scheme's median iteration at K (its repeats) against one run at 2K: K, found by
+    all-reduce, holds for the scheme when they agree within 5 %."""
+    if not VALIDATIONS:
+        return
+    print("\nK found by allreduce, checked per scheme: median iteration at K (repeats) and at 2K (one run)")
+    for n, s, k, at_k, at_2k in VALIDATIONS:
+        for v in sorted({(r.summary.get("variant") or r.summary.get("scheme")) for r in find_runs([at_2k])}):
+            a = _median(steady_iter_s(r) for r in find_runs([at_k]) if r.status == "ok" and
+                        (r.summary.get("variant") or r.summary.get("scheme")) == v)
+            b = _median(steady_iter_s(r) for r in find_runs([at_2k]) if r.status == "ok" and
+                        (r.summary.get("variant") or r.summary.get("scheme")) == v)
+            same = "agree" if a and b and abs(b - a) <= 0.05 * a else "DIFFER"
+            print(f"{n:>5}x{s:<3} {v:<16} K {k:g}: {_f(a and a * 1000, '8.1f')} ms  2K: "
+                  f"{_f(b and b * 1000, '8.1f')} ms  {same}")
 
 
 def _median(values) -> float | None:
@@ -185,8 +226,11 @@ def main() -> None:
                    help="seconds one rank would compute the whole global batch (an input, not a measurement)")
     p.add_argument("--iters", type=int, default=4, help="iterations per run (the first is not timed)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell (seed + k)")
-    p.add_argument("--dilation", default="1", help="time dilation K of every run, or auto: found per "
-                   "configuration by `testbed run allreduce --dilation auto`, then every scheme runs at it")
+    p.add_argument("--dilation", default="1", help="time dilation K of every run, or auto (auto:FIRST-LAST): "
+                   "found per configuration by `testbed run allreduce --dilation auto:...`, then every scheme "
+                   "runs at it")
+    p.add_argument("--validate", action="store_true", help="with auto: one more run of every scheme at 2K, "
+                   "printed beside its runs at K")
     p.add_argument("--out", type=Path, default=Path("runs/strong_scaling"))
     p.add_argument("--analyse", type=Path, nargs="*", help="sweep directories to read instead of running")
     args = p.parse_args()
@@ -195,6 +239,7 @@ def main() -> None:
     runs = [r for r in find_runs(dirs) if r.status == "ok"]
     print(f"\nsweep dirs: {', '.join(map(str, dirs))}")
     analyse(runs)
+    print_validations()
 
 
 if __name__ == "__main__":
