@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -186,12 +187,18 @@ def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given:
     args.scheme = scheme.name
 
 
+_PRETRAIN_SEED = re.compile(r"-s\d+(?=-e[^-/]*\.pt$)")
+"""The seed in a sweep's checkpoint name (testbed.runs.sweep.Pretraining.key + .pt)."""
+
+
 def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None = None) -> dict:
     """Every hyper-parameter that changes this run's results: report never averages runs
-    whose ``hyper`` differ. The seed is left out (repeats differ in it on purpose)."""
+    whose ``hyper`` differ. The seed is left out (repeats differ in it on purpose), and so
+    is the pre-training seed in a sweep checkpoint's name (repeat k starts from seed + k's);
+    the summary's ``init`` keeps the whole name."""
     d = {k: getattr(args, k) for k in TRAIN_PARAMS}
     d.update(schemes.hyper(scheme, vars(args)))
-    d["init"] = Path(args.init).name if args.init else None
+    d["init"] = _PRETRAIN_SEED.sub("", Path(args.init).name) if args.init else None
     d["pretrain_dataset"] = pretrain_dataset
     if args.dilation != 1:  # runs at different K are compared, never averaged
         d["dilation"] = args.dilation

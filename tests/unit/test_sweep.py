@@ -78,6 +78,12 @@ def test_a_variant_sets_the_train_arguments_and_lands_in_hyper():
     assert "topk_ratio" not in h and "seed" not in h
     plain = hyper_params(parse_args(["--scheme", "pactrain:exact"], raise_errors=True), get("pactrain"))
     assert "terngrad_clip" not in plain, "clip changes nothing without ternary"
+    # repeats of a sweep start from checkpoints pre-trained with seeds 0, 1, ...: one variant
+    inits = {hyper_params(parse_args(["--init", f"/c/{Pretraining('cnn', 'digits', 2, seed=s).key}.pt"],
+                                     raise_errors=True), get("allreduce"))["init"] for s in (0, 1, 12)}
+    assert inits == {"cnn-w1-dfull-digits-e2.pt"}
+    mine = parse_args(["--init", "/c/my-s1-e2.ckpt"], raise_errors=True)
+    assert hyper_params(mine, get("allreduce"))["init"] == "my-s1-e2.ckpt"
     with pytest.raises(ValueError, match="--topk-ratio is given twice"):
         parse_args(["--scheme", "topk:0.1", "--topk-ratio=0.2"], raise_errors=True)
     with pytest.raises(ValueError, match="invalid float value: 'x'"):
