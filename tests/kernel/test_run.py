@@ -114,8 +114,10 @@ def _wait_for_records(tmp_path, rank=1, lines=3, timeout=120):
 
 
 def _rank_pid(ns: str) -> int:
+    """The rank's process in node ``ns`` (a rank forked by the run's zygote has its client beside it)."""
+    from testbed.common.procs import argv_of
     from testbed.net.netns import pids_in
-    pids = list(pids_in([ns]))
+    pids = [p for p in pids_in([ns]) if "testbed.nodes.zygote_client" not in argv_of(p)]
     assert len(pids) == 1, pids
     return pids[0]
 
@@ -210,6 +212,31 @@ def test_sweep_shares_one_checkpoint_and_report_reads_it(tmp_path, clean_kernel)
     slow = next(r for r in rep["rows"] if r["bw"] == "100mbit" and r["scheme"] == "allreduce")
     fast = next(r for r in rep["rows"] if r["bw"] == "400mbit" and r["scheme"] == "allreduce")
     assert slow["mean_iter_s"] > fast["mean_iter_s"], "the bottleneck rate shows in the iteration time"
+
+
+def test_sweep_repeats_start_from_a_checkpoint_each_and_report_pairs_them(tmp_path, clean_kernel):
+    """Repeat k of every scheme starts from the checkpoint pre-trained with seed + k (issue
+    41: the spread includes pre-training's), and report still reads one row per scheme
+    with its repeats paired."""
+    topo = _topology(tmp_path, dumbbell("rrep", rate="1gbit"))
+    out = tmp_path / "runs"
+    index = cli_json("sweep", "--schemes", "allreduce,fp16", "--repeats", "2", "--bw", "200mbit",
+                     "--topology", str(topo), "--out", str(out), "--max-iters", "4", "--pretrain-epochs", "0.2",
+                     "--pretrain-dataset", "synthetic")
+    assert [r["status"] for r in index["runs"]] == ["ok"] * 4
+    names = sorted(c.name for c in (out / "checkpoints").glob("*.pt"))
+    assert names == ["cnn-w1-dfull-synthetic-s0-e0.2.pt", "cnn-w1-dfull-synthetic-s1-e0.2.pt"]
+    started = {}
+    for r in index["runs"]:
+        assert Path(r["checkpoint"]).name == names[r["repeat"]]
+        s = json.loads((Path(index["dir"]) / r["run_id"] / "summary.json").read_text())
+        assert r["checkpoint"] in s["request"]["workload_args"]
+        started.setdefault(r["repeat"], set()).add(s["init"]["sha256"])
+    assert len(started[0]) == len(started[1]) == 1 and started[0] != started[1], "same start per repeat, not across"
+    rep = cli_json("report", index["dir"], "--baseline", "allreduce")
+    assert sorted((r["scheme"], r["runs"]) for r in rep["rows"]) == [("allreduce", 2), ("fp16", 2)]
+    fp16 = next(r for r in rep["rows"] if r["scheme"] == "fp16")
+    assert fp16["iter_pairs"] == 2, "repeat k of fp16 is paired with repeat k of allreduce"
 
 
 def test_compute_time_run_sends_the_real_models_bytes_and_says_accuracy_was_not_measured(tmp_path, clean_kernel):
