@@ -78,6 +78,10 @@ SUMMARY_FIELDS = {
                         "iterations that sent no bucket compact (else null)",
     "control_bytes": "prunex: bytes of the norm all-reduces of its projections; pactrain: of its mask agreements' "
                      "checksums; part of payload (else null)",
+    "admm_updates": "prunex: H-SADMM's Z/U updates before the masks were fixed (else null)",
+    "admm_every": "prunex: iterations between those updates, as run (else null)",
+    "compaction_events": "prunex: ADMM projections after which dynamic compaction pruned a channel (else null)",
+    "compacted_channels": "prunex: channels dynamic compaction pruned before the masks were fixed (else null)",
     "placement": "domains of ranks (groups, names, hosts): switches under testbed, machines under torchrun",
     "pss_bytes_all_ranks": "the ranks' proportional set sizes at the end, summed: the memory they hold together "
                            "(max_rss_bytes_all_ranks counts every shared page once per rank); null where unknown",

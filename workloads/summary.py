@@ -70,6 +70,7 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
         **schemes.summary_values(scheme, values),  # prune_ratio, ternary, topk_ratio, ... (null: not this scheme's)
         "kept_fraction": kept_fraction,
         "dense_iterations": stats.get("dense_iterations"), "control_bytes": stats.get("control_bytes"),
+        **{k: stats.get(k) for k in ("admm_updates", "admm_every", "compaction_events", "compacted_channels")},
         "init": pretrained, "from_scratch": pretrained is None,
         "compute_time_s": args.compute_time, "accuracy_measured": args.compute_time is None,
         "dilation": args.dilation,

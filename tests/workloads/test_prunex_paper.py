@@ -152,6 +152,8 @@ def _dynamic(rank, world, sizes):
         if node is not None:  # node-level and global Z coincide
             assert all(torch.equal(a, b) for a, b in zip(node, state.Z)), f"iteration {it}: node-level Z differs"
     assert state.control_bytes == projections * channels * 4
+    assert state.admm_updates == projections - 2, "every projection but start's and the fixing one"
+    assert state.compaction_events >= 1 and 0 < state.compacted_channels < channels
     assert state.buffer_bytes == [4 * n for n in alive_elems], "the exchange carries exactly the live channels"
     prune_at = state.prune_at
     dense = 4 * sum(p.numel() for p in model.parameters())
@@ -182,8 +184,21 @@ def test_the_summary_reports_dense_iterations_and_control_bytes():
     prog = Progress(iterations=3, iter_s=[1.0] * 3, payloads=[1] * 3)
     kw = dict(world=1, backend="gloo", progress=prog, totals=summary.Totals(1, 1, 1, 1), per_epoch=3, wall_s=1,
               dense_bytes=1, kept_fraction=0.5, pretrained=None, placement={})
-    state = prunex.PruneXState(dense_iterations=2, control_bytes=64)
+    state = prunex.PruneXState(dense_iterations=2, control_bytes=64, admm_updates=15, admm_every=3,
+                               compaction_events=2, compacted_channels=9)
     s = summary.summary(args, schemes.get("prunex"), ds, scheme_stats=state.stats(), **kw)
     assert (s["dense_iterations"], s["control_bytes"]) == (2, 64)
+    assert (s["admm_updates"], s["admm_every"], s["compaction_events"], s["compacted_channels"]) == (15, 3, 2, 9)
     s = summary.summary(args, schemes.get("allreduce"), ds, **kw)
-    assert (s["dense_iterations"], s["control_bytes"]) == (None, None)
+    assert (s["dense_iterations"], s["control_bytes"], s["admm_updates"], s["compaction_events"]) == (None,) * 4
+
+
+@pytest.mark.parametrize("prune_at", [1, 2, 10, 16, 17, 20, 31, 32, 66, 200, 1000])
+def test_by_default_at_least_15_admm_updates_happen_before_the_masks_are_fixed(prune_at):
+    """admm_every 0: the updates after_step makes (iterations 1 .. prune_at - 1 that are
+    multiples of the interval) are at least 15, or one per iteration where fewer fit."""
+    every = prunex.admm_interval(0, prune_at)
+    updates = sum(it % every == 0 for it in range(1, prune_at))
+    assert updates >= min(prunex.MIN_ADMM_UPDATES, prune_at - 1)
+    assert every == 1 or updates < 2 * prunex.MIN_ADMM_UPDATES, "no more often than needed"
+    assert prunex.admm_interval(7, prune_at) == 7, "a given interval is kept"

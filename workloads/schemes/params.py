@@ -196,7 +196,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("prunex_sparsity", float, 0.5, "fraction of output channels removed", ("prunex",),
           Range(0, 1, high_open=True), positional=("prunex",), summary_key=True),
     Param("prunex_rho", float, 0.1, "ADMM penalty weight", ("prunex",), Range(0)),
-    Param("prunex_admm_every", int, 10, "iterations between Z/U updates", ("prunex",), Range(1)),
+    Param("prunex_admm_every", int, 0, "iterations between Z/U updates (0: at least 15 updates before the masks "
+          "are fixed)", ("prunex",), Range(0)),
     Param("prunex_prune_at", float, 0.3, "fraction of the run after which channel masks are fixed", ("prunex",),
           Range(0, 1)),
     # hook: the user's own DDP communication hook

@@ -23,7 +23,11 @@ switch (``workloads.placement``):
   leaves it out from the next iteration on, so inter-switch bytes fall during the ADMM
   phase once its zero sets settle (early on, U lifts the channels Z zeroes back into the
   next projection, and nothing is stable). At ``prune_at`` (a fraction of the run's iterations) the masks are fixed from
-  the same projection of W, pruning the rest the same way. Leaders exchange only the
+  the same projection of W, pruning the rest the same way. ``admm_every`` 0 (the default)
+  spaces the updates so that at least ``MIN_ADMM_UPDATES`` (15) happen before ``prune_at``
+  (every iteration when ``prune_at`` is shorter); the summary counts the updates
+  (``admm_updates``), the compaction events (``compaction_events``: projections that
+  pruned a channel) and the channels they pruned (``compacted_channels``). Leaders exchange only the
   kept channels, compacted with one ``index_select`` (no indices travel: all ranks hold
   the same mask, as in PacTrain); pruned positions receive zero, so pruned weights (and
   batch-norm parameters) stay zero and a pruned channel outputs exactly zero.
@@ -211,6 +215,12 @@ class PruneXState(HierState):
     """Bytes of the norm all-reduces (part of payload_bytes), all iterations."""
     dense_iterations: int = 0
     """Iterations whose exchange carried every gradient (no channel compacted out)."""
+    admm_updates: int = 0
+    """Z/U updates (projections of W + U) before the masks were fixed."""
+    compaction_events: int = 0
+    """ADMM projections after which dynamic compaction pruned at least one channel."""
+    compacted_channels: int = 0
+    """Channels pruned by dynamic compaction (before the masks were fixed)."""
     buffer_bytes: list = field(default_factory=list)
     """Per iteration, bytes of the (compacted) buffers the leaders exchanged."""
 
@@ -269,6 +279,7 @@ class PruneXState(HierState):
             self.fixed = True
             self.Z, self.U = [], []
         elif self.iteration % self.admm_every == 0:
+            self.admm_updates += 1
             self.Z, rows = self._project([w + u for w, u in zip(ws, self.U)])
             for w, z, u in zip(ws, self.Z, self.U):
                 u.add_(w - z)
@@ -285,7 +296,10 @@ class PruneXState(HierState):
             runs.add_(1).mul_(~m)
             alive.append(runs < self.stable)
         if any(bool((a != b).any()) for a, b in zip(alive, self.alive)):
+            before = sum(int(a.sum()) for a in self.alive)
             self._apply(alive, optimizer)
+            self.compaction_events += 1
+            self.compacted_channels += before - sum(int(a.sum()) for a in self.alive)
         else:
             self._mask_bn()
 
@@ -327,8 +341,21 @@ class PruneXState(HierState):
         return sum(int(m.sum()) * l.weight[0].numel() for l, m in zip(self.layers, self.alive)) / max(1, tot)
 
     def stats(self) -> dict:
-        """For the summary (``workloads.summary``): iterations that ran dense, control bytes."""
-        return {"dense_iterations": self.dense_iterations, "control_bytes": self.control_bytes}
+        """For the summary (``workloads.summary``): iterations that ran dense, control bytes,
+        how often H-SADMM and dynamic compaction acted."""
+        return {"dense_iterations": self.dense_iterations, "control_bytes": self.control_bytes,
+                "admm_updates": self.admm_updates, "admm_every": self.admm_every,
+                "compaction_events": self.compaction_events, "compacted_channels": self.compacted_channels}
+
+
+MIN_ADMM_UPDATES = 15
+"""``admm_every`` 0 (auto) gives at least this many Z/U updates before the masks are fixed."""
+
+
+def admm_interval(every: int, prune_at: int) -> int:
+    """Iterations between Z/U updates: ``every``, or (0) the largest interval that fits
+    ``MIN_ADMM_UPDATES`` updates before iteration ``prune_at`` (1 when fewer fit)."""
+    return every if every > 0 else max(1, (prune_at - 1) // MIN_ADMM_UPDATES)
 
 
 def attach_hier(ddp, opts, masks=None) -> HierState:
@@ -339,9 +366,10 @@ def attach_hier(ddp, opts, masks=None) -> HierState:
 
 def prunex_state(model: nn.Module, opts) -> PruneXState:
     """PruneX's state for ``model`` (collective: every rank calls it), its projection started."""
+    prune_at = max(1, round(opts.prunex_prune_at * max(1, opts.total_iters)))
     state = _hier_state(PruneXState, opts, layers=channel_layers(model, opts.prunex_sparsity),
-                        rho=opts.prunex_rho, admm_every=opts.prunex_admm_every,
-                        prune_at=max(1, round(opts.prunex_prune_at * max(1, opts.total_iters))))
+                        rho=opts.prunex_rho, admm_every=admm_interval(opts.prunex_admm_every, prune_at),
+                        prune_at=prune_at)
     state.start()
     return state
 
