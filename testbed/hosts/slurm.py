@@ -25,10 +25,12 @@ answers are short.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import tempfile
 import threading
+from dataclasses import replace
 
 from testbed.common import procs
 from testbed.common.errors import StateError, TestbedError
@@ -38,6 +40,8 @@ from testbed.hosts.slurmstep import STOP_WAIT_S, host_argv, start, step_argv, st
 from testbed.model.hosts import Host
 
 MAX_ANSWER = 64 << 20
+JOB_ENDED = ("Unable to confirm allocation for job", "has expired", "has already completed")
+"""What ``srun --jobid`` says of a job that has ended (soon after; once purged; or never was)."""
 
 
 def answer_of(host: Host, op: str, status: int, out: bytes, err: bytes, timeout: float | None) -> dict:
@@ -66,9 +70,22 @@ class SlurmRemote:
         self.host = host
 
     def call(self, op: str, *args: str, payload: object = None, timeout: float | None = 600.0) -> dict:
-        """``testbed _host OP ARGS`` there with ``payload`` as JSON on stdin; its answer."""
+        """``testbed _host OP ARGS`` there with ``payload`` as JSON on stdin; its answer.
+
+        If the job that built the testbed has ended (``scancel``, its time limit) and this
+        runs in another job, the node is reached through this one: ``testbed down`` inside
+        a new allocation of the same nodes removes what the shares left there."""
         data = json.dumps(payload).encode() if payload is not None else b""
         status, out, err = self.step(host_argv(self.host, op, *args), data, timeout)
+        if status != 0 and any(s in err.decode(errors="replace") for s in JOB_ENDED):
+            current = os.environ.get("SLURM_JOB_ID", "")
+            if not current.isdigit() or int(current) == self.host.slurm_job:
+                node = self.host.slurm
+                raise StateError(f"Slurm job {self.host.slurm_job} has ended, so node {node} cannot be reached "
+                                 f"through it (run this again inside an allocation that includes {node})",
+                                 f"e.g. salloc -w {node} ..., then the same command: its steps reach the node")
+            self.host = replace(self.host, slurm_job=int(current))
+            status, out, err = self.step(host_argv(self.host, op, *args), data, timeout)
         return answer_of(self.host, op, status, out, err, timeout)
 
     def step(self, argv: list[str], data: bytes = b"", timeout: float | None = 600.0) -> tuple[int, bytes, bytes]:

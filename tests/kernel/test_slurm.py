@@ -1,0 +1,121 @@
+"""A testbed across the nodes of a Slurm job, on a real Slurm cluster made on this machine
+(:mod:`tests.kernel.slurm_lab`: munged, slurmctld, one slurmd per namespace "node"): hosts
+from the allocation (``testbed up --hosts slurm`` inside ``salloc -N 2``), every request to
+the nodes a job step (``srun --overlap``), ranks started through Slurm, and ``scancel``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.kernel import slurm_lab
+
+pytestmark = [pytest.mark.kernel,
+              pytest.mark.skipif(shutil.which("slurmctld") is None or shutil.which("munged") is None,
+                                 reason="needs slurm-wlm and munge (apt-get install slurm-wlm munge)")]
+
+TESTBED = str(Path(sys.executable).parent / "testbed")
+TOPOLOGY = """\
+name: slm
+nodes:
+  s1: {kind: switch, host: h1}
+  s2: {kind: switch, host: h2}
+  w0: {kind: worker}
+  w1: {kind: worker}
+links:
+  - {endpoints: [w0, s1]}
+  - {endpoints: [w1, s2]}
+  - {endpoints: [s1, s2], rate: 100mbit, bottleneck: true}
+"""
+
+
+@pytest.fixture
+def lab(clean_kernel, tmp_path):
+    """Two idle Slurm nodes, removed (every job cancelled, daemons stopped) after the test."""
+    lab = slurm_lab.build(tmp_path / "slurm", 2)
+    try:
+        yield lab
+    finally:
+        slurm_lab.destroy(lab)
+
+
+def _job(lab, tmp_path: Path, script: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    """``salloc -N 2`` running ``script`` (sh), from this (the controller's) namespace."""
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"), OUT=str(tmp_path / "runs"))
+    return subprocess.run(["salloc", "-N", "2", "sh", "-c", script], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_a_run_across_two_slurm_nodes(lab, tmp_path):
+    """up with the job's nodes as hosts, a short allreduce across both with the proof
+    passing, then down: nothing left on either node or here."""
+    r = _job(lab, tmp_path, 'set -e; "$TB" up "$TOPO" --hosts slurm > /dev/null; '
+                            '"$TB" run allreduce -t slm --compute-time 0.05 --max-iters 3 --out "$OUT"; '
+                            '"$TB" down slm')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = next((tmp_path / "runs").iterdir())
+    hosts = {h["name"]: h["slurm"] for h in json.loads((run / "topology.json").read_text())["hosts"]}
+    assert hosts == {"h1": "sn1", "h2": "sn2"}  # in SLURM_JOB_NODELIST's order
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    assert summary["proof"] == "passed", summary
+    assert (run / "rank1.jsonl").stat().st_size > 0  # written on sn2, copied back through a step
+    assert lab.leftovers() == {}
+    assert _stray_steps() == []
+
+
+def test_scancel_ends_every_process_and_a_new_job_removes_the_rest(lab, tmp_path):
+    """A job cancelled while a command runs in a node: proctrack/cgroup ends it and every
+    agent step. As root the shares' namespaces stay on the nodes (the job's end removes no
+    kernel state yet, issue 42 item 4): `testbed down` outside a job says why it cannot reach
+    them, and inside a new allocation of the same nodes removes everything."""
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"))
+    job = subprocess.Popen(["salloc", "-N", "2", "sh", "-c", '"$TB" up "$TOPO" --hosts slurm > /dev/null && '
+                            'exec "$TB" exec w1 -- sleep 42""42'], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _pids("^sleep 4242") and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        assert _pids("^sleep 4242"), job.stdout.read() if job.poll() is not None else "the command never started"
+        assert _stray_steps(), "no step of testbed on the nodes"
+        assert set(lab.leftovers()) == {"sn1", "sn2"}
+        ids = [line.split()[0] for line in lab.jobs()]
+        subprocess.run(["scancel", *ids], env=lab.env(), check=True)
+        deadline = time.monotonic() + 30
+        while (_pids("^sleep 4242") or _stray_steps()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _pids("^sleep 4242") == [] and _stray_steps() == [], "processes survived scancel"
+        job.wait(30)
+        assert set(lab.leftovers()) == {"sn1", "sn2"}  # root's kernel state: not a process
+        r = subprocess.run([TESTBED, "down", "slm"], capture_output=True, text=True, env=lab.env())
+        assert r.returncode == 1 and "has ended, so node sn1 cannot be reached" in r.stderr, r.stderr
+        r = subprocess.run(["salloc", "-N", "2", TESTBED, "down", "slm"], capture_output=True, text=True,
+                           env=lab.env(), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert lab.leftovers() == {}
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        for node in lab.nodes:  # on a failure above: what the shares left on the nodes
+            node.in_mounts("env", "-u", "TESTBED_STATE_DIR", TESTBED, "down", "--all")
+
+
+def _pids(pattern: str) -> list[int]:
+    r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split() if int(p) != os.getpid()]
+
+
+def _stray_steps() -> list[int]:
+    """srun of testbed's steps here, and what they run on the nodes."""
+    return _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
