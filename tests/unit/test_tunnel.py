@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -228,3 +230,35 @@ def test_without_ignore_outgoing_our_own_frames_are_not_sent_back():
         assert f._read_frame(buf) == 6 and buf[:6] == b"theirs"
     finally:
         udp.close()
+
+
+# --------------------------------------------------------------------------- the command's errors
+def _command(*args: str, stdin: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.net.tunnel", "--ifname", "tf", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args,stdin,says", [
+    (("--bind", "127.0.0.1:0"), "not-hex\n", "error: the tunnel token is not hex"),
+    (("--bind", "127.0.0.1:0"), "ab" * 16, "error: expected the link's token as a line on stdin"),
+    (("--bind", "127.0.0.1:0"), "ab" * 16 + "\npeer example.org 1\n", "error: not an IP address and port"),
+    (("--bind", "127.0.0.1:0", "--peer", "127.0.0.1:9", "--netns", "/nonexistent"), "ab" * 16 + "\n",
+     "error: cannot open namespace /nonexistent"),
+])
+def test_the_command_fails_in_one_line(args, stdin, says):
+    r = _command(*args, stdin=stdin)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith(says), r.stderr
+
+
+def test_the_command_refuses_names_in_its_arguments():
+    r = _command("--bind", "localhost:0", stdin="")
+    assert r.returncode == 2 and "--bind" in r.stderr
+
+
+def test_a_port_in_use_is_named():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        r = _command("--bind", f"127.0.0.1:{port}", stdin="ab" * 16 + "\n")
+    assert r.returncode == 1 and f"cannot bind the tunnel's UDP socket to 127.0.0.1 port {port}" in r.stderr
