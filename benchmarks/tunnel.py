@@ -162,13 +162,20 @@ class Lab:
         for dev in ("lo", "vr"):
             self.local.run("ip", "link", "set", dev, "up")
 
+    def _forwarder_argv(self, h: Host) -> list[str]:
+        """Host a's forwarder joins the user namespace itself (``--userns``); host b's is started
+        inside it, in the host's network namespace, as testbed's rootless commands run
+        (:mod:`testbed.common.rootless`), and only switches network namespace."""
+        argv = [sys.executable, "-m", "testbed.net.tunnel", "--ifname", "tf", "--bind", "127.0.0.1:0",
+                "--netns", h.ns("net"), *(["--max-payload", str(self.max_payload)] if self.max_payload else [])]
+        if h is self.a:
+            return [*argv, "--userns", h.ns("user")]
+        return ["nsenter", "-t", str(h.holder.pid), "-U", "--preserve-credentials", *argv]  # nsenter execs: same pid
+
     def _forwarders(self) -> None:
         for h in self.hosts:
-            h.forwarder = subprocess.Popen(
-                [sys.executable, "-m", "testbed.net.tunnel", "--ifname", "tf", "--bind", "127.0.0.1:0",
-                 "--userns", h.ns("user"), "--netns", h.ns("net"),
-                 *(["--max-payload", str(self.max_payload)] if self.max_payload else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            h.forwarder = subprocess.Popen(self._forwarder_argv(h), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)
             assert h.forwarder.stdin and h.forwarder.stdout
             h.forwarder.stdin.write(self.token.hex() + "\n")
             h.forwarder.stdin.flush()

@@ -3,8 +3,9 @@ ordinary user made by useradd: no root, no capabilities, no /dev/net/tun.
 
 The user runs this file's :func:`scenario` (``python -m tests.kernel.test_tunnel``): the
 benchmark's lab (benchmarks/tunnel.py: two ``unshare -Urn`` namespaces, a veth pair in each,
-a forwarder each with its UDP socket on this machine's loopback), then ping across, a few
-MB over TCP, a shaped rate, datagrams injected from the pinned port with a wrong token and
+a forwarder each with its UDP socket on this machine's loopback: a's joins the user
+namespace itself, b's is started inside it as testbed's rootless commands run), then ping
+across, a few MB over TCP, a shaped rate, datagrams injected from the pinned port with a wrong token and
 from another port with the right one, and the forwarders killed. The test checks what it
 reports, and that nothing of the user's is left afterwards: no process, no socket.
 Performance is the benchmark's business; the one rate check here is a loose bound.
