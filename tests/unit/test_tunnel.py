@@ -137,10 +137,10 @@ def test_reassembly_is_bounded():
 class Pair:
     """Two forwarders over loopback UDP; each veth is one end of a Unix datagram pair."""
 
-    def __init__(self, max_payload: int | None = None, token_b: bytes = TOKEN) -> None:
-        self.udp = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    def __init__(self, max_payload: int | None = None, token_b: bytes = TOKEN, v6: bool = False) -> None:
+        self.udp = [socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
         for s in self.udp:
-            s.bind(("127.0.0.1", 0))
+            s.bind(("::1" if v6 else "127.0.0.1", 0))
         self.udp[0].connect(self.udp[1].getsockname())
         self.udp[1].connect(self.udp[0].getsockname())
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2)]
@@ -192,6 +192,21 @@ def test_a_frame_longer_than_a_datagram_crosses_in_parts():
         p.veth[0].send(f)
         assert p.veth[1].recv(70000) == f
         assert p.fwd[0].counters.split_out == 1
+    finally:
+        p.close()
+
+
+def test_an_ipv6_underlay_carries_the_largest_frames():
+    try:
+        p = Pair(v6=True)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert p.fwd[0].max_payload == wire.UDP_MAX_PAYLOAD_V6
+        f = os.urandom(wire.UDP_MAX_PAYLOAD_V6 - wire.HEADER_BYTES)
+        p.veth[0].send(f)
+        assert p.veth[1].recv(70000) == f
+        assert p.fwd[0].counters.split_out == 0
     finally:
         p.close()
 
