@@ -50,8 +50,9 @@ def check_rootless(topology: Topology) -> None:
     if topology.multi_host:
         raise rootless.RootlessError(
             f"testbed '{topology.name}' spans several hosts (hosts: {', '.join(h.name for h in topology.hosts)}), "
-            "which needs root (namespaces and tunnels are made there over SSH as root)",
-            "run it as root (sudo $(command -v testbed) up ...), or drop hosts: to build it on this machine rootless")
+            "which needs root (namespaces and tunnels are made on each host as root)",
+            "run it as root (sudo $(command -v testbed) up ...), or place every node on this machine to build it "
+            "rootless")
     for w in topology.workers:
         why = BACKENDS[w.backend].needs_root
         if why:

@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import replace
+from typing import IO, BinaryIO
 
 from testbed.common import procs
 from testbed.common.errors import StateError, TestbedError
@@ -138,8 +139,8 @@ class SlurmAgent:
         self.remote, self.name = remote, name
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._reader = None
-        self._err = None
+        self._reader: BinaryIO | None = None
+        self._err: IO[bytes] | None = None
         self._lock = threading.Lock()
 
     def ask(self, op: str, payload: object = None, timeout: float = 60.0) -> dict:
@@ -151,6 +152,7 @@ class SlurmAgent:
                 sock = self._open()
                 sock.settimeout(timeout)
                 sock.sendall(line)
+                assert self._reader is not None
                 got = self._reader.readline(MAX_ANSWER + 1)
                 if not got.endswith(b"\n"):
                     raise EOFError(f"the agent ended ({self._ended()})" if not got else "an answer over the bound")
@@ -198,7 +200,7 @@ class SlurmAgent:
         return f"exit {proc.returncode}" + (f": {err.decode(errors='replace').strip()}" if err.strip() else "")
 
     def _drop(self) -> None:
-        if self._sock is not None:
+        if self._sock is not None and self._reader is not None:
             self._reader.close()
             self._sock.close()  # end of input: the agent exits, and its step with it
         if self._proc is not None:
@@ -219,14 +221,19 @@ class SlurmSite(SshSite):
     """A node of the Slurm job as a host of the testbed: the SSH host's Site with its
     transport, agent and rank relay over ``srun``."""
 
+    def __init__(self, tb, host: str):
+        super().__init__(tb, host)
+        self._remote: SlurmRemote | None = None  # type: ignore[assignment]
+        self._session: SlurmAgent | None = None  # type: ignore[assignment]
+
     @property
-    def remote(self):
+    def remote(self) -> SlurmRemote:
         if self._remote is None:
             self._remote = SlurmRemote(self.spec)
         return self._remote
 
     @property
-    def agent(self):
+    def agent(self) -> SlurmAgent:
         if self._session is None:
             self._session = SlurmAgent(self.remote, self.tb.name)
         return self._session

@@ -174,7 +174,7 @@ def _ipv4(node: str, addr: str) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError):
         raise StateError(f"--hosts slurm: node {node}'s address {addr!r} does not resolve to IPv4",
                          "the tunnels between nodes need each node's IPv4 address") from None
