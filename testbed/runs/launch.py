@@ -16,6 +16,11 @@ and TESTBED_SWITCH_SIZE (the rank's place in and the size of that switch's group
 TESTBED_SWITCH, TESTBED_HOST and TESTBED_PLACEMENT (the run's placement.json).
 ``workloads.placement`` reads them.
 
+Ranks of built-in workloads on netns workers of this host are forked from the run's zygote
+(:mod:`testbed.nodes.zygote`: torch imported once per run, not once per rank), each through
+a client that stands for its rank in the node; ``TESTBED_ZYGOTE=0`` turns that off, and a
+rank the zygote cannot take starts as before.
+
 A rank that exits non-zero or is killed ends the run at once; so does a run in which no
 rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
 others are stopped (SIGTERM, then SIGKILL), and the error names the rank and shows the
@@ -33,8 +38,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.hosts.runplace import RunPlace
+from testbed.hosts.runplace import LocalRun, RunPlace
+from testbed.nodes import zygote as zygotes
 from testbed.nodes.nsexec import DIE_WITH_PARENT
+from testbed.nodes.zygote import Zygote
+from testbed.nodes.zygote_client import SOCKET_ENV
 from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text, write_json
@@ -177,6 +185,9 @@ def rank_env(*, rank: int, world: int, node: str, iface: str, master_addr: str, 
 class Launcher:
     """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
 
+    zygote: Zygote | None = None
+    """The run's fork server for its local netns ranks, once started (testbed.nodes.zygote)."""
+
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
                  extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
                  seats: Sequence[Seat] | None = None, gpus: Sequence[int] = (), code=None):
@@ -204,36 +215,57 @@ class Launcher:
         write_json(where, placement_dict(self.seats), indent=1)
         # every rank's command first: a node that cannot take its rank (a container restarted
         # or removed behind testbed's back) refuses the run before any rank starts
+        places = [(w, self.tb.backend(w.name), self._place(w.host)) for w in workers]
+        zygote = self._zygote([w for w, backend, place in places if _forkable(backend, place)])
         starts = []
-        for w in workers:
-            backend = self.tb.backend(w.name)
+        for w, backend, place in places:
             seat = self.seats[w.rank]
             assert seat.node == w.name, (seat, w.name)
-            place = self._place(w.host)
             gpu = gpu_for(w.rank, w.gpu, place.host_gpus(backend, self.gpus))
             base, cuda_visible = place.environment(backend, w, gpu)
             env = rank_env(rank=w.rank, world=world, node=w.name, iface=w.iface, master_addr=master,
                            gpu=gpu, threads=threads, base=base, seat=seat, cuda_visible=cuda_visible)
-            env["TESTBED_PLACEMENT"] = str(where.resolve())
-            env["TESTBED_RUN_DIR"] = str(self.run_dir.resolve())  # the records contract (workloads.records)
-            env["TESTBED_RECORDS"] = str(self.run_dir.resolve() / f"rank{w.rank}.jsonl")
-            # the proof's counts (workloads.collectives): torch's flight recorder on, and where to write them
-            env["TESTBED_COLLECTIVES"] = str(self.run_dir.resolve() / f"collectives{w.rank}.json")
-            env["TORCH_FR_BUFFER_SIZE"] = str(RECORDER_ENTRIES)
-            env["TESTBED_STARTED"] = str(self.run_dir.resolve() / "started")  # rank 0: training starts
-            env.update(self.extra_env)
-            cmd, env = place.command(backend, w, self.argv, env)
+            env.update(self._run_env(w.rank, where))
+            argv = self.argv
+            if zygote is not None and _forkable(backend, place):
+                argv = zygote.client(self.argv, env)  # the rank forked from the run's zygote
+            cmd, env = place.command(backend, w, argv, env)
             starts.append((w, place, cmd, env))
+        # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
+        # testbed.hosts.sshexec dies and the connection with it); so does the zygote
+        die_with = {DIE_WITH_PARENT: str(os.getpid())}
+        if zygote is not None:
+            zygote.start([env for *_, env in starts if SOCKET_ENV in env], die_with)
+            self.zygote = zygote
         for w, place, cmd, env in starts:
-            # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
-            # testbed.hosts.sshexec dies and the connection with it)
-            env[DIE_WITH_PARENT] = str(os.getpid())
+            env.update(die_with)
             log = self.run_dir / f"rank{w.rank}.log"
             with writing(log), open(log, "wb") as f:
                 proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)  # Ctrl-C reaches us, not the ranks
             self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",
                                        w.host, place.where))
+
+    def _run_env(self, rank: int, placement_file: Path) -> dict[str, str]:
+        """The variables that tie a rank to this run: placement, records, the proof's counts."""
+        run_dir = self.run_dir.resolve()
+        env = {"TESTBED_PLACEMENT": str(placement_file.resolve()),
+               "TESTBED_RUN_DIR": str(run_dir),  # the records contract (workloads.records)
+               "TESTBED_RECORDS": str(run_dir / f"rank{rank}.jsonl"),
+               # the proof's counts (workloads.collectives): torch's flight recorder on, and where to write them
+               "TESTBED_COLLECTIVES": str(run_dir / f"collectives{rank}.json"),
+               "TORCH_FR_BUFFER_SIZE": str(RECORDER_ENTRIES),
+               "TESTBED_STARTED": str(run_dir / "started")}  # rank 0: training starts
+        env.update(self.extra_env)
+        return env
+
+    def _zygote(self, forkable: Sequence) -> Zygote | None:
+        """The run's zygote (testbed.nodes.zygote) when it serves this workload and enough
+        ranks (TESTBED_ZYGOTE=0: never)."""
+        if not zygotes.enabled() or not self.argv or not zygotes.serves(self.argv[0]) \
+                or len(forkable) < zygotes.MIN_RANKS:
+            return None
+        return Zygote(self.run_dir, self.argv[0])
 
     def _place(self, host: str) -> RunPlace:
         """The run directory as ranks on ``host`` see it (opened once per host)."""
@@ -258,6 +290,7 @@ class Launcher:
                 pass  # the failure says more; a host that is gone is named by it
             raise
         self.collect()
+        self._stop_zygote()
 
     def _wait(self, tick, interval) -> None:
         while True:
@@ -326,6 +359,17 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 _signal(r.proc, signal.SIGKILL)
                 r.proc.wait()
+        self._stop_zygote()
+
+    def _stop_zygote(self) -> None:
+        if self.zygote is not None:
+            self.zygote.stop()
+
+
+def _forkable(backend, place: RunPlace) -> bool:
+    """A rank the run's zygote can start: a netns worker of this host (it enters the node's
+    namespaces; containers, VMs and other hosts start theirs as before)."""
+    return getattr(backend, "name", None) == "netns" and isinstance(place, LocalRun)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
