@@ -335,7 +335,7 @@ def _synthetic_gradients(rank, world):
     took = time.perf_counter() - t0
     n = len(list(model.parameters()))
     assert order == list(range(n))[::-1], "gradients ready in reverse order, as a real backward pass"
-    assert 0.6 <= took < 3, "forward + backward take the stated time"
+    assert took >= 0.6, "forward + backward take at least the stated time (an upper bound would time the machine)"
     expected = []
     for r in range(world):  # every rank's synthetic gradients, averaged by DDP
         other = SyntheticCompute(model, 0, seed=r)
