@@ -176,7 +176,7 @@ def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
     (["--scheme", "spardl", "--spardl-teams", "3"], "--spardl-teams must be 1, switch or auto, got '3'"),
     (["--scheme", "prunex", "--prunex-sparsity", "1"], "--prunex-sparsity must be in [0, 1), got 1.0"),
     (["--scheme", "prunex", "--prunex-rho", "nan"], "--prunex-rho must be >= 0, got nan"),
-    (["--scheme", "prunex", "--prunex-admm-every", "0"], "--prunex-admm-every must be >= 1, got 0"),
+    (["--scheme", "prunex", "--prunex-admm-every", "-1"], "--prunex-admm-every must be >= 0, got -1"),
     (["--scheme", "prunex", "--prunex-prune-at", "2"], "--prunex-prune-at must be in [0, 1], got 2.0"),
     (["--compute-time", "-1"], "--compute-time is seconds per iteration in [0, 3600], got -1.0"),
     (["--compute-time", "0.1", "--target-acc", "0.5"], "--compute-time measures traffic, not accuracy: --target-acc"),
