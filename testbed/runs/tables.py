@@ -100,6 +100,9 @@ def table(runs: list[RunData], target: float | None = None, include_unproven: bo
         base = _baseline(row, rows)
         row["tta_vs_allreduce"] = (row["tta_s"] / base["tta_s"] if base and base["tta_s"] and row["tta_s"] is not None
                                    else None)
+        row["tta_sustained_vs_allreduce"] = (
+            row["tta_sustained_s"] / base["tta_sustained_s"]
+            if base and base["tta_sustained_s"] and row["tta_sustained_s"] is not None else None)
         row["iter_time_vs_allreduce"] = (row["mean_iter_s"] / base["mean_iter_s"]
                                          if base and base["mean_iter_s"] and row["mean_iter_s"] else None)
     rows.sort(key=lambda x: (bw_key(x["bw"]), x["world_size"] or 0, x["base_scheme"] != "allreduce", x["variant"]))

@@ -84,6 +84,8 @@ def test_the_report_sets_each_scheme_against_the_baseline_over_paired_repeats():
     assert rows["allreduce"]["iter_ratio"] == 1.0 and rows["allreduce"]["accuracy_resolution"] == pytest.approx(
         1 / 359)
     assert rows["allreduce"]["tta_sustained_s"] == pytest.approx(20.0 * 1.2)  # the median repeat's 2nd evaluation
+    assert fp16["tta_sustained_vs_allreduce"] == pytest.approx(fp16["tta_sustained_s"] / (20.0 * 1.2))
+    assert rows["allreduce"]["tta_sustained_vs_allreduce"] == 1.0  # what tta.png's second bars show
     against_fp16 = {r["variant"]: r for r in table(runs, baseline="fp16")}
     assert against_fp16["allreduce"]["iter_ratio"] == pytest.approx(2.0)
 
