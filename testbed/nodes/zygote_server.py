@@ -339,7 +339,7 @@ def main(argv: list[str]) -> int:
     log(f"zygote {os.getpid()}: {', '.join(filter(None, [a.preload, a.module]))} imported in {time.monotonic() - t0:.2f} s; "
         f"{threads} thread(s); serving")
     Server(listener, a.module, env).serve()
-    return 0
+    os._exit(0)  # no interpreter shutdown (torch's) for the run's end to wait out
 
 
 if __name__ == "__main__":
