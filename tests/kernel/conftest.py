@@ -48,6 +48,22 @@ def kernel_snapshot() -> dict:
     }
 
 
+def state_id_of(tmp_path) -> str:
+    from testbed.plan.naming import state_id
+
+    return state_id(tmp_path / "state")
+
+
+def _tagged_by_another(ns: str, own: str) -> bool:
+    """``ns`` carries testbed's tag (its loopback's alias) for a state directory other than
+    ``own``: read with iproute2, as the rest of the snapshot."""
+    from testbed.plan import naming
+
+    r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "lo"], capture_output=True, text=True)
+    alias = r.stdout.split(" alias ", 1)[1].split()[0] if " alias " in r.stdout else ""
+    return alias.startswith(naming.TAG_PREFIX) and naming.testbed_of_tag(alias, own) is None
+
+
 @pytest.fixture
 def clean_kernel(tmp_path, monkeypatch):
     """A private state dir; asserts the kernel looks exactly as before when the test ends."""
@@ -55,6 +71,10 @@ def clean_kernel(tmp_path, monkeypatch):
     before = kernel_snapshot()
     yield {**before, "state_dir": str(tmp_path / "state")}
     after = kernel_snapshot()
+    # another state directory's testbed that came up meanwhile (someone else's, on a shared
+    # development machine) is neither this test's leftover nor this test's to remove
+    others = {ns for ns in after["netns"] if ns not in before["netns"] and _tagged_by_another(ns, state_id_of(tmp_path))}
+    after["netns"] = [ns for ns in after["netns"] if ns not in others]
     leftover = [ns for ns in after["netns"] if ns not in before["netns"]]
     if leftover:  # clean up for the next test, then fail this one
         for ns in leftover:
