@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 
+from testbed.hosts.answer import parse_answer
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
 from testbed.hosts.ssh import Remote, remote_line
@@ -46,15 +47,7 @@ class AgentSession:
                     raise TestbedError(f"host {self.remote.host.name}: `testbed _host serve` gave no answer to "
                                        f"{op} within {timeout:g} s") from None
                 raise self.remote.failure(f"asking its agent for {op}", e) from None
-        try:
-            answer = json.loads(got)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            answer = None
-        if not isinstance(answer, dict):
-            raise TestbedError(f"host {self.remote.host.name}: its agent answered {op} with {got[:200]!r}")
-        if isinstance(answer.get("error"), str):
-            raise TestbedError(f"host {self.remote.host.name}: {answer['error']}", answer.get("hint"))
-        return answer
+        return parse_answer(self.remote.host.name, op, got)
 
     def _open(self):
         if self._chan is None:

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import IO, BinaryIO
 
 from testbed.common import procs
+from testbed.hosts.answer import parse_answer
 from testbed.common.errors import StateError, TestbedError
 from testbed.hosts.site import SshSite
 from testbed.hosts.slurmfiles import FilesClient
@@ -162,15 +163,7 @@ class SlurmAgent:
                     raise TestbedError(f"host {host.name}: `testbed _host serve` gave no answer to {op} within "
                                        f"{timeout:g} s") from None
                 raise self.remote.failure(f"asking its agent for {op}", e) from None
-        try:
-            answer = json.loads(got)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            answer = None
-        if not isinstance(answer, dict):
-            raise TestbedError(f"host {host.name}: its agent answered {op} with {got[:200]!r}")
-        if isinstance(answer.get("error"), str):
-            raise TestbedError(f"host {host.name}: {answer['error']}", answer.get("hint"))
-        return answer
+        return parse_answer(host.name, op, got)
 
     def _open(self) -> socket.socket:
         """The step, its stdin and stdout one end of a socket pair (the other end is ours)."""
