@@ -26,7 +26,10 @@ compacted buffers, as in the paper's pruned steady state.
 It prints, per configuration and scheme: the median steady iteration time, the speed-up
 over all-reduce on one switch's worth of ranks (and over the scheme's own one-switch
 time), the ideal N / (N / S) = S, the bytes per timed iteration on the busiest uplink
-direction, and peak resident memory per rank and over all ranks.
+direction, and peak resident memory per rank and over all ranks. The same table, computed
+once (``table``), is the results pages' markdown (``markdown``: each iteration time with its
+[min-max] over repeats), which ``python -m benchmarks.regenerate`` writes from committed
+records (its generator ``strong_scaling``).
 
 The default configuration fits a 2-core, 23 GB machine: ResNet18 at width 0.5 (2.8 M
 parameters, 11 MB of gradients, a quarter of the paper's ResNets' smallest) and 16
@@ -171,16 +174,48 @@ def _median(values) -> float | None:
     return statistics.median(vs) if vs else None
 
 
-def analyse(runs: list[RunData]) -> None:
+def table(runs: list[RunData]) -> tuple[dict, list[dict]]:
+    """The strong-scaling table, computed once for the printed table and the markdown one:
+    (a summary to name the model and the uplinks' rate by, one row per configuration and
+    scheme). Iteration times are medians over the cell's runs, with their min and max."""
     cells: dict = {}
     for r in runs:
         m = NAME.match(str(r.summary.get("topology")))
         if m:
             variant = r.summary.get("variant") or r.summary.get("scheme")
             cells.setdefault((int(m[1]), int(m[2]), variant), []).append(r)
-    t = {k: _median(steady_iter_s(r) for r in rs) for k, rs in cells.items()}
+    times = {k: [t for t in map(steady_iter_s, rs) if t is not None] for k, rs in cells.items()}
+    t = {k: _median(ts) for k, ts in times.items()}
     shaped = [rs[0].summary for (_, switches, _), rs in cells.items() if switches > 1]  # not a reference's
     any_run = shaped[0] if shaped else next(iter(cells.values()))[0].summary if cells else {}
+    order = [v for v in SCHEMES if any(k[2] == v for k in cells)] + sorted({k[2] for k in cells} - set(SCHEMES))
+    rows = []
+    for n, s in sorted({(k[0], k[1]) for k in cells}, key=lambda c: (c[1] > 1, c[0] // c[1], c[0])):
+        ref = t.get((n // s, 1, "allreduce"))
+        for v in order:
+            rs = cells.get((n, s, v))
+            if not rs:
+                continue
+            it, own = t[(n, s, v)], t.get((n // s, 1, v))
+            wires = [steady_wire(r) for r in rs] if s > 1 else []  # one switch: no uplink
+            wire = _median(w for w, _ in wires)
+            rows.append({"ranks": n, "switches": s, "scheme": v, "runs": len(rs),
+                         "compute_s": rs[0].summary.get("compute_time_s") or 0, "iter_s": it,
+                         "iter_min": min(times[(n, s, v)], default=None),
+                         "iter_max": max(times[(n, s, v)], default=None),
+                         "speedup": ref / it if ref and it else None, "own": own / it if own and it else None,
+                         "ideal": s, "uplink_mb": wire and wire / 1e6, "whole_run": any(not ok for _, ok in wires),
+                         "rss_gb": (_median(r.summary.get("max_rss_bytes_per_rank") for r in rs) or 0) / 1e9,
+                         "pss_gb": (_median(r.summary.get("pss_bytes_all_ranks") for r in rs) or 0) / 1e9,
+                         "k": rs[0].summary.get("dilation") or 1})
+    return any_run, rows
+
+
+WHOLE_RUN = "timed iterations shorter than 3 s: uplink bytes are the whole run's average, start-up included"
+
+
+def analyse(runs: list[RunData]) -> None:
+    any_run, rows = table(runs)
     print(f"\nStrong scaling, paper-scale mode: {any_run.get('model')} (width as run), stated compute = "
           f"global compute / ranks; bottleneck = the edge switches' uplinks at {any_run.get('bw')}")
     print("speed-up = all-reduce's iteration time on one switch's worth of ranks / this one's (own: the "
@@ -188,30 +223,37 @@ def analyse(runs: list[RunData]) -> None:
     print(f"{'ranks':>5} {'switches':>8} {'scheme':<16} {'runs':>4} {'compute s':>9} {'iter s':>8} "
           f"{'speed-up':>8} {'own':>6} {'ideal':>5} {'uplink MB/iter':>14} {'RSS/rank GB':>11} {'PSS all GB':>10} "
           f"{'K':>4}")
-    order = [v for v in SCHEMES if any(k[2] == v for k in cells)] + sorted({k[2] for k in cells} - set(SCHEMES))
-    for n, s in sorted({(k[0], k[1]) for k in cells}, key=lambda c: (c[1] > 1, c[0] // c[1], c[0])):
-        ref = t.get((n // s, 1, "allreduce"))
-        for v in order:
-            rs = cells.get((n, s, v))
-            if not rs:
-                continue
-            it = t[(n, s, v)]
-            own = t.get((n // s, 1, v))
-            wires = [steady_wire(r) for r in rs] if s > 1 else []  # one switch: no uplink
-            wire = _median(w for w, _ in wires)
-            mark = "*" if any(not ok for _, ok in wires) else " "
-            rss = (_median(r.summary.get("max_rss_bytes_per_rank") for r in rs) or 0) / 1e9
-            pss_all = (_median(r.summary.get("pss_bytes_all_ranks") for r in rs) or 0) / 1e9
-            k = rs[0].summary.get("dilation") or 1
-            print(f"{n:>5} {s:>8} {v:<16} {len(rs):>4} {rs[0].summary.get('compute_time_s') or 0:9.3f} "
-                  f"{_f(it, '8.3f')} {_f(ref / it if ref and it else None, '8.2f')} "
-                  f"{_f(own / it if own and it else None, '6.2f')} {s:>5} {_f(wire and wire / 1e6, '13.2f')}{mark} {rss:11.2f} "
-                  f"{pss_all:10.2f} {k:4g}")
-    print("* timed iterations shorter than 3 s: uplink bytes are the whole run's average, start-up included")
+    for w in rows:
+        print(f"{w['ranks']:>5} {w['switches']:>8} {w['scheme']:<16} {w['runs']:>4} {w['compute_s']:9.3f} "
+              f"{_f(w['iter_s'], '8.3f')} {_f(w['speedup'], '8.2f')} {_f(w['own'], '6.2f')} {w['ideal']:>5} "
+              f"{_f(w['uplink_mb'], '13.2f')}{'*' if w['whole_run'] else ' '} {w['rss_gb']:11.2f} "
+              f"{w['pss_gb']:10.2f} {w['k']:4g}")
+    print(f"* {WHOLE_RUN}")
+
+
+def markdown(runs: list[RunData]) -> str:
+    """The table of :func:`analyse` as markdown, each iteration time with its [min-max] over
+    the cell's runs (the page generator ``strong_scaling`` of benchmarks.regenerate)."""
+    any_run, rows = table(runs)
+    star = "\\*"  # a bare * may start emphasis
+    out = [f"{any_run.get('model')}, stated compute = global compute / ranks, the edge switches' uplinks at "
+           f"{any_run.get('bw')}; speed-up = all-reduce's iteration time on one switch's worth of ranks / this "
+           "one's (own: the scheme's own one-switch time); iteration s: median [min-max] over runs", "",
+           "| ranks | switches | scheme | runs | compute s | iteration s | speed-up | own | ideal | uplink MB/iter "
+           "| PSS all GB | K |", "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for w in rows:
+        spread = f" [{w['iter_min']:.3f}-{w['iter_max']:.3f}]" if w["runs"] > 1 and w["iter_min"] is not None else ""
+        out.append(f"| {w['ranks']} | {w['switches']} | {w['scheme']} | {w['runs']} | {w['compute_s']:.3f} | "
+                   f"{_f(w['iter_s'], '.3f')}{spread} | {_f(w['speedup'], '.2f')} | {_f(w['own'], '.2f')} | "
+                   f"{w['ideal']} | {_f(w['uplink_mb'], '.2f')}{star if w['whole_run'] else ''} | "
+                   f"{w['pss_gb']:.2f} | {w['k']:g} |")
+    if any(w["whole_run"] for w in rows):
+        out += ["", f"\\* {WHOLE_RUN}"]
+    return "\n".join(out) + "\n"
 
 
 def _f(x: float | None, fmt: str) -> str:
-    width = int(fmt.split(".")[0])
+    width = int(fmt.split(".")[0] or 1)
     return format(x, fmt) if x is not None else f"{'-':>{width}}"
 
 

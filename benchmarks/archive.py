@@ -1,0 +1,277 @@
+"""Copy what a results table needs from run and sweep directories into the repository.
+
+    python -m benchmarks.archive DIR... --name NAME [--records docs/results/records]
+
+Each DIR is a run directory (``runs/<id>``, with run.json) or a sweep directory (with
+sweep.json and its runs one level below); anything else is refused in one line, before
+anything is written. ``docs/results/records/NAME/`` then holds, per DIR, a folder of its
+name (a sweep's keeps its runs below it), and per run, in miniature:
+
+    run.json       run_id and request only (what ``find_runs`` recognises a run by)
+    summary.json   the run's summary on one line, less its run_dir, monitoring endpoints,
+                   null values and the proof's per-link rank lists (report reads the bytes)
+    rank0.jsonl    rank 0's iteration records, only the fields reports and the benchmarks'
+                   analyses read (ITER_KEEP), floats to 6 significant digits but ``time``
+    eval.jsonl     the evaluation records (EVAL_KEEP)
+    links.jsonl    the bottleneck links' tc-counter samples (LINK_KEEP)
+    sweep.json     a sweep's index
+
+and ``archive.json``: the sources' names, the command, the commit of this checkout and the
+machine it ran on. Absolute paths never reach the records: a source's own path becomes its
+archived name, any other becomes its last component. Inputs are read as hostile ones are
+(testbed.common.files): no link is followed (a DIR, a run folder or a file that is a link
+is refused), only regular files of bounded size are read. NAME, when it exists, is replaced
+whole: give every DIR of a table in one command. The size of NAME and of all records
+is printed: the budget for every page's records together is a few MB
+(docs/results/records/README.md).
+
+Records are read back by :func:`runs_of`, through ``testbed.runs.report.find_runs``, as
+``testbed report`` reads run directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import errno
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from testbed.common.errors import TestbedError
+from testbed.common.files import LIMITS
+from testbed.common.outdir import OutDir
+from testbed.runs.report import RunData, find_runs
+
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results" / "records"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+ITER_KEEP = ("iter", "epoch", "time", "iter_s", "compute_s", "comm_s", "overlap_s", "loss", "accuracy",
+             "payload_bytes", "buffer_bytes")
+EVAL_KEEP = ("iter", "epoch", "time", "train_s", "accuracy", "loss")
+LINK_KEEP = ("time", "link", "direction", "bytes", "drops", "rate_bps", "bytes_per_s", "utilisation",
+             "link_rate_bps")
+SUMMARY_DROP = ("run_dir", "monitoring")
+EXACT = ("time",)
+"""Record fields kept at full precision (Unix seconds need 16 digits for milliseconds)."""
+ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:[^\s/'\":,;()\[\]]+/)+")
+
+
+class Refused(TestbedError):
+    """A DIR that is not a run or a sweep, a link, a file that is no regular one."""
+
+
+def _open_dir(name: str | Path, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Refused(f"{name} is a link or no directory: archive never follows links",
+                          "give the run or sweep directory itself") from None
+        raise Refused(f"{name}: {e.strerror}", "give run or sweep directories") from None
+
+
+def _read(dir_fd: int, name: str, where: str) -> bytes | None:
+    """A regular file of at most LIMITS["records"] bytes in the held directory, not through a
+    link; None when it is not there."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        why = "a link: archive never follows links" if e.errno == errno.ELOOP else e.strerror
+        raise Refused(f"{where}/{name} is {why}", "archive run directories as testbed wrote them") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > LIMITS["records"]:
+            raise Refused(f"{where}/{name} is no regular file of at most {LIMITS['records'] >> 20} MiB",
+                          "archive run directories as testbed wrote them")
+        return f.read(LIMITS["records"] + 1)[:LIMITS["records"]]
+
+
+def _json(data: bytes, where: str) -> dict:
+    try:
+        d = json.loads(data)
+    except (ValueError, RecursionError):
+        raise Refused(f"{where} is not JSON", "archive run directories as testbed wrote them") from None
+    if not isinstance(d, dict):
+        raise Refused(f"{where} is not a JSON object", "archive run directories as testbed wrote them")
+    return d
+
+
+def scrub(value, roots: dict[str, str]):
+    """``value`` (JSON) with every absolute path made relative: a source's own path its
+    archived name, any other path its last component."""
+    if isinstance(value, dict):
+        return {k: scrub(v, roots) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, roots) for v in value]
+    if isinstance(value, str):
+        for root, name in roots.items():
+            value = value.replace(root + "/", name + "/").replace(root, name)
+        return ABSOLUTE.sub("", value)
+    return value
+
+
+def _round(v):
+    return float(f"{v:.6g}") if isinstance(v, float) else v
+
+
+def _jsonl(data: bytes | None, keep: tuple[str, ...]) -> str:
+    """The records' ``keep`` fields that are not null, one compact JSON object a line."""
+    out = []
+    for line in (data or b"").splitlines():
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            break  # a line cut short by a crash: what came before
+        if isinstance(rec, dict):
+            rec = {k: rec[k] if k in EXACT else _round(rec[k]) for k in keep if rec.get(k) is not None}
+            out.append(json.dumps(rec, separators=(",", ":")) + "\n")
+    return "".join(out)
+
+
+def _summary(s: dict) -> dict:
+    s = {k: v for k, v in s.items() if k not in SUMMARY_DROP and v is not None}
+    if isinstance(s.get("proof_links"), dict):
+        s["proof_links"] = {k: {f: x for f, x in v.items() if f not in ("from_ranks", "to_ranks")}
+                            if isinstance(v, dict) else v for k, v in s["proof_links"].items()}
+    return s
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, indent=1) + "\n"
+
+
+def read_run(dir_fd: int, where: str, roots: dict[str, str]) -> dict[str, str]:
+    """A run's files in miniature: {file name: text}."""
+    run = _read(dir_fd, "run.json", where)
+    if run is None:
+        raise Refused(f"{where} has no run.json", "give run directories or sweep directories")
+    r = _json(run, f"{where}/run.json")
+    files = {"run.json": _dump(scrub({k: r.get(k) for k in ("run_id", "request")}, roots))}
+    summary = _read(dir_fd, "summary.json", where)
+    if summary is not None:
+        s = scrub(_summary(_json(summary, f"{where}/summary.json")), roots)
+        files["summary.json"] = json.dumps(s, separators=(",", ":")) + "\n"
+    for name, keep in (("rank0.jsonl", ITER_KEEP), ("eval.jsonl", EVAL_KEEP), ("links.jsonl", LINK_KEEP)):
+        text = _jsonl(_read(dir_fd, name, where), keep)
+        if text:
+            files[name] = scrub(text, roots) if name == "links.jsonl" else text
+    return files
+
+
+def read_source(path: Path) -> dict[str, dict[str, str]]:
+    """A run or sweep directory as {folder relative to NAME: {file name: text}}."""
+    roots = {str(Path(os.path.abspath(path))): path.name, os.path.realpath(path): path.name}
+    fd = _open_dir(path)
+    try:
+        sweep = _read(fd, "sweep.json", str(path))
+        if sweep is None:
+            if _read(fd, "run.json", str(path)) is None:
+                raise Refused(f"{path} is not a run or sweep directory (no run.json, no sweep.json)",
+                              "give directories made by `testbed run` or `testbed sweep`")
+            return {path.name: read_run(fd, str(path), roots)}
+        out = {path.name: {"sweep.json": _dump(scrub(_json(sweep, f"{path}/sweep.json"), roots))}}
+        for entry in sorted(os.scandir(fd), key=lambda e: e.name):
+            if entry.is_symlink():
+                raise Refused(f"{path}/{entry.name} is a link: archive never follows links",
+                              "archive sweep directories as testbed wrote them")
+            if entry.is_dir(follow_symlinks=False):
+                rfd = _open_dir(entry.name, fd)
+                try:
+                    if _read(rfd, "run.json", f"{path}/{entry.name}") is not None:
+                        out[f"{path.name}/{entry.name}"] = read_run(rfd, f"{path}/{entry.name}", roots)
+                finally:
+                    os.close(rfd)
+        return out
+    finally:
+        os.close(fd)
+
+
+def size(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def machine() -> dict:
+    """What a results page names as the machine: CPUs, memory, kernel (no host name)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gb": round(mem / 1e9, 1),
+            "kernel": platform.release()}
+
+
+def _commit() -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() or None
+
+
+def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
+    """Archive ``sources`` into ``records/name``; the folder."""
+    if not NAME.match(name):
+        raise Refused(f"--name {name!r} is not a plain folder name", "letters, digits, '.', '_' and '-'")
+    folders: dict[str, dict[str, str]] = {}
+    for src in sources:  # everything is read (and refused) before anything is written
+        if any(f.split("/")[0] == src.name for f in folders):
+            raise Refused(f"two DIRs are named {src.name}", "archive them under two names")
+        folders.update(read_source(src))
+    dest = records / name
+    with OutDir(records, "--records", mode=0o755):
+        pass
+    if dest.is_symlink():
+        raise Refused(f"{dest} is a link", "remove it: records folders are plain folders")
+    if dest.is_dir():
+        shutil.rmtree(dest)  # the folder is exactly what was archived now
+    for folder, files in sorted(folders.items()):
+        with OutDir(dest / folder, "--records", mode=0o755) as d:
+            for fname, text in files.items():
+                d.write_text(fname, text)
+    runs = sum(1 for files in folders.values() if "run.json" in files)
+    info = {"name": name, "sources": sorted({f.split("/")[0] for f in folders}), "runs": runs,
+            "command": f"python -m benchmarks.archive {' '.join(s.name for s in sources)} --name {name}",
+            "archived": datetime.date.today().isoformat(), "commit": _commit(), "machine": machine()}
+    with OutDir(dest, "--records", mode=0o755) as d:
+        d.write_text("archive.json", _dump(info))
+    return dest
+
+
+def runs_of(folder: Path) -> list[RunData]:
+    """The runs archived in ``folder`` (records/NAME), read as ``testbed report`` reads them."""
+    if not folder.is_dir():
+        raise TestbedError(f"{folder}: no such records folder", "archive it: python -m benchmarks.archive")
+    return find_runs(sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
+    p.add_argument("--name", required=True, help="the records folder's name, e.g. strong-scaling-2026-11-27")
+    p.add_argument("--records", type=Path, default=RECORDS, help="where records folders live")
+    args = p.parse_args(argv)
+    try:
+        dest = write(args.dirs, args.name, args.records)
+    except TestbedError as e:
+        print(f"archive: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
+        return 1
+    runs = len(runs_of(dest))
+    print(f"{dest}: {runs} run{'s' * (runs != 1)}, {size(dest) / 1e3:.0f} kB; all records: "
+          f"{size(args.records) / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

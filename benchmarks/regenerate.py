@@ -1,0 +1,193 @@
+"""Rebuild the generated blocks of the documentation's pages from their committed records.
+
+    python -m benchmarks.regenerate [--check] [NAME...]
+
+A page (``docs/*.md``, ``docs/results/*.md``, any page under ``docs/`` but the records
+themselves) holds a generated block between two HTML comments::
+
+    <!-- regenerate: strong_scaling records=strong-scaling-2026-11-27 -->
+    ... (written by this command: do not edit) ...
+    <!-- /regenerate -->
+
+A marker counts at the start of a line outside fenced code (where pages show it as an
+example). ``strong_scaling`` names a generator (``GENERATORS``: a function of the records folder that
+returns markdown) and ``records`` a folder under ``docs/results/records/`` that
+``benchmarks.archive`` made. The block becomes the generator's markdown and a line naming
+the records: their runs, the code they ran, the machine and the command that archived them.
+
+Without ``--check`` every block is rewritten (a page whose blocks are unchanged is left
+alone). With ``--check`` nothing is written, and the command exits 1 naming each page and
+block that disagrees with its records, with a short diff. ``NAME...`` limits either to the
+blocks whose generator or records folder is one of them. A block naming an unknown
+generator, a missing records folder or an option other than ``records``, or a marker
+without its end, is a one-line error (exit 1).
+
+The records are read as ``testbed report`` reads run directories
+(``testbed.runs.report.find_runs``, through ``benchmarks.archive.runs_of``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks import strong_scaling
+from benchmarks.archive import RECORDS, runs_of
+from testbed.common.errors import TestbedError
+from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
+from testbed.runs.report import RunData
+
+DOCS = RECORDS.parents[1]
+OPEN = re.compile(r"^<!-- regenerate: (?P<spec>.*?) -->[ \t]*$", re.M)
+CLOSE = "<!-- /regenerate -->"
+DIFF_LINES = 20
+
+
+def _ok(folder: Path) -> list[RunData]:
+    return [r for r in runs_of(folder) if r.status == "ok"]
+
+
+def dilation(folder: Path) -> str:
+    """docs/dilation.md's measured table, from benchmarks.dilation's runs: per K, the median
+    over the runs of each run's median steady iteration (rank 0, the first left out), its
+    min-max, the ratio to the smallest K's, and the run's wall-clock seconds (run_s x K)."""
+    per_k: dict[float, list[tuple[float, float]]] = {}
+    for r in _ok(folder):
+        its = [x["iter_s"] for x in read_jsonl(r.path / "rank0.jsonl") if isinstance(x.get("iter_s"), (int, float))]
+        k = r.summary.get("dilation") or 1
+        if len(its) > 1:
+            per_k.setdefault(k, []).append((statistics.median(its[1:]), (r.summary.get("run_s") or 0) * k))
+    if not per_k:
+        raise TestbedError(f"{folder}: no run with two iterations or more", "archive benchmarks.dilation's runs")
+    base = statistics.median(t for t, _ in per_k[min(per_k)])
+    out = ["| K | runs | median iteration ms | min-max | / K=1 | wall s per run |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k, xs in sorted(per_k.items()):
+        ts = [t * 1000 for t, _ in xs]
+        m = statistics.median(ts)
+        out.append(f"| {k:g} | {len(xs)} | {m:.1f} | {min(ts):.1f}-{max(ts):.1f} | {m / 1000 / base:.3f} | "
+                   f"{statistics.median(w for _, w in xs):.1f} |")
+    return "\n".join(out) + "\n"
+
+
+GENERATORS: dict[str, Callable[[Path], str]] = {
+    "strong_scaling": lambda folder: strong_scaling.markdown(_ok(folder)),
+    "dilation": dilation,
+}
+"""name -> function(records folder) -> markdown."""
+
+
+class Block:
+    """One generated block of a page: its generator, records folder and text."""
+
+    def __init__(self, page: Path, m: re.Match, text: str):
+        self.page, self.line = page, text.count("\n", 0, m.start()) + 1
+        self.spec, self.start = m["spec"].strip(), m.end() + 1
+        where = f"{page}:{self.line}"
+        end = text.find(CLOSE, m.end())
+        nxt = next((n for n in OPEN.finditer(text, m.end()) if not _fenced(text, n.start())), None)
+        if end < 0 or (nxt and nxt.start() < end):
+            raise TestbedError(f"{where}: `<!-- regenerate: {self.spec} -->` has no `{CLOSE}` after it",
+                               "end every generated block with its marker")
+        self.end, self.body = end, text[self.start:end]
+        words = self.spec.split()
+        self.generator = words[0] if words else ""
+        opts = dict(w.partition("=")[::2] for w in words[1:])
+        if self.generator not in GENERATORS:
+            raise TestbedError(f"{where}: unknown generator {self.generator!r}; choose one of: "
+                               f"{', '.join(sorted(GENERATORS))}")
+        if set(opts) != {"records"} or not opts["records"]:
+            raise TestbedError(f"{where}: a block takes records=NAME and nothing else, not {self.spec!r}")
+        self.records = opts["records"]
+
+    def render(self, records: Path) -> str:
+        folder = records / self.records
+        if "/" in self.records or self.records in (".", "..") or not folder.is_dir():
+            raise TestbedError(f"{self.page}:{self.line}: no records folder {folder}",
+                               f"python -m benchmarks.archive DIR... --name {self.records}")
+        return f"\n{GENERATORS[self.generator](folder)}\n{provenance(folder)}\n\n"
+
+
+def provenance(folder: Path) -> str:
+    """The line under a generated table: what it was made from."""
+    runs = runs_of(folder)
+    codes = sorted({str(r.summary.get("code_version")) for r in runs if r.summary.get("code_version")})
+    try:
+        info = read_json(folder / "archive.json")
+    except (OSError, ValueError, InputError):
+        info = {}
+    info = info if isinstance(info, dict) else {}
+    m = info.get("machine") or {}
+    machine = f"{m.get('cpus')} CPUs ({m.get('cpu_model') or '?'}), {m.get('memory_gb')} GB" if m else "not recorded"
+    return (f"Generated by `python -m benchmarks.regenerate` from `docs/results/records/{folder.name}`: "
+            f"{len(runs)} runs ({sum(r.status == 'ok' for r in runs)} ok) of code {', '.join(codes) or '?'}, "
+            f"archived {info.get('archived', '?')} by `{info.get('command', '?')}` at {info.get('commit') or '?'}; "
+            f"machine: {machine}.")
+
+
+def pages(docs: Path, records: Path) -> list[Path]:
+    return sorted(p for p in docs.rglob("*.md") if records not in p.parents and not p.is_symlink())
+
+
+FENCE = re.compile(r"^[ \t]*(```|~~~)", re.M)
+
+
+def _fenced(text: str, at: int) -> bool:
+    """Whether ``at`` lies inside a fenced code block (a marker shown as an example there)."""
+    return len(FENCE.findall(text, 0, at)) % 2 == 1
+
+
+def blocks(page: Path, text: str) -> list[Block]:
+    return [Block(page, m, text) for m in OPEN.finditer(text) if not _fenced(text, m.start())]
+
+
+def run(docs: Path, records: Path, check: bool, names: list[str]) -> int:
+    """Rewrite (or check) every page's blocks; the exit status."""
+    stale = 0
+    for page in pages(docs, records):
+        text = page.read_text()
+        out, last = [], 0
+        for b in blocks(page, text):
+            if names and b.generator not in names and b.records not in names:
+                continue
+            new = b.render(records)
+            out += [text[last:b.start], new]
+            last = b.end
+            if new != b.body:
+                stale += 1
+                print(f"{page}:{b.line}: block `{b.spec}` {'disagrees with' if check else 'rewritten from'} "
+                      f"its records", file=sys.stderr if check else sys.stdout)
+                if check:
+                    diff = list(difflib.unified_diff(b.body.splitlines(), new.splitlines(), "page", "records",
+                                                     lineterm="", n=0))
+                    print("\n".join(diff[:DIFF_LINES] + ["..."] * (len(diff) > DIFF_LINES)), file=sys.stderr)
+        new_text = "".join(out) + text[last:]
+        if not check and new_text != text:
+            atomic_write(page, new_text)
+    if check and stale:
+        print(f"{stale} block(s) disagree with their records: run python -m benchmarks.regenerate",
+              file=sys.stderr)
+    return 1 if check and stale else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME", help="only the blocks of these generators or records")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 where a page and its records disagree")
+    p.add_argument("--docs", type=Path, default=DOCS, help="the pages' folder")
+    p.add_argument("--records", type=Path, default=None, help="the records' folder (default DOCS/results/records)")
+    args = p.parse_args(argv)
+    try:
+        return run(args.docs, args.records or args.docs / "results" / "records", args.check, args.names)
+    except TestbedError as e:
+        print(f"regenerate: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
