@@ -3,7 +3,7 @@
     sudo python -m benchmarks.strong_scaling [--configs 4x2,8x2,8x4,16x4] [--model resnet18] [--width 0.5]
                                              [--bw 500mbit] [--global-compute 1.6] [--iters 4] [--repeats 1]
                                              [--schemes allreduce,hier-allreduce,prunex:0.5,topk:0.01]
-                                             [--dilation K|auto|auto:FIRST-LAST] [--validate]
+                                             [--dilation K|auto|auto:FIRST-LAST] [--validate] [--no-refs]
                                              [--out runs/strong_scaling]
     python -m benchmarks.strong_scaling --analyse runs/strong_scaling/sweep-...   (re-read, no runs)
 
@@ -86,16 +86,17 @@ def topology(ranks: int, switches: int, bw: str) -> dict:
     return {"name": f"ss{ranks}x{switches}", "defaults": defaults, "nodes": nodes, "links": links}
 
 
-def plan(configs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The configurations and their one-switch references (N / S ranks on one switch), once each."""
-    refs = [(n // s, 1) for n, s in configs]
+def plan(configs: list[tuple[int, int]], refs: bool = True) -> list[tuple[int, int]]:
+    """The configurations and their one-switch references (N / S ranks on one switch), once each
+    (``refs`` False: the references come from an earlier run's sweeps, given to --analyse)."""
+    refs = [(n // s, 1) for n, s in configs] if refs else []
     return sorted(set(configs) | set(refs), key=lambda c: (c[0], c[1]))
 
 
 def run_sweeps(args) -> list[Path]:
     dirs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n, s in plan(parse_configs(args.configs)):
+        for n, s in plan(parse_configs(args.configs), not args.no_refs):
             path = Path(tmp) / f"ss{n}x{s}.yaml"
             path.write_text(yaml.safe_dump(topology(n, s, args.bw), sort_keys=False))
             common = ["--topology", str(path), "--bw", args.bw if s > 1 else "10gbit", "--model", args.model,
@@ -271,6 +272,8 @@ def main() -> None:
     p.add_argument("--dilation", default="1", help="time dilation K of every run, or auto (auto:FIRST-LAST): "
                    "found per configuration by `testbed run allreduce --dilation auto:...`, then every scheme "
                    "runs at it")
+    p.add_argument("--no-refs", action="store_true", help="leave out the one-switch references (already "
+                   "measured: give their sweeps to --analyse with these)")
     p.add_argument("--validate", action="store_true", help="with auto: one more run of every scheme at 2K, "
                    "printed beside its runs at K")
     p.add_argument("--out", type=Path, default=Path("runs/strong_scaling"))
