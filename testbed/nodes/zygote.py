@@ -72,6 +72,18 @@ class Zygote:
         self.socket = str(run_dir.resolve() / "zygote.sock")
         self.log = run_dir / "zygote.log"
         self.proc: subprocess.Popen | None = None
+        self._logged = 0
+
+    def progressed(self) -> bool:
+        """Its log grew since last asked (it finished its imports, forked or reaped a rank):
+        the ranks' start is under way, which the launcher's no-progress timeout counts (a
+        rank that imported torch itself made its progress meanwhile too)."""
+        try:
+            size = self.log.stat().st_size
+        except OSError:
+            return False
+        grew, self._logged = size != self._logged, size
+        return grew
 
     def client(self, argv: Sequence[str], env: dict[str, str]) -> list[str]:
         """The rank's argv (MODULE ARGS) through the client; ``env`` learns the socket."""

@@ -22,7 +22,8 @@ a client that stands for its rank in the node; ``TESTBED_ZYGOTE=0`` turns that o
 rank the zygote cannot take starts as before.
 
 A rank that exits non-zero or is killed ends the run at once; so does a run in which no
-rank has made progress (a new line in its log or records) for ``timeout`` seconds. The
+rank has made progress (a new line in its log or records, or in the zygote's log while it
+starts them) for ``timeout`` seconds. The
 others are stopped (SIGTERM, then SIGKILL), and the error names the rank and shows the
 tail of its log.
 """
@@ -303,9 +304,11 @@ class Launcher:
             now = time.monotonic()
             running = 0
             failed = []
+            starting = self.zygote is not None and self.zygote.progressed()
             for r in self.ranks:
                 rc = r.proc.poll()
-                r.progressed()
+                if not r.progressed() and starting:
+                    r.last_progress = now  # the zygote imported or forked: the ranks' start goes on
                 if rc is None:
                     running += 1
                 elif rc != 0:
