@@ -17,6 +17,9 @@ object (errors too: {"error": ..., "hint": ...}); progress goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Optional
@@ -95,6 +98,21 @@ def _testbeds_up() -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:  # whoever read stdout went away (`| head`, a killed parent): no traceback
+        _stdout_gone()
+
+
+def _stdout_gone() -> None:
+    """Exit as a command killed by SIGPIPE would (141), with stdout pointed at /dev/null so
+    that the interpreter's last flush does not fail again."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)
+
+
+def _main(argv: Optional[Sequence[str]]) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host.dispatch(argv)  # `testbed _host OP ...` over SSH: never parsed here
     as_json = _wants_json(argv)

@@ -190,3 +190,23 @@ def test_os_errors_from_hostile_paths_are_one_clean_error(tmp_path):
     assert r.returncode == 1 and "File name too long" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = cli("status", env={"TESTBED_STATE_DIR": str(tmp_path / ("b" * 300))})
     assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_closed_stdout_ends_the_command_quietly():
+    """`testbed ... | head` or a parent that died: writing fails with EPIPE, in a command's
+    output (click ends it with 1) or in its error's JSON (141, as if killed by SIGPIPE),
+    never with a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    for argv, code in ((["--help"], 1), (["validate", "/nonexistent/t.yaml", "--json"], 141)):
+        r, w = os.pipe()
+        os.close(r)  # nobody will ever read what it writes
+        try:
+            p = subprocess.run([sys.executable, "-m", "testbed", *argv], stdout=w, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+        finally:
+            os.close(w)
+        assert p.returncode == code and "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, \
+            (argv, p.returncode, p.stderr)
