@@ -77,6 +77,7 @@ def dilation(folder: Path) -> str:
 
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "strong_scaling": lambda folder: strong_scaling.markdown(_ok(folder)),
+    "strong_scaling_validation": lambda folder: strong_scaling.validation_markdown(_ok(folder)),
     "dilation": dilation,
 }
 """name -> function(records folder) -> markdown."""

@@ -180,11 +180,10 @@ def table(runs: list[RunData]) -> tuple[dict, list[dict]]:
     (a summary to name the model and the uplinks' rate by, one row per configuration and
     scheme). Iteration times are medians over the cell's runs, with their min and max."""
     cells: dict = {}
-    for r in runs:
+    for r in at_main_k(runs):
         m = NAME.match(str(r.summary.get("topology")))
         if m:
-            variant = r.summary.get("variant") or r.summary.get("scheme")
-            cells.setdefault((int(m[1]), int(m[2]), variant), []).append(r)
+            cells.setdefault((int(m[1]), int(m[2]), _variant(r)), []).append(r)
     times = {k: [t for t in map(steady_iter_s, rs) if t is not None] for k, rs in cells.items()}
     t = {k: _median(ts) for k, ts in times.items()}
     shaped = [rs[0].summary for (_, switches, _), rs in cells.items() if switches > 1]  # not a reference's
@@ -210,6 +209,53 @@ def table(runs: list[RunData]) -> tuple[dict, list[dict]]:
                          "pss_gb": (_median(r.summary.get("pss_bytes_all_ranks") for r in rs) or 0) / 1e9,
                          "k": rs[0].summary.get("dilation") or 1})
     return any_run, rows
+
+
+def _variant(r: RunData) -> str:
+    return str(r.summary.get("variant") or r.summary.get("scheme"))
+
+
+def _k(r: RunData) -> float:
+    return float(r.summary.get("dilation") or 1)
+
+
+def at_main_k(runs: list[RunData]) -> list[RunData]:
+    """Per configuration (topology), the runs at the K most of its runs used: the sweep's,
+    when the same records hold --dilation auto's ladder and --validate's runs at 2K."""
+    by_topology: dict[str, list[RunData]] = {}
+    for r in runs:
+        by_topology.setdefault(str(r.summary.get("topology")), []).append(r)
+    out = []
+    for rs in by_topology.values():
+        ks = [_k(r) for r in rs]
+        main = max(sorted(set(ks)), key=ks.count)
+        out += [r for r in rs if _k(r) == main]
+    return out
+
+
+def validation_markdown(runs: list[RunData]) -> str:
+    """Per configuration and scheme, the median steady iteration at each K the records hold
+    (the sweep's K, --validate's 2K, --dilation auto's ladder for all-reduce), and whether
+    each K agrees with the one before it within 5 % (the page generator
+    ``strong_scaling_validation``)."""
+    cells: dict = {}
+    for r in runs:
+        m = NAME.match(str(r.summary.get("topology")))
+        t = steady_iter_s(r)
+        if m and t is not None:
+            cells.setdefault((int(m[1]), int(m[2]), _variant(r)), {}).setdefault(_k(r), []).append(t)
+    out = ["| ranks | switches | scheme | K: median iteration ms (runs) | K against the K before it |",
+           "| ---: | ---: | --- | --- | --- |"]
+    order = {v: i for i, v in enumerate(SCHEMES)}
+    for (n, s, v), per_k in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1], order.get(c[0][2], 99), c[0][2])):
+        meds = {k: statistics.median(ts) for k, ts in sorted(per_k.items())}
+        ks = list(meds)
+        curve = ", ".join(f"{k:g}: {meds[k] * 1000:.1f} ({len(per_k[k])})" for k in ks)
+        steps = ", ".join(f"{b:g} vs {a:g}: {(meds[b] - meds[a]) / meds[a] * 100:+.1f} % "
+                          f"({'agree' if abs(meds[b] - meds[a]) <= 0.05 * meds[a] else 'differ'})"
+                          for a, b in zip(ks, ks[1:]))
+        out.append(f"| {n} | {s} | {v} | {curve} | {steps or '-'} |")
+    return "\n".join(out) + "\n"
 
 
 WHOLE_RUN = "timed iterations shorter than 3 s: uplink bytes are the whole run's average, start-up included"
