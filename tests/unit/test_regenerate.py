@@ -15,14 +15,14 @@ from benchmarks import archive, regenerate
 BLOCK = "<!-- regenerate: strong_scaling records=tiny -->\n<!-- /regenerate -->\n"
 
 
-def _run(d: Path, topology: str, scheme: str, iters: list[float], uplink_bytes: float = 0.0) -> None:
+def _run(d: Path, topology: str, scheme: str, iters: list[float], uplink_bytes: float = 0.0, k: float = 2.0) -> None:
     """A run directory as testbed writes one, in miniature (paths in it absolute, as real)."""
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"run_id": d.name, "request": {"scheme": scheme}, "workers": []}))
     links = {"s1-s0 forward": {"bytes": uplink_bytes}} if uplink_bytes else {}
     (d / "summary.json").write_text(json.dumps({
         "run_id": d.name, "run_dir": str(d), "status": "ok", "scheme": scheme, "variant": scheme,
-        "topology": topology, "bw": "500mbit", "model": "resnet18", "compute_time_s": 0.2, "dilation": 2.0,
+        "topology": topology, "bw": "500mbit", "model": "resnet18", "compute_time_s": 0.2, "dilation": k,
         "iterations": len(iters), "pss_bytes_all_ranks": 1.5e9, "code_version": "abc1234",
         "bottleneck": {"links": links}, "monitoring": {"exporters": ["127.0.0.1:9100"]},
         "error": f"see {d}/rank1.log", "proof_links": {"s1-s0 forward": {"bound_bytes": 10, "from_ranks": [0]}}}))
@@ -151,3 +151,22 @@ def test_dilation_table_per_k(tmp_path: Path) -> None:
 
 def test_the_published_pages_agree_with_their_records(capsys) -> None:
     assert regenerate.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_the_table_takes_each_configurations_main_k_and_the_validation_shows_every_k(tmp_path: Path) -> None:
+    """Records holding a sweep at K = 2, --validate's run at 4 and auto's ladder at 1: the
+    table reads the K = 2 runs only; the validation table shows each K and whether it agrees
+    with the one before it within 5 %."""
+    from benchmarks import strong_scaling
+    from testbed.runs.report import find_runs
+
+    for r, t in enumerate((0.20, 0.21)):
+        _run(tmp_path / f"ar-r{r}", "ss4x2", "allreduce", [0.9, t, t], uplink_bytes=4e6, k=2.0)
+    _run(tmp_path / "ar-2k", "ss4x2", "allreduce", [0.9, 0.2, 0.2], uplink_bytes=4e6, k=4.0)
+    _run(tmp_path / "ar-k1", "ss4x2", "allreduce", [0.9, 0.3, 0.3], uplink_bytes=4e6, k=1.0)
+    runs = find_runs([tmp_path / d for d in ("ar-r0", "ar-r1", "ar-2k", "ar-k1")])
+    _, rows = strong_scaling.table(runs)
+    assert [(w["runs"], w["k"], round(w["iter_s"], 3)) for w in rows] == [(2, 2.0, 0.205)]
+    got = strong_scaling.validation_markdown(runs)
+    assert "| 4 | 2 | allreduce | 1: 300.0 (1), 2: 205.0 (2), 4: 200.0 (1) |" in got
+    assert "2 vs 1: -31.7 % (differ), 4 vs 2: -2.4 % (agree)" in got
