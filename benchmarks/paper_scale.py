@@ -110,8 +110,11 @@ def steady_wire(r: RunData) -> tuple[float, bool]:
     for x in read_jsonl(r.path / "links.jsonl"):
         if isinstance(x.get("time"), (int, float)) and isinstance(x.get("bytes"), (int, float)):
             series.setdefault((x.get("link"), x.get("direction")), []).append((x["time"], x["bytes"]))
-    if timed and timed[-1]["time"] - (timed[0]["time"] - timed[0]["iter_s"]) >= 3.0:
-        t0, t1 = timed[0]["time"] - timed[0]["iter_s"], timed[-1]["time"]
+    # records' and samples' "time" is the wall clock; a dilated run's iter_s is emulated (/ K)
+    k = r.summary.get("dilation") or 1
+    start = timed[0]["time"] - timed[0]["iter_s"] * k if timed else 0.0
+    if timed and timed[-1]["time"] - start >= 3.0:
+        t0, t1 = start, timed[-1]["time"]
         spans = []
         for samples in series.values():
             samples.sort()

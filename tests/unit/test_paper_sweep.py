@@ -105,3 +105,25 @@ def test_ternary_against_exact_pairs_the_runs_by_seed(capsys):
     out = capsys.readouterr().out
     assert "pactrain 0.5 exact" in out and "pactrain 0.5 ternary" in out
     assert "ternary / exact: 0.955 of the medians; per seed 0.900-1.000 over 2 pairs" in out, out
+
+
+@pytest.mark.parametrize("k", [1.0, 16.0])
+def test_uplink_bytes_per_timed_iteration_of_a_dilated_run(tmp_path, k):
+    """Records' and link samples' times are the wall clock, a dilated run's iter_s is
+    emulated (/ K): the timed window is the timed iterations' wall-clock span, so the bytes
+    per iteration are the same at any K (at K = 16 they came out 2/3 too few before)."""
+    import json
+
+    from benchmarks.paper_scale import steady_wire
+
+    wall = 2.0  # wall-clock seconds per iteration; 1 MB crosses the uplink per iteration
+    t0 = 1000.0
+    (tmp_path / "rank0.jsonl").write_text("".join(
+        json.dumps({"rank": 0, "iter": i, "time": t0 + i * wall, "iter_s": wall / k}) + "\n" for i in range(1, 5)))
+    (tmp_path / "links.jsonl").write_text("".join(
+        json.dumps({"time": t0 + s * 0.5, "link": "s1-s0", "direction": "forward", "bytes": s * 0.5 / wall * 1e6})
+        + "\n" for s in range(24)))
+    summary = {"dilation": k, "iterations": 4, "bottleneck": {"links": {"s1-s0 forward": {"bytes": 4e6}}}}
+    r = RunData(tmp_path, summary, [], [])
+    got, timed_only = steady_wire(r)
+    assert timed_only and got == pytest.approx(1e6)
