@@ -13,7 +13,8 @@ name (a sweep's keeps its runs below it), and per run, in miniature:
     rank0.jsonl    rank 0's iteration records, only the fields reports and the benchmarks'
                    analyses read (ITER_KEEP), floats to 6 significant digits but ``time``
     eval.jsonl     the evaluation records (EVAL_KEEP)
-    links.jsonl    the bottleneck links' tc-counter samples (LINK_KEEP)
+    links.jsonl    the bottleneck links' tc-counter samples (LINK_KEEP): per direction the
+                   first, the last and those bounding the timed iterations (thin_links)
     sweep.json     a sweep's index
 
 and ``archive.json``: the sources' names, the command, the commit of this checkout and the
@@ -156,14 +157,42 @@ def read_run(dir_fd: int, where: str, roots: dict[str, str]) -> dict[str, str]:
     r = _json(run, f"{where}/run.json")
     files = {"run.json": _dump(scrub({k: r.get(k) for k in ("run_id", "request")}, roots))}
     summary = _read(dir_fd, "summary.json", where)
+    k = 1.0
     if summary is not None:
         s = scrub(_summary(_json(summary, f"{where}/summary.json")), roots)
         files["summary.json"] = json.dumps(s, separators=(",", ":")) + "\n"
+        k = s.get("dilation") if isinstance(s.get("dilation"), (int, float)) else 1.0
     for name, keep in (("rank0.jsonl", ITER_KEEP), ("eval.jsonl", EVAL_KEEP), ("links.jsonl", LINK_KEEP)):
         text = _jsonl(_read(dir_fd, name, where), keep)
         if text:
             files[name] = scrub(text, roots) if name == "links.jsonl" else text
+    if "links.jsonl" in files:
+        files["links.jsonl"] = thin_links(files["links.jsonl"], files.get("rank0.jsonl", ""), k)
     return files
+
+
+def thin_links(links: str, iters: str, k: float) -> str:
+    """Per link direction, the first and last samples and those that bound the timed
+    iterations (all but the first; their wall-clock span, iter_s x K before the second
+    record's time to the last record's): what the uplink bytes per timed iteration
+    (benchmarks.paper_scale.steady_wire) and the whole run's bytes are computed from. The
+    other samples, one a second per direction, were nine tenths of a 64-rank table's records."""
+    its = [json.loads(x) for x in iters.splitlines()]
+    its = [x for x in its if isinstance(x.get("time"), (int, float)) and isinstance(x.get("iter_s"), (int, float))]
+    bounds = [its[1]["time"] - its[1]["iter_s"] * k, its[-1]["time"]] if len(its) > 1 else []
+    series: dict[tuple, list[tuple[float, str]]] = {}
+    for line in links.splitlines():
+        rec = json.loads(line)
+        if isinstance(rec.get("time"), (int, float)):
+            series.setdefault((rec.get("link"), rec.get("direction")), []).append((rec["time"], line))
+    kept = set()
+    for samples in series.values():
+        kept |= {samples[0][1], samples[-1][1]}
+        for b in bounds:
+            before = [line for t, line in samples if t <= b]
+            after = [line for t, line in samples if t >= b]
+            kept |= set(before[-1:]) | set(after[:1])
+    return "".join(line + "\n" for line in links.splitlines() if line in kept)
 
 
 def read_source(path: Path) -> dict[str, dict[str, str]]:

@@ -170,3 +170,25 @@ def test_the_table_takes_each_configurations_main_k_and_the_validation_shows_eve
     got = strong_scaling.validation_markdown(runs)
     assert "| 4 | 2 | allreduce | 1: 300.0 (1), 2: 205.0 (2), 4: 200.0 (1) |" in got
     assert "2 vs 1: -31.7 % (differ), 4 vs 2: -2.4 % (agree)" in got
+
+
+def test_archive_keeps_the_link_samples_that_bound_the_timed_iterations(tmp_path: Path) -> None:
+    """thin_links keeps, per direction, the first and last samples and those around the
+    timed window (wall clock, iter_s x K): steady_wire gives the same bytes from them."""
+    from benchmarks.paper_scale import steady_wire
+    from testbed.runs.rundata import RunData
+
+    k, wall = 8.0, 2.0
+    iters = "".join(json.dumps({"time": 1000.0 + i * wall, "iter_s": wall / k}) + "\n" for i in range(1, 5))
+    links = "".join(json.dumps({"time": 1000.0 + t * 0.5, "link": f"s{j}-s0", "direction": "forward",
+                                "bytes": (j + 1) * t * 0.25e6}, separators=(",", ":")) + "\n"
+                    for j in range(2) for t in range(24))
+    thin = archive.thin_links(links, iters, k)
+    assert len(thin.splitlines()) == 2 * 4  # per direction: first, last, and the window's ends (on samples here)
+    summary = {"dilation": k, "iterations": 4, "bottleneck": {"links": {"s1-s0 forward": {"bytes": 1.0}}}}
+    for text, d in ((links, tmp_path / "full"), (thin, tmp_path / "thin")):
+        d.mkdir()
+        (d / "rank0.jsonl").write_text(iters)
+        (d / "links.jsonl").write_text(text)
+    full, kept = (steady_wire(RunData(d, summary)) for d in (tmp_path / "full", tmp_path / "thin"))
+    assert full == kept and full[1] is True
