@@ -75,7 +75,25 @@ def dilation(folder: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def memory(folder: Path) -> str:
+    """One row per run: what it ran, at how many ranks and which K, whether it was proven,
+    and the memory it held (the largest models that fit, docs/results/scaling.md)."""
+    out = ["| model | width | parameters (M) | gradients MB | ranks | K | proof | median iteration ms | "
+           "RSS per rank MB | PSS all ranks GB |", "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    runs = sorted(runs_of(folder), key=lambda r: r.summary.get("dense_bytes") or 0)
+    for r in runs:
+        s = r.summary
+        width = (s.get("hyper") or {}).get("width") or 1
+        grads = s.get("dense_bytes") or 0
+        out.append(f"| {s.get('model')} | {width:g} | {grads / 4e6:.2f} | {grads / 1e6:.1f} | {s.get('world_size')} | "
+                   f"{s.get('dilation') or 1:g} | {s.get('proof') or s.get('status')} | "
+                   f"{(s.get('median_iter_s') or 0) * 1000:.1f} | {(s.get('max_rss_bytes_per_rank') or 0) / 1e6:.0f} | "
+                   f"{(s.get('pss_bytes_all_ranks') or 0) / 1e9:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "memory": memory,
     "strong_scaling": lambda folder: strong_scaling.markdown(_ok(folder)),
     "strong_scaling_validation": lambda folder: strong_scaling.validation_markdown(_ok(folder)),
     "dilation": dilation,
