@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -201,3 +202,23 @@ def agent_frames(sock, thread, idle: float | None = None) -> list:
     sock.close()
     thread.join(10)
     return frames
+
+
+@contextlib.contextmanager
+def ordinary_user(name: str):
+    """An ordinary user ``name`` (made with useradd unless it exists): its passwd entry;
+    afterwards its processes are killed and, if made here, it is removed."""
+    import pwd
+
+    made = False
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+        made = True
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["pkill", "-9", "-u", name], capture_output=True)
+        if made:
+            subprocess.run(["userdel", "--remove", name], capture_output=True)

@@ -25,7 +25,7 @@ import yaml
 
 from testbed.common import cgroups
 from testbed.plan import naming
-from tests.helpers import dumbbell
+from tests.helpers import dumbbell, ordinary_user
 
 from .conftest import cli, cli_json
 from .test_rootless import _processes as user_processes
@@ -180,17 +180,8 @@ def test_down_says_what_it_could_not_end_and_keeps_the_testbed(clean_kernel, tmp
 def user():
     if shutil.which("runuser") is None or shutil.which("useradd") is None:
         pytest.skip("runuser/useradd missing: cannot act as an ordinary user here")
-    made = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER], check=True)
-        made = True
-    home = Path(pwd.getpwnam(USER).pw_dir)
-    yield home
-    subprocess.run(["pkill", "-9", "-u", USER], capture_output=True)
-    if made:
-        subprocess.run(["userdel", "--remove", USER], capture_output=True)
+    with ordinary_user(USER) as pw:
+        yield Path(pw.pw_dir)
 
 
 def as_user(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

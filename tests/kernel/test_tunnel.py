@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -28,6 +27,7 @@ import pytest
 
 from benchmarks.tunnel import Host, Lab, _run, iperf
 from testbed.model.units import Rate
+from tests.helpers import ordinary_user
 from testbed.net import tunnelwire as wire
 
 pytestmark = pytest.mark.kernel
@@ -117,16 +117,8 @@ def user():
             pytest.skip(f"{tool} missing")
     if not _readable_by_others(sys.executable) or not _readable_by_others(str(ROOT / "benchmarks" / "tunnel.py")):
         pytest.skip("this checkout or its venv is not reachable by other users")
-    made = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER], check=True)
-        made = True
-    yield pwd.getpwnam(USER)
-    subprocess.run(["pkill", "-9", "-u", USER], capture_output=True)
-    if made:
-        subprocess.run(["userdel", "--remove", USER], capture_output=True)
+    with ordinary_user(USER) as pw:
+        yield pw
 
 
 def _processes(uid: int) -> list[str]:
