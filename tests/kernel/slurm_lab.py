@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.kernel.sshhosts import InMounts
+
 BRIDGE = "tbsl0"
 NET = "198.19.0"
 CTLD_PORT = 17817
@@ -39,20 +41,11 @@ def _run(*argv: str, check: bool = True, env: dict | None = None) -> subprocess.
 
 
 @dataclass
-class SlurmNode:
+class SlurmNode(InMounts):
     name: str
     address: str
     netns: str
     proc: subprocess.Popen | None = None
-
-    def in_mounts(self, *argv: str) -> subprocess.CompletedProcess:
-        """Run ``argv`` in this node's mount and network namespaces (what it sees)."""
-        assert self.proc is not None
-        return _run("nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", f"--net=/proc/{self.proc.pid}/ns/net",
-                    *argv, check=False)
-
-    def namespaces(self) -> list[str]:
-        return sorted(self.in_mounts("ip", "netns", "list").stdout.split())
 
     def ledgers(self) -> list[str]:
         return sorted(p for p in self.in_mounts("ls", "-A", "/run/testbed").stdout.split()

@@ -30,8 +30,24 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+class InMounts:
+    """A lab host's or node's view: commands in the mount and network namespaces of its
+    daemon (``proc``: sshd, slurmd), where its /run/netns and state directory are private."""
+
+    proc: subprocess.Popen | None
+
+    def in_mounts(self, *argv: str) -> subprocess.CompletedProcess:
+        """Run ``argv`` in this host's mount and network namespaces (what it sees)."""
+        assert self.proc is not None
+        return _run("nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", f"--net=/proc/{self.proc.pid}/ns/net",
+                    *argv, check=False)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self.in_mounts("ip", "netns", "list").stdout.split())
+
+
 @dataclass
-class SSHHost:
+class SSHHost(InMounts):
     name: str
     address: str
     netns: str
@@ -42,15 +58,6 @@ class SSHHost:
         """Its ``hosts:`` entry."""
         return {"name": self.name, "address": self.address, "key": str(key), "known_hosts": str(known_hosts),
                 "testbed": str(Path(sys.executable).parent / "testbed"), **extra}
-
-    def in_mounts(self, *argv: str) -> subprocess.CompletedProcess:
-        """Run ``argv`` in this host's mount and network namespaces (what it sees)."""
-        assert self.proc is not None
-        return _run("nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", f"--net=/proc/{self.proc.pid}/ns/net",
-                    *argv, check=False)
-
-    def namespaces(self) -> list[str]:
-        return sorted(self.in_mounts("ip", "netns", "list").stdout.split())
 
     def ledgers(self) -> list[str]:
         """Its state directory's entries (testbeds' ledgers; files left in targets/)."""
