@@ -45,6 +45,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.paper_scale import timed_window
 from testbed.common.errors import TestbedError
 from testbed.common.files import LIMITS
 from testbed.common.outdir import OutDir
@@ -177,9 +178,8 @@ def thin_links(links: str, iters: str, k: float) -> str:
     record's time to the last record's): what the uplink bytes per timed iteration
     (benchmarks.paper_scale.steady_wire) and the whole run's bytes are computed from. The
     other samples, one a second per direction, were nine tenths of a 64-rank table's records."""
-    its = [json.loads(x) for x in iters.splitlines()]
-    its = [x for x in its if isinstance(x.get("time"), (int, float)) and isinstance(x.get("iter_s"), (int, float))]
-    bounds = [its[1]["time"] - its[1]["iter_s"] * k, its[-1]["time"]] if len(its) > 1 else []
+    window = timed_window([json.loads(x) for x in iters.splitlines()], k)
+    bounds = list(window[:2]) if window else []
     series: dict[tuple, list[tuple[float, str]]] = {}
     for line in links.splitlines():
         rec = json.loads(line)

@@ -103,18 +103,13 @@ def steady_wire(r: RunData) -> tuple[float, bool]:
     over timed iterations that span at least 3 s they are interpolated to the iterations'
     start and end, so start-up traffic (the pruning mask's broadcast, DDP's checks) is left
     out. Shorter windows take the whole run's average (start-up included)."""
-    its = [x for x in read_jsonl(r.path / "rank0.jsonl")
-           if isinstance(x.get("iter_s"), (int, float)) and isinstance(x.get("time"), (int, float))]
-    timed = its[1:] if len(its) > 1 else its[-1:]
+    window = timed_window(read_jsonl(r.path / "rank0.jsonl"), r.summary.get("dilation") or 1)
     series: dict[tuple, list] = {}
     for x in read_jsonl(r.path / "links.jsonl"):
         if isinstance(x.get("time"), (int, float)) and isinstance(x.get("bytes"), (int, float)):
             series.setdefault((x.get("link"), x.get("direction")), []).append((x["time"], x["bytes"]))
-    # records' and samples' "time" is the wall clock; a dilated run's iter_s is emulated (/ K)
-    k = r.summary.get("dilation") or 1
-    start = timed[0]["time"] - timed[0]["iter_s"] * k if timed else 0.0
-    if timed and timed[-1]["time"] - start >= 3.0:
-        t0, t1 = start, timed[-1]["time"]
+    if window and window[1] - window[0] >= 3.0:
+        t0, t1, n = window
         spans = []
         for samples in series.values():
             samples.sort()
@@ -122,8 +117,19 @@ def steady_wire(r: RunData) -> tuple[float, bool]:
             if a is not None and b is not None:
                 spans.append(b - a)
         if spans:
-            return max(spans) / len(timed), True
+            return max(spans) / n, True
     return busiest_bytes_per_iter(r), False
+
+
+def timed_window(records: list[dict], k: float) -> tuple[float, float, int] | None:
+    """(start, end, count) of the timed iterations (all but the first) of rank 0's records,
+    on the wall clock: records' "time" is the wall clock, a dilated run's iter_s is emulated
+    (/ K). None without iteration records."""
+    its = [x for x in records if isinstance(x.get("iter_s"), (int, float)) and isinstance(x.get("time"), (int, float))]
+    timed = its[1:] if len(its) > 1 else its[-1:]
+    if not timed:
+        return None
+    return timed[0]["time"] - timed[0]["iter_s"] * k, timed[-1]["time"], len(timed)
 
 
 def run_sweeps(args, times: dict[str, float]) -> list[Path]:
