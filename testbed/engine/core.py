@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -30,7 +30,7 @@ from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
 from testbed.net import tc
 from testbed.net.handles import NetlinkPool  # noqa: F401  (the exporter's)
-from testbed.net.tcbatch import LinkChanger
+from testbed.net.tcbatch import Derived, LinkChanger
 from testbed.hosts.local import LOCAL, LocalHost
 from testbed.hosts import kinds
 from testbed.hosts.site import LocalSite, ShapeChange, Site
@@ -38,7 +38,7 @@ from testbed.plan.actions import ApplyContext
 from testbed.engine.preflight import local_plan, preflight
 from testbed.plan.plan import Endpoint, NodeInfo, Plan
 from testbed.engine.teardown import down, down_all, list_testbeds  # noqa: F401  (the library's API)
-from testbed.model.topology import DIRECTIONS, Link, Topology, check_shape, load_topology_dict
+from testbed.model.topology import DIRECTIONS, Link, Topology, load_topology_dict
 from testbed.model.units import Duration, Loss, Rate
 
 
@@ -254,15 +254,10 @@ class Testbed:
         wanted = [l.index for l in links]
         with Ledger(self.name).lock():  # this testbed's: others' up, down and steps go on
             state, current = self._current(changer)
-            new_links = {}
-            for idx in wanted:
-                l = current.links[idx]
-                shapes = {d: l.shape(d) for d in DIRECTIONS}
-                for d in dirs:
-                    # the loader's rules on the result (jitter needs delay, queue within bounds),
-                    # for every direction before any is changed
-                    shapes[d] = check_shape(replace(shapes[d], **changes), f"link {l.name} ({d})")
-                new_links[idx] = replace(l, forward=shapes["forward"], reverse=shapes["reverse"])
+            # the loader's rules on the result (jitter needs delay, queue within bounds), for
+            # every direction before any is changed; a replay's changer keeps what it derived
+            derived = changer.derived if changer is not None else Derived()
+            new_links = derived.links((current.links[idx] for idx in wanted), changes, dirs)
             if any(s.needs_netem for l in new_links.values() for s in (l.forward, l.reverse)):
                 from testbed.net.probe import netem_missing
 
@@ -292,7 +287,7 @@ class Testbed:
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
             if changer.memo is not None and state is changer.memo[1]:  # a replay's own state: its changed links
                 for idx, l in new_links.items():  # (to_dict of 64 links was 0.6 ms of each 64-link step)
-                    state["topology"]["links"][idx] = l.to_dict()
+                    state["topology"]["links"][idx] = derived.to_dict(l)
             else:
                 state["topology"] = self.topology.to_dict()
             changed_at = time.time()  # exported, so a dashboard marks the change even when no scrape fell between

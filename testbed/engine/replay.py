@@ -193,14 +193,19 @@ def replay(tb, links: Sequence[Link], trace: Trace, *, direction: str = "both", 
 
 
 def _encoded(tb, links: Sequence[Link], dirs, trace: Trace) -> LinkChanger:
-    """A changer with each distinct step encoded before the clock starts (indexes, child
-    qdiscs, encoded requests and sockets are kept between steps)."""
+    """A changer with each distinct step made ready before the clock starts: its links
+    derived and checked, its requests encoded and put together into one datagram per
+    namespace, in the order ``set_links`` passes them (indexes, child qdiscs, sockets and
+    all of this are kept between steps)."""
     changer = LinkChanger()
     changer.learn(tb.egress[(l.index, d)] for l in links for d in dirs)
-    for step in {s.values(): s for s in trace.steps}.values():
-        for l in links:
-            for d in dirs:
-                changer.requests(tb.egress[(l.index, d)], replace(l.shape(d), **_changes(step)), "")
+    current = links
+    for _ in range(2):  # the second pass from the first's results, as the steps go on
+        for step in {s.values(): s for s in trace.steps}.values():
+            new = changer.derived.links(current, _changes(step), dirs)
+            changer.prepare([(ep, l.shape(d), "") for l in new.values() for d in dirs
+                             if (ep := tb.egress[(l.index, d)]).host == tb.here])
+            current = list(new.values())
     return changer
 
 

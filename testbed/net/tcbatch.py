@@ -4,9 +4,12 @@ A trace step changes many links at once. Through pyroute2's request path a 64-li
 (128 directions) took 323 ms, about 2.5 ms per change: message encoding, HTB's rate table,
 the interface lookup, and a socket per namespace. Here the messages for each shape are
 encoded once (with pyroute2's own tc encoders, from the arguments :func:`change_requests`
-chooses) and the sockets stay open. A step concatenates its namespace's messages into one
+chooses) and the sockets stay open. A step sends its namespace's messages in one
 ``send``, then reads one acknowledgement per message. The 128 changes then take a median
-1.2 ms (``benchmarks/replay_latency``, "tc alone").
+1.2 ms (``benchmarks/replay_latency``, "tc alone"). A replay's distinct steps are put
+together into their datagrams once, and the links they make are derived and checked
+once (:class:`Derived`): rebuilding 128 requests and shapes per step cost about as much
+as sending them.
 
 The way running links are changed (HTB ``change-class``, child qdisc ``replace``);
 building uses :mod:`testbed.net.tc`.
@@ -20,6 +23,8 @@ import os
 import resource
 import socket
 import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
 from pyroute2.netlink import NLMSG_ERROR
@@ -28,7 +33,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed.common.errors import KernelError
-from testbed.model.topology import Shape
+from testbed.model.topology import Link, Shape, check_shape
 from testbed.net import netns, tc
 
 _COMMANDS = {"change-class": (RTM_NEWTCLASS, "change"), "replace": (RTM_NEWQDISC, "replace")}
@@ -88,6 +93,8 @@ class ShapeBatch:
     def open(self, namespaces) -> None:
         """Open a socket in each namespace now (not at the first step)."""
         namespaces = [ns for ns in dict.fromkeys(namespaces) if ns not in self._socks]
+        if not namespaces:
+            return
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         need = len(self._socks) + len(namespaces) + 256
         if soft != resource.RLIM_INFINITY and need > soft:
@@ -98,29 +105,27 @@ class ShapeBatch:
             s.settimeout(self.timeout)
             self._socks[ns] = s
 
-    def send(self, requests: dict[str, list[tuple[bytes, str]]]) -> None:
-        """Send every namespace's requests (message, what it does) in one datagram each, then
-        wait for all acknowledgements. The first refusal is raised as a :class:`Refused`
-        naming what it was for, after every answer has been read (the others did apply);
-        its ``failed`` lists what every refused request was for."""
-        self.open(requests)
-        waiting: dict[str, dict[int, str]] = {}
-        for ns, msgs in requests.items():
-            buf = bytearray()
-            seqs: dict[int, str] = {}
-            for msg, what in msgs:
+    def send(self, datagrams: dict[str, Datagram], name: Callable[[int], str]) -> None:
+        """Send every namespace's datagram, then wait for all acknowledgements. The first
+        refusal is raised as a :class:`Refused` naming what it was for (``name`` of the
+        message's owner), after every answer has been read (the others did apply); its
+        ``owners`` lists the owner of every refused message."""
+        self.open(datagrams)
+        waiting: dict[str, dict[int, int]] = {}
+        for ns, dg in datagrams.items():
+            buf = bytearray(dg.data)
+            seqs: dict[int, int] = {}
+            for off, owner in zip(dg.offsets, dg.owners):
                 seq = next(self._seq) & 0xFFFFFFFF or next(self._seq)
-                m = bytearray(msg)
-                struct.pack_into("=I", m, _SEQ_OFFSET, seq)
-                buf += m
-                seqs[seq] = what
+                struct.pack_into("=I", buf, off + _SEQ_OFFSET, seq)
+                seqs[seq] = owner
             try:
                 self._socks[ns].send(buf)
             except OSError as e:
-                raise KernelError(f"[{ns}] sending {len(msgs)} tc change(s) failed: {e.strerror or e}") from None
+                raise KernelError(f"[{ns}] sending {len(seqs)} tc change(s) failed: {e.strerror or e}") from None
             waiting[ns] = seqs
         first: Refused | None = None
-        failed: list[str] = []
+        owners: list[int] = []
         for ns, seqs in waiting.items():
             s = self._socks[ns]
             while seqs:
@@ -134,14 +139,14 @@ class ShapeBatch:
                     if length < _HEADER.size:
                         break
                     if mtype == NLMSG_ERROR and seq in seqs:
-                        what = seqs.pop(seq)
+                        owner = seqs.pop(seq)
                         code = -struct.unpack_from("=i", data, off + _HEADER.size)[0]
                         if code:
-                            failed.append(what)
-                            first = first or _error(ns, what, code)
+                            owners.append(owner)
+                            first = first or _error(ns, name(owner), code)
                     off += (length + 3) & ~3
         if first is not None:
-            first.failed = failed
+            first.owners = owners
             raise first
 
     def close(self) -> None:
@@ -152,6 +157,9 @@ class ShapeBatch:
 
 class Refused(KernelError):
     failed: list[str] = []
+    """What every refused change was for (:meth:`LinkChanger.apply`)."""
+    owners: list[int] = []
+    """The owners of the refused messages (:meth:`ShapeBatch.send`)."""
 
 
 def _error(ns: str, what: str, code: int) -> Refused:
@@ -161,11 +169,38 @@ def _error(ns: str, what: str, code: int) -> Refused:
                        "run as root (or with CAP_NET_ADMIN)" if code == errno.EPERM else None)
 
 
+@dataclass(frozen=True)
+class Datagram:
+    """A namespace's encoded requests, concatenated: what one ``send`` carries. ``offsets``:
+    where each message starts (its sequence number is stamped at send); ``owners``: the
+    index of the change each message belongs to."""
+
+    data: bytes
+    offsets: tuple[int, ...]
+    owners: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A whole call's datagrams, and the child kinds after it; ``keep`` holds the endpoints
+    and shapes whose identities are its key, so that no other object can take their ids."""
+
+    datagrams: dict[str, Datagram]
+    after: dict[tuple[str, str], str | None]
+    keep: tuple
+
+
+_PREPARED_MAX = 64
+"""Calls kept ready to send (a replay's distinct steps); more: the oldest half is dropped."""
+
+
 class LinkChanger:
     """Changes running links' egress shapes; keeps what it learnt between calls.
 
     Each interface's index and child qdisc kind are read from the kernel once (one dump per
-    namespace), each (interface, shape, kind) is encoded once, and the sockets stay open,
+    namespace), each (interface, shape, kind) is encoded once, a call's datagrams are put
+    together once per distinct call (the same endpoint and shape objects in the same order,
+    as a replay's ``set_links`` passes them: :class:`Derived`), and the sockets stay open,
     so a replay's later steps cost only the datagrams. A one-off ``link set`` uses a fresh
     one."""
 
@@ -174,8 +209,11 @@ class LinkChanger:
         self._index: dict[tuple[str, str], int] = {}
         self._kind: dict[tuple[str, str], str | None] = {}
         self._encoded: dict[tuple, tuple[list[bytes], str | None]] = {}
+        self._prepared: dict[tuple[int, ...], _Prepared] = {}
         self.memo: tuple | None = None
         """The caller's across steps: ``Testbed.set_links`` keeps the state it last wrote here."""
+        self.derived = Derived()
+        """The caller's across steps: ``Testbed.set_links`` derives the changed links here."""
 
     def learn(self, endpoints) -> None:
         """Read the indexes and child kinds of ``endpoints`` (objects with ns, ifname) not yet known."""
@@ -196,41 +234,120 @@ class LinkChanger:
                     self._kind[(ns, ep.ifname)] = children.get(idx)
         self.batch.open(by_ns)
 
-    def requests(self, ep, shape: Shape, what: str) -> tuple[list[tuple[bytes, str]], str | None]:
-        """What puts ``shape`` on ``ep``'s egress, and the child kind after it."""
+    def requests(self, ep, shape: Shape) -> tuple[list[bytes], str | None]:
+        """The messages that put ``shape`` on ``ep``'s egress, and the child kind after them."""
         key = (ep.ns, ep.ifname)
         if key not in self._index:
             self.learn([ep])
         enc = (key, shape, self._kind[key])
         if enc not in self._encoded:
             self._encoded[enc] = change_messages(self._index[key], shape, self._kind[key])
-        msgs, kind = self._encoded[enc]
-        return [(m, f"{what} on {ep.ifname}") for m in msgs], kind
+        return self._encoded[enc]
+
+    def prepare(self, changes: Sequence[tuple]) -> _Prepared:
+        """The datagrams of ``changes`` ((endpoint, shape, what) triples), put together once
+        per distinct call: keyed by the identities of its endpoints and shapes."""
+        key = tuple(id(x) for ep, shape, _ in changes for x in (ep, shape))
+        ready = self._prepared.get(key)
+        if ready is not None:
+            return ready
+        msgs: dict[str, list[tuple[bytes, int]]] = {}
+        after = {}
+        for i, (ep, shape, _) in enumerate(changes):
+            encoded, kind = self.requests(ep, shape)
+            msgs.setdefault(ep.ns, []).extend((m, i) for m in encoded)
+            after[(ep.ns, ep.ifname)] = kind
+        datagrams = {}
+        for ns, ms in msgs.items():
+            offsets = tuple(itertools.accumulate((len(m) for m, _ in ms[:-1]), initial=0))
+            datagrams[ns] = Datagram(b"".join(m for m, _ in ms), offsets, tuple(i for _, i in ms))
+        self.batch.open(datagrams)
+        ready = _Prepared(datagrams, after, tuple((ep, shape) for ep, shape, _ in changes))
+        if len(self._prepared) >= _PREPARED_MAX:
+            for old in list(self._prepared)[:_PREPARED_MAX // 2]:
+                del self._prepared[old]
+        self._prepared[key] = ready
+        return ready
 
     def apply(self, changes) -> None:
         """``changes``: (endpoint, shape, what) triples, sent together. A refusal raises
         :class:`Refused` whose ``failed`` holds the ``what`` of each change that failed."""
-        reqs: dict[str, list[tuple[bytes, str]]] = {}
-        after = {}
-        owner: dict[str, str] = {}  # a request's label -> the change it belongs to
-        for ep, shape, what in changes:
-            msgs, kind = self.requests(ep, shape, what)
-            reqs.setdefault(ep.ns, []).extend(msgs)
-            owner.update((label, what) for _, label in msgs)
-            after[(ep.ns, ep.ifname)] = kind
+        changes = list(changes)
+        ready = self.prepare(changes)
         try:
-            self.batch.send(reqs)
+            self.batch.send(ready.datagrams, lambda i: f"{changes[i][2]} on {changes[i][0].ifname}")
         except BaseException as e:
             self.forget()
             if isinstance(e, Refused):
-                e.failed = sorted({owner[label] for label in e.failed})
+                e.failed = sorted({changes[i][2] for i in e.owners})
             raise
-        self._kind.update(after)
+        if any(self._kind[k] != kind for k, kind in ready.after.items()):
+            self._kind.update(ready.after)
+            self._prepared.clear()  # put together for the kinds before
 
     def forget(self) -> None:
         """After a failure: read indexes and kinds from the kernel again on next use."""
         self._index.clear()
         self._kind.clear()
+        self._prepared.clear()
 
     def close(self) -> None:
         self.batch.close()
+
+
+class Derived:
+    """Links with a change applied, kept across a replay's steps (``LinkChanger.derived``).
+
+    Each (shape, change) is derived and checked once, and equal results are one object, so
+    the next step finds them by identity: hashing 128 shapes by value, or deriving them
+    again, cost as much as sending the step. Within one testbed a link's other fields are
+    fixed by its index (only shapes change), so a link is one object per index and pair of
+    shapes. The tables are emptied when they grow past ``limit`` entries."""
+
+    def __init__(self, limit: int = 200_000):
+        self.limit = limit
+        self._clear()
+
+    def _clear(self) -> None:
+        self._changes: dict[tuple, int] = {}
+        self._shapes: dict[tuple[int, int], tuple[Shape, Shape]] = {}
+        self._canon: dict[Shape, Shape] = {}
+        self._links: dict[tuple[int, int, int], list] = {}  # [link, its to_dict or None]
+
+    def links(self, links: Iterable[Link], changes: dict, dirs: Sequence[str]) -> dict[int, Link]:
+        """Each of ``links`` (by index) with ``changes`` on its ``dirs``; a TopologyError if a
+        result breaks the loader's rules (jitter needs delay, the queue within bounds)."""
+        if len(self._shapes) + len(self._links) > self.limit:
+            self._clear()
+        token = self._changes.setdefault(tuple(sorted(changes.items())), len(self._changes))
+        out = {}
+        for l in links:
+            fwd, rev = l.forward, l.reverse
+            if "forward" in dirs:
+                fwd = self._shape(fwd, token, changes, f"link {l.name} (forward)")
+            if "reverse" in dirs:
+                rev = self._shape(rev, token, changes, f"link {l.name} (reverse)")
+            key = (l.index, id(fwd), id(rev))
+            known = self._links.get(key)
+            if known is None:  # the link kept holds its shapes: the ids in the key stay theirs
+                new = l if fwd is l.forward and rev is l.reverse else replace(l, forward=fwd, reverse=rev)
+                known = self._links[key] = [new, None]
+            out[l.index] = known[0]
+        return out
+
+    def to_dict(self, link: Link) -> dict:
+        """``link.to_dict()`` of a link :meth:`links` returned, made once (not to be changed)."""
+        known = self._links.get((link.index, id(link.forward), id(link.reverse)))
+        if known is None or known[0] is not link:
+            return link.to_dict()
+        if known[1] is None:
+            known[1] = link.to_dict()
+        return known[1]
+
+    def _shape(self, shape: Shape, token: int, changes: dict, path: str) -> Shape:
+        known = self._shapes.get((id(shape), token))
+        if known is None or known[0] is not shape:
+            new = check_shape(replace(shape, **changes), path)
+            # the entry holds ``shape``: its id in the key stays its own
+            known = self._shapes[(id(shape), token)] = (shape, self._canon.setdefault(new, new))
+        return known[1]
