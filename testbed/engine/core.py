@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from testbed.common.version import __version__
 from testbed.plan import naming
@@ -238,12 +238,14 @@ class Testbed:
 
     def set_links(self, links: Iterable[Link], *, rate: Rate | None = None, delay: Duration | None = None,
                   jitter: Duration | None = None, loss: Loss | None = None, limit: int | None = None,
-                  direction: str = "both", changer: LinkChanger | None = None) -> list[Link]:
+                  direction: str = "both", changer: LinkChanger | None = None,
+                  applied: Callable[[], None] | None = None) -> list[Link]:
         """Change running links in place; returns the links with their new shapes.
 
         All directions are changed with one netlink datagram per namespace. ``changer``: one
         the caller keeps across calls (a trace replay), so that interface indexes, child
-        qdiscs and encoded requests are learnt once, not per change."""
+        qdiscs and encoded requests are learnt once, not per change. ``applied``: called
+        when the kernel has every change, before the state file is written (the lock held)."""
         if direction not in ("both", *DIRECTIONS):
             raise TestbedError(f"unknown direction '{direction}'", "choose one of: both, forward, reverse")
         changes = {k: v for k, v in dict(rate=rate, delay=delay, jitter=jitter, loss=loss, limit=limit).items()
@@ -284,6 +286,8 @@ class Testbed:
             finally:
                 if own:
                     changer.close()
+            if applied is not None:
+                applied()
             self.topology = current.with_links(new_links.get(l.index, l) for l in current.links)
             if changer.memo is not None and state is changer.memo[1]:  # a replay's own state: its changed links
                 for idx, l in new_links.items():  # (to_dict of 64 links was 0.6 ms of each 64-link step)

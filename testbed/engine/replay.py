@@ -3,13 +3,15 @@
 Each step is applied in place at its time, as ``link set`` does (HTB's class is changed,
 queued packets stay), under the same rules: every distinct step is checked against each
 link's shape before the first is applied, so a trace that would be refused half-way is
-refused at the start. The state file follows every step, so ``link show`` and the
+refused at the start. The state file follows every step, written right after the kernel
+has it (under the same lock, before the step returns), so ``link show`` and the
 exporter's capacity gauge show the shape in force.
 
 Each applied step is one JSON line (``log``): wall time, the step's scheduled offset,
 how late the change was in force (``late_s``: from its scheduled time to the return of
-the last tc call), how long applying it took (``apply_s``) and the values. On an
-interrupt, or with ``restore``, the shapes from before the replay are put back.
+the last tc call), how long applying it took (``apply_s``), how late the state file had
+it (``state_s``) and the values. On an interrupt, or with ``restore``, the shapes from
+before the replay are put back.
 """
 
 from __future__ import annotations
@@ -235,10 +237,13 @@ def _apply_step(tb, links, direction, changer, timer: _Timer, t0: float, wall0: 
     due = t0 + at
     timer.wait_until(due)
     start = timer.clock()
-    tb.set_links(links, direction=direction, changer=changer, **_changes(step))
+    in_force: list[float] = []
+    tb.set_links(links, direction=direction, changer=changer, applied=lambda: in_force.append(timer.clock()),
+                 **_changes(step))
     done = timer.clock()
-    return {"event": "step", "time": wall0 + (done - t0), "links": [l.name for l in links], **step.to_dict(),
-            "at_s": at, "late_s": done - due, "apply_s": done - start}
+    kernel = in_force[0] if in_force else done
+    return {"event": "step", "time": wall0 + (kernel - t0), "links": [l.name for l in links], **step.to_dict(),
+            "at_s": at, "late_s": kernel - due, "apply_s": kernel - start, "state_s": done - due}
 
 
 def _put_back(tb, before) -> bool:
