@@ -1,7 +1,15 @@
 """Marks from the folder a test lives in, so that ``-m "not kernel and not slow"`` never
 reaches a test that needs root, whatever marks its file remembered to set:
 tests/kernel/** gets ``kernel``, tests/workloads/** gets ``workloads``. Marks set in the
-files (``slow``, ``kernel``, skips) are kept."""
+files (``slow``, ``kernel``, skips) are kept.
+
+Under pytest-xdist with ``--dist loadgroup`` (the README's full-suite command) every kernel
+test is in one work unit: one worker runs them all, one after another in file order,
+as a plain run would (they share the kernel, fixed testbed names, users they make, module
+fixtures), while the other workers run the unit and workload tests beside them. A worker
+running those at the same time as kernel tests lowers its priority (nice 19, its children
+inherit it): the kernel tests, the longest part, and their goodput, timing and QEMU guests
+get the CPU first, the others what is left."""
 
 from __future__ import annotations
 
@@ -19,7 +27,12 @@ _HERE = Path(__file__).resolve().parent
 _BY_FOLDER = {"kernel": pytest.mark.kernel, "workloads": pytest.mark.workloads}
 
 
+_NICE_BESIDE_KERNEL = 19
+_kernel_in_session = False
+
+
 def pytest_collection_modifyitems(config, items):
+    global _kernel_in_session
     for item in items:
         try:
             folder = Path(str(item.path)).resolve().relative_to(_HERE).parts[0]
@@ -28,3 +41,33 @@ def pytest_collection_modifyitems(config, items):
         mark = _BY_FOLDER.get(folder)
         if mark is not None and item.get_closest_marker(mark.name) is None:
             item.add_marker(mark)
+        _kernel_in_session = _kernel_in_session or item.get_closest_marker("kernel") is not None
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv may lack
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: every test under tests/kernel is one work unit, sent whole to one
+    worker (the largest unit goes first), the others are shared out one by one. Done here
+    rather than with ``xdist_group`` marks: pytest-xdist 3.8 groups by a suffix it writes to
+    ``item._nodeid``, which pytest 9.2 no longer reads, so the marks group nothing (measured:
+    a file's kernel tests ran on both workers)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class KernelTestsOnOneWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/kernel" if nodeid.startswith("tests/kernel/") else super()._split_scope(nodeid)
+
+    return KernelTestsOnOneWorker(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start anything
+def pytest_runtest_setup(item):
+    """On an xdist worker, as root, in a session with kernel tests: nice 19 for any other
+    test (another worker may be running the kernel tests now), back to 0 for a kernel test."""
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and _kernel_in_session and os.geteuid() == 0):
+        return
+    want = 0 if item.get_closest_marker("kernel") is not None else _NICE_BESIDE_KERNEL
+    if os.getpriority(os.PRIO_PROCESS, 0) != want:
+        os.setpriority(os.PRIO_PROCESS, 0, want)

@@ -39,13 +39,22 @@ def cli_json(*args: str, **kw) -> dict:
 
 
 def kernel_snapshot() -> dict:
-    """What a testbed could leave behind, seen with iproute2 (not with testbed's own code)."""
+    """What a testbed could leave behind, seen with iproute2 (not with testbed's own code).
+    The throwaway namespace of a kernel probe (testbed.net.probe) still under way in a
+    live process other than this one is not counted: the unit tests' CLI runs probe as
+    root on another xdist worker, beside the kernel tests, and remove it themselves."""
     links = run(["ip", "-o", "link", "show"]).stdout
     return {
-        "netns": sorted(run(["ip", "netns", "list"]).stdout.split()),
+        "netns": sorted(ns for ns in run(["ip", "netns", "list"]).stdout.split() if not _probing_elsewhere(ns)),
         "links": sorted(l.split(":")[1].strip().split("@")[0] for l in links.splitlines()),
         "qdiscs": sorted(run(["tc", "qdisc", "show"]).stdout.splitlines()),
     }
+
+
+def _probing_elsewhere(ns: str) -> bool:
+    prefix = "testbed-probe-"
+    pid = ns[len(prefix):] if ns.startswith(prefix) else ""
+    return pid.isdigit() and int(pid) != os.getpid() and os.path.exists(f"/proc/{pid}")
 
 
 def state_id_of(tmp_path) -> str:
@@ -69,12 +78,17 @@ def clean_kernel(tmp_path, monkeypatch):
     """A private state dir; asserts the kernel looks exactly as before when the test ends."""
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path / "state"))
     before = kernel_snapshot()
+    own = state_id_of(tmp_path)
+    # another state directory's testbed (someone else's, on a shared development machine)
+    # that was up when the test began, or came up meanwhile, is neither this test's leftover
+    # nor this test's to remove, and it may go while the test runs
+    others_before = {ns for ns in before["netns"] if _tagged_by_another(ns, own)}
     yield {**before, "state_dir": str(tmp_path / "state")}
     after = kernel_snapshot()
-    # another state directory's testbed that came up meanwhile (someone else's, on a shared
-    # development machine) is neither this test's leftover nor this test's to remove
-    others = {ns for ns in after["netns"] if ns not in before["netns"] and _tagged_by_another(ns, state_id_of(tmp_path))}
+    others = {ns for ns in after["netns"] if ns not in before["netns"] and _tagged_by_another(ns, own)}
+    others |= {ns for ns in after["netns"] if ns in others_before}
     after["netns"] = [ns for ns in after["netns"] if ns not in others]
+    before = {**before, "netns": [ns for ns in before["netns"] if ns not in others_before]}
     leftover = [ns for ns in after["netns"] if ns not in before["netns"]]
     if leftover:  # clean up for the next test, then fail this one
         for ns in leftover:
@@ -96,6 +110,24 @@ def clean_kernel(tmp_path, monkeypatch):
     assert left <= {".lock", "targets", "monitors"}, f"state left behind: {left}"
     for d in ("targets", "monitors"):  # directories Prometheus watches may stay, empty
         assert not (state / d).exists() or not list((state / d).iterdir()), f"files left in {state / d}"
+
+
+def pids_of_this_session(pattern: str) -> list[int]:
+    """``pgrep -f pattern``, less the processes that another pytest-xdist worker started (their
+    environment names that worker): the README's command runs the unit and workload tests,
+    ``python -m workloads.train`` among them, beside the kernel tests. Every other match counts,
+    whoever started it."""
+    me = f"PYTEST_XDIST_WORKER={os.environ.get('PYTEST_XDIST_WORKER', '')}".encode()
+    out = []
+    for pid in map(int, run(["pgrep", "-f", pattern]).stdout.split()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if not any(e.startswith(b"PYTEST_XDIST_WORKER=") and e != me for e in env):
+            out.append(pid)
+    return out
 
 
 def _processes_naming(text: str) -> list[int]:

@@ -20,7 +20,7 @@ import yaml
 from testbed.common.files import read_jsonl
 from tests.helpers import dumbbell
 
-from .conftest import cli, cli_json, run
+from .conftest import cli, cli_json, pids_of_this_session
 
 pytestmark = pytest.mark.kernel
 TRAIN = ["--", "--dataset", "digits", "--epochs", "50", "--max-iters", "5000", "--eval-every", "100000"]
@@ -37,9 +37,10 @@ def tiny_disk(path: Path, size: str):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def _ranks_running() -> list[str]:
-    ps = run(["ps", "-eo", "args"]).stdout.splitlines()
-    return [p for p in ps if "workloads.train" in p and "ps -eo" not in p]
+def _ranks_running() -> list[int]:
+    """Every ``workloads.train`` process but those of the unit and workload tests that
+    another pytest-xdist worker runs beside the kernel tests."""
+    return pids_of_this_session("workloads.train")
 
 
 def test_a_disk_that_fills_during_a_run_ends_it_cleanly_and_keeps_the_records(clean_kernel, tmp_path):
