@@ -8,18 +8,33 @@ hidden command registered here only answers a request that names no operation.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 
 import typer
 
+from testbed.common import rootless
+from testbed.hosts import agentns
+
 
 def dispatch(argv: Sequence[str]) -> None:
-    """``argv`` (without the program name) a host request: answer it and exit with its status."""
+    """``argv`` (without the program name) a host request: answer it and exit with its status.
+    An ordinary user's request is answered in their rootless namespaces on this host
+    (:mod:`testbed.hosts.agentns`)."""
     if len(argv) > 1 and argv[0] == "_host":
         from testbed.engine.hostagent import main as host_main
 
-        sys.exit(host_main(argv[1], list(argv[2:])))
+        try:
+            entered = agentns.enter()
+        except rootless.RootlessError as e:
+            sys.stdout.write(json.dumps(e.to_dict()) + "\n")
+            sys.exit(1)
+        try:
+            code = host_main(argv[1], list(argv[2:]))
+        finally:
+            agentns.leave(entered)
+        sys.exit(code)
 
 
 def register(app: typer.Typer) -> None:

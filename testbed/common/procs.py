@@ -16,6 +16,14 @@ import time
 
 from testbed.common.errors import TestbedError
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int) -> None:
+    """Get ``sig`` when this process's parent ends (PR_SET_PDEATHSIG; not inherited by children)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 def python_argv(module: str, *args: str, python: str | None = None) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import select
 import signal
 import subprocess
@@ -34,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from testbed.common import procs
+from testbed.common import outside, procs
 from testbed.common.errors import TestbedError
 from testbed.common.files import private_dir
 
@@ -60,6 +61,10 @@ def base_dir() -> Path:
     is a directory of ours, else ``~/.local/state/testbed``."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
+    return _runtime_base() or Path.home() / ".local" / "state" / "testbed"
+
+
+def _runtime_base() -> Path | None:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isabs(xdg):
         try:
@@ -68,7 +73,22 @@ def base_dir() -> Path:
                 return Path(xdg) / "testbed"
         except OSError:
             pass
-    return Path.home() / ".local" / "state" / "testbed"
+    return None
+
+
+def use_host_base() -> None:
+    """For a host agent (``testbed _host``, another host's share): BASE is
+    ``$XDG_RUNTIME_DIR/testbed`` (which is the node's own), else a folder of this host's own,
+    ``~/.local/state/testbed/host-HOSTNAME``: the nodes of a cluster share the home directory
+    (NFS), and two nodes must never share one holder or one state directory. Inside a Slurm
+    job, ``host-HOSTNAME-jobID``: each job's share lives in its own holder, started by the
+    job's step and ended with the job, never with another job of the user on that node."""
+    if not os.environ.get(ENV):
+        host = re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename.split(".")[0]) or "unnamed"
+        job = os.environ.get("SLURM_JOB_ID", "")
+        name = f"host-{host}" + (f"-job{job}" if job.isdigit() else "")
+        os.environ[ENV] = str((_runtime_base() if not job.isdigit() else None)
+                              or Path.home() / ".local" / "state" / "testbed" / name)
 
 
 def private_root() -> Path:
@@ -209,7 +229,7 @@ def userns_blockers() -> list[tuple[str, str]]:
     return out
 
 
-def enter() -> None:
+def enter(spawner: bool | None = None) -> None:
     """Join the user's rootless namespaces, starting the holder when none runs. Call before
     any thread starts.
 
@@ -218,7 +238,10 @@ def enter() -> None:
     so this process forks: the child returns and does the command, inside all three; this
     process waits for it, passes on SIGTERM/SIGHUP, exits with its status, and stops the
     holder when the child found nothing left inside (:func:`release`). The child gets
-    SIGTERM if its parent dies (``kill -9`` of the command the user started)."""
+    SIGTERM if its parent dies (``kill -9`` of the command the user started).
+
+    ``spawner`` (default: inside a Slurm job): first fork a process that stays outside and
+    starts what must run as the user's own uid there, ``srun`` (:mod:`testbed.common.outside`)."""
     global _stop_w
     base = base_dir()
     try:
@@ -232,6 +255,8 @@ def enter() -> None:
         cwd = os.getcwd()
     except OSError:
         cwd = "/"
+    if spawner if spawner is not None else bool(os.environ.get("SLURM_JOB_ID")):
+        os.environ[outside.ENV] = outside.start(base)
     _setns(pid, ("user", "mnt", "pid"))
     os.environ[ENV] = str(base)
     r, w = os.pipe()

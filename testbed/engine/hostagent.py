@@ -12,7 +12,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
                is this host's and its MTU carries the tunnel, names free, backends ready.
 ``apply NAME`` {state, actions}: record and apply this host's actions; undo all on failure.
                If the SSH connection dies meanwhile (the controller was killed), the share
-               removes itself (PR_SET_PDEATHSIG makes that a SIGTERM).
+               removes itself (PR_SET_PDEATHSIG makes that a SIGTERM). ``--hold``: then
+               stay until the share is removed (a Slurm step's processes end with it).
 ``down NAME``  / ``down-all``: as ``testbed down`` here.
 ``counters NAME``: egress counters of this host's link ends.
 ``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
@@ -369,8 +370,14 @@ def main(op: str, args: list[str]) -> int:
             return serve(args[0], SERVED)
         if op == "probe" and not args:
             answer = probe(dict_of(_payload(), "request"))
-        elif op == "apply" and len(args) == 1:
+        elif op == "apply" and (args[1:] in ([], ["--hold"])) and args:
             answer = apply(args[0], dict_of(_payload(), "request"))
+            if args[1:]:
+                sys.stdout.write(json.dumps(answer, default=str) + "\n")
+                sys.stdout.flush()
+                from testbed.hosts.agentns import hold
+
+                return hold(args[0])
         elif op == "down" and len(args) == 1:
             answer = down(args[0])
         elif op == "down-all" and not args:

@@ -8,8 +8,10 @@ one stretch (the executor keeps few netlink sockets open, even at 1024 workers).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 
+from testbed.common import rootless
 from testbed.model.topology import Topology
 from testbed.nodes import get as backend
 from testbed.nodes.cgroup import CreateCgroup
@@ -23,7 +25,8 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict
     only when a link crosses hosts."""
     plan = Plan(topology, subnet)
     _node_table(plan)
-    ctx = LinkContext(topology.name, topology.data_mtu, underlays, topology.vxlan_port, _IndexAllocator())
+    ctx = LinkContext(topology.name, topology.data_mtu, underlays, topology.vxlan_port, _IndexAllocator(),
+                      tunnel_port(topology))
     _switches(plan, ctx)
     made: set[str] = set()
     for link in topology.links:
@@ -33,6 +36,21 @@ def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict
         plan.add(h, CreateCgroup(topology.name))
     _ready(plan)
     return plan
+
+
+TUNNEL_PORTS = (20000, 60000)
+"""Where a testbed's derived tunnel ports start: [20000, 60000), its links above that."""
+
+
+def tunnel_port(topology: Topology) -> int:
+    """The first UDP port of the testbed's tunnel links: ``tunnel: {port}``, else derived from
+    its name and the user's uid (as the host knows it), so two users' testbeds, and one
+    user's testbeds of different names, rarely meet on one port; the same on every host."""
+    if topology.tunnel_port is not None:
+        return topology.tunnel_port
+    low, high = TUNNEL_PORTS
+    digest = hashlib.sha256(f"{rootless.outer_uid()}/{topology.name}".encode()).digest()
+    return low + int.from_bytes(digest[:4], "big") % (high - low)
 
 
 def _node_table(plan: Plan) -> None:

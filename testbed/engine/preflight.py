@@ -47,12 +47,12 @@ def check_rootless(topology: Topology) -> None:
     """In an ordinary user's rootless namespaces, refuse what needs root (before anything is made)."""
     if not rootless.active():
         return
-    if topology.multi_host:
-        raise rootless.RootlessError(
-            f"testbed '{topology.name}' spans several hosts (hosts: {', '.join(h.name for h in topology.hosts)}), "
-            "which needs root (namespaces and tunnels are made on each host as root)",
-            "run it as root (sudo $(command -v testbed) up ...), or place every node on this machine to build it "
-            "rootless")
+    for link in topology.links:
+        if link.type == "vxlan":
+            raise rootless.RootlessError(
+                f"link {link.name} ({link.path}) has type vxlan, which needs root on both hosts",
+                "leave type: out (or write type: tunnel): an ordinary user's links between hosts are user-space "
+                "tunnels; or run it as root (sudo $(command -v testbed) up ...)")
     for w in topology.workers:
         why = BACKENDS[w.backend].needs_root
         if why:
@@ -112,7 +112,8 @@ def probe_hosts(topology: Topology, plan: Plan, underlays: dict[str, str]) -> No
     def one(h):
         r = kinds.remote(h)
         try:
-            r.require_root()
+            if not rootless.active():  # an ordinary user's hosts build in their own rootless namespaces
+                r.require_root()
             return r.call("probe", payload={
                 "version": __version__, "topology": topology.to_dict(), "host": h.name,
                 "underlay": underlays[h.name], "mtu": topology.data_mtu,

@@ -25,6 +25,7 @@ from testbed.hosts import share  # noqa: F401  (registers other hosts' actions, 
 from testbed.hosts.local import LocalHost
 from testbed.nodes import BACKENDS  # (importing the backends registers their actions, named in ledgers)
 from testbed.nodes import cgroup
+from testbed.plan import tunnel_action  # noqa: F401  (registers StartTunnel, named in ledgers)
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
 from testbed.net import netns

@@ -30,10 +30,11 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from typing import IO, BinaryIO
 
-from testbed.common import procs
+from testbed.common import procs, rootless
 from testbed.hosts.answer import parse_answer
 from testbed.common.errors import StateError, TestbedError
 from testbed.hosts.site import SshSite
@@ -65,6 +66,23 @@ def answer_of(host: Host, op: str, status: int, out: bytes, err: bytes, timeout:
                        f"{tail or 'no output'}")
 
 
+def _wait_answer(proc: subprocess.Popen, out: IO[bytes], holds: bool, timeout: float | None) -> int:
+    """The step's exit status; 0 as soon as a step that ``holds`` has written its answer's
+    line (it stays); -1 when ``timeout`` passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        try:
+            return proc.wait(pause)
+        except subprocess.TimeoutExpired:
+            pass
+        if holds and os.pread(out.fileno(), MAX_ANSWER, 0).endswith(b"\n"):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            return -1
+        pause = min(pause * 1.5, 0.2)
+
+
 class SlurmRemote:
     """One node's ``testbed _host`` commands, each a step (the SSH host's ``Remote``)."""
 
@@ -78,9 +96,13 @@ class SlurmRemote:
         runs in another job, the node is reached through this one: ``testbed down`` inside
         a new allocation of the same nodes removes what the shares left there."""
         data = json.dumps(payload).encode() if payload is not None else b""
+        if op == "apply":  # the share's processes live in its step: it stays until `down`
+            args = (*args, "--hold")
         status, out, err = self.step(host_argv(self.host, op, *args), data, timeout)
         if status != 0 and any(s in err.decode(errors="replace") for s in JOB_ENDED):
             current = os.environ.get("SLURM_JOB_ID", "")
+            if op == "down" and rootless.active():  # an ordinary user's share lived in the job's steps
+                return {"removed": [], "ended_with_job": self.host.slurm_job}
             if not current.isdigit() or int(current) == self.host.slurm_job:
                 node = self.host.slurm
                 raise StateError(f"Slurm job {self.host.slurm_job} has ended, so node {node} cannot be reached "
@@ -91,18 +113,26 @@ class SlurmRemote:
         return answer_of(self.host, op, status, out, err, timeout)
 
     def step(self, argv: list[str], data: bytes = b"", timeout: float | None = 600.0) -> tuple[int, bytes, bytes]:
-        """Run one step; (status, stdout, stderr), status -1 when ``timeout`` passed first."""
-        proc = start(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = proc.communicate(data, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            out, err = proc.communicate()
-            return -1, out, err
-        except BaseException:  # interrupted: the step ends with us
-            stop(proc)
-            raise
-        return proc.returncode, out, err
+        """Run one step; (status, stdout, stderr), status -1 when ``timeout`` passed first.
+        A step that answers a line and stays (``apply --hold``) is left running once it has
+        answered, with status 0: it ends when the share is removed, or with the job."""
+        holds = "--hold" in argv
+        out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        with out_f, err_f:
+            proc = start(argv, detach=holds, stdin=subprocess.PIPE, stdout=out_f, stderr=err_f)
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(data)
+                proc.stdin.close()
+                status = _wait_answer(proc, out_f, holds, timeout)
+            except BaseException:  # interrupted: the step ends with us
+                stop(proc)
+                raise
+            if status == -1:
+                stop(proc)
+            out_f.seek(0)
+            err_f.seek(0)
+            return status, out_f.read(MAX_ANSWER), err_f.read(MAX_ANSWER)
 
     def failure(self, doing: str, error: BaseException) -> TestbedError:
         return TestbedError(f"host {self.host.name} (Slurm node {self.host.slurm}): {doing} failed: {error}")

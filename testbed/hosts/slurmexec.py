@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from testbed.common import outside, rootless
 from testbed.nodes.nsexec import DIE_WITH_PARENT, PR_SET_PDEATHSIG, _libc
 
 
@@ -28,11 +29,28 @@ def main(argv: list[str]) -> int:
         if str(os.getppid()) != want:
             print(f"error: the process that started this one ({want}) is gone", file=sys.stderr)
             return 137
+    if outside.socket_path() is not None and rootless.active():
+        return _outside(argv)
     try:
         os.execvp(argv[0], argv)
     except OSError as e:
         print(f"error: cannot run {argv[0]}: {e.strerror}", file=sys.stderr)
         return 127
+
+
+def _outside(argv: list[str]) -> int:
+    """In an ordinary user's rootless namespaces: ``srun`` started outside them
+    (:mod:`testbed.common.outside`) on this process's stdin, stdout and stderr; what would
+    have reached it (SIGTERM, SIGINT, SIGHUP) is passed on, and its status is ours."""
+    try:
+        proc = outside.popen(argv, stdin=0, stdout=1, stderr=2)
+    except OSError as e:
+        print(f"error: cannot run {argv[0]}: {e}", file=sys.stderr)
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: proc.send_signal(signum))
+    code = proc.wait()
+    return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":

@@ -168,7 +168,15 @@ class _Remote(io.RawIOBase):
 
 
 def main() -> int:
-    return serve()
+    """Serve on the step's stdin/stdout; an ordinary user's files (their runs' directories
+    are in the state directory of their rootless namespaces on this node) from inside them."""
+    from testbed.hosts import agentns
+
+    entered = agentns.enter()
+    try:
+        return serve()
+    finally:
+        agentns.leave(entered)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import signal
 import subprocess
 from typing import Sequence
 
+from testbed.common import outside, rootless
 from testbed.common.errors import StateError
 from testbed.common.version import __version__
 from testbed.model.hosts import Host
@@ -33,13 +34,20 @@ def host_argv(host: Host, op: str, *args: str) -> list[str]:
     return step_argv(host, [host.testbed, "_host", f"--controller={__version__}", op, *args])
 
 
-def start(argv: list[str], **kw) -> subprocess.Popen:
+def start(argv: list[str], detach: bool = False, **kw) -> subprocess.Popen:
     """``srun`` in a session of its own: a Ctrl-C typed at the controller reaches the controller
-    only, which ends its steps itself (:func:`stop`)."""
+    only, which ends its steps itself (:func:`stop`). An ordinary user's command works in
+    their rootless namespaces, where they are uid 0 and slurmctld would refuse the step, so
+    there ``srun`` is started by the spawner outside (:mod:`testbed.common.outside`);
+    ``detach``: it outlives this command (a step that holds a share)."""
     try:
+        if outside.socket_path() is not None and rootless.active():
+            return outside.popen(argv, detach=detach, **kw)  # type: ignore[return-value]
         return subprocess.Popen(argv, start_new_session=True, **kw)
     except FileNotFoundError:
         raise StateError(f"{SRUN} is not installed here", "run testbed where Slurm's client commands are") from None
+    except OSError as e:
+        raise StateError(f"cannot start {SRUN}: {e}") from None
 
 
 def stop(proc: subprocess.Popen) -> None:

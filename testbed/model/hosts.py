@@ -32,6 +32,7 @@ HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_ne
 SSH_ONLY_KEYS = ("user", "port", "key", "known_hosts", "accept_new_host_key")
 """What only a host reached over SSH takes (a Slurm node is reached through ``srun``)."""
 VXLAN_KEYS = ("port", "mtu")
+TUNNEL_KEYS = ("port",)
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,20 @@ def _check_distinct_underlays(hosts: list[Host]) -> None:
             raise TopologyError("hosts", f"hosts {underlays[h.underlay]} and {h.name} have the same underlay {h.underlay}",
                                 "each host needs its own tunnel address")
         underlays[h.underlay] = h.name
+
+
+def parse_tunnel(value: Any) -> int | None:
+    """``tunnel:`` -> the first UDP port of the testbed's tunnel links, or None (derived from
+    the testbed's name and the user's uid when it comes up)."""
+    if value is None:
+        return None
+    d = mapping(value, "tunnel", "port")
+    unknown_keys(d, TUNNEL_KEYS, "tunnel")
+    port = d.get("port")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise TopologyError("tunnel.port", f"port must be 1024..65535, got {port!r}",
+                            "tunnel link i uses port + i on both its hosts; leave tunnel: out to derive it")
+    return port
 
 
 def parse_vxlan(value: Any) -> tuple[int, int | None]:

@@ -1,9 +1,11 @@
 """Link types: what a link's ``type:`` may name, and the keys each type takes.
 
 Every link has a type. ``veth`` (a veth pair) joins two ends on one host; ``vxlan`` (a VXLAN
-device at each end, one VNI per link, the inner MTU lowered) joins ends on two hosts. A
-link without ``type:`` gets the first registered type that is ``automatic`` for its ends'
-hosts: ``veth`` on one host, ``vxlan`` across hosts, as before links had a type. Either may
+device at each end, one VNI per link, the inner MTU lowered) and ``tunnel`` (a user-space
+forwarder at each end, UDP between them: :mod:`testbed.net.tunnel`) join ends on two hosts.
+A link without ``type:`` gets the first registered type that is ``automatic`` for its ends'
+hosts: ``veth`` on one host; across hosts ``vxlan`` as root, ``tunnel`` for an ordinary
+user in their rootless namespaces (who cannot make VXLAN devices). Either may
 be written out; a type that cannot join the ends' hosts is an error naming the link.
 
 A type declares here what the loader needs, without importing the planner (the model
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.common import rootless
 from testbed.common.errors import TopologyError
 
 
@@ -63,15 +66,28 @@ class VethType(LinkType):
 
 class VxlanType(LinkType):
     name = "vxlan"
-    description = "a VXLAN tunnel between two hosts (the default across hosts; port and MTU under vxlan:)"
+    description = "a VXLAN tunnel between two hosts (the default across hosts as root; port and MTU under vxlan:)"
 
     def joins(self, host_a: str, host_b: str) -> bool:
         return host_a != host_b
 
-    automatic = joins
+    def automatic(self, host_a: str, host_b: str) -> bool:
+        return host_a != host_b and not rootless.active()
 
 
-LINK_TYPES: dict[str, LinkType] = {t.name: t for t in (VethType(), VxlanType())}
+class TunnelType(LinkType):
+    name = "tunnel"
+    description = ("a user-space tunnel between two hosts (UDP between two forwarders; the default across hosts "
+                   "for an ordinary user, who cannot make VXLAN devices)")
+
+    def joins(self, host_a: str, host_b: str) -> bool:
+        return host_a != host_b
+
+    def automatic(self, host_a: str, host_b: str) -> bool:
+        return host_a != host_b and rootless.active()
+
+
+LINK_TYPES: dict[str, LinkType] = {t.name: t for t in (VethType(), VxlanType(), TunnelType())}
 """Type name -> its declaration, in the order automatic types are tried. The planner's
 registry (:data:`testbed.plan.links.LINK_KINDS`) holds the same names; a test checks it."""
 

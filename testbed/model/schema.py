@@ -21,7 +21,8 @@ from testbed.model import schema_parts as parts
 from testbed.model.backend_options import OPTIONS
 from testbed.model.defaults import DEFAULT_BACKEND, DEFAULT_KEYS, option_keys
 from testbed.model.fields import MAX_NODE_NAME, MAX_TESTBED_NAME, NAME_RE, RESERVED_NAMES
-from testbed.model.hosts import DEFAULT_VXLAN_PORT, HOST_KEYS, LOCAL_HOST, MIN_INNER_MTU, PROGRAM_RE, USER_RE, VXLAN_KEYS
+from testbed.model.hosts import (DEFAULT_VXLAN_PORT, HOST_KEYS, LOCAL_HOST, MIN_INNER_MTU, PROGRAM_RE, TUNNEL_KEYS,
+                                 USER_RE, VXLAN_KEYS)
 from testbed.model.link_types import LINK_TYPES, own_keys
 from testbed.model.links import LINK_KEYS
 from testbed.model.nodes import NODE_KEYS, NODE_KINDS
@@ -140,7 +141,9 @@ def build() -> dict:
                           "properties": {**_props(DEFAULT_KEYS, defaults, "defaults"),
                                          **_refs(option_keys(), "backendOptions")}},
              "nodes": _nodes(), "links": _links(), "hosts": _hosts(),
-             "vxlan": {"type": "object", "additionalProperties": False, "properties": _props(VXLAN_KEYS, vxlan, "vxlan")}}
+             "vxlan": {"type": "object", "additionalProperties": False, "properties": _props(VXLAN_KEYS, vxlan, "vxlan")},
+             "tunnel": {"type": "object", "additionalProperties": False,
+                        "properties": _props(TUNNEL_KEYS, parts.TUNNEL, "tunnel")}}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": ID, "title": "testbed topology",
             "description": DESCRIPTION, "type": "object", "additionalProperties": False,
             "required": list(REQUIRED_KEYS), "$defs": _defs(), "properties": _props(TOP_KEYS, known, "the document")}

@@ -90,6 +90,9 @@ HOST = {
                   "description": "the Slurm job whose steps reach the node (default: the job testbed runs in)"},
 }
 
+TUNNEL = {"port": {"type": "integer", "minimum": 1024, "maximum": 65535,
+                   "description": "first UDP port of the tunnel links (link i: port + i on both its hosts); "
+                                  "default: derived from the testbed's name and your uid"}}
 VXLAN = {"port": {"type": "integer", "minimum": 1, "maximum": 65535},
          "mtu": {"type": "integer", "minimum": 1280, "maximum": 9000,
                  "description": "data-plane MTU (default 1450 when a link crosses hosts)"}}

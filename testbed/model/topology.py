@@ -35,7 +35,7 @@ from testbed.model.fields import (MAX_NODE_NAME, MAX_TESTBED_NAME, NAME_RE, RESE
 from testbed.model.flows import Flow, flow_from_dict
 from testbed.model.graph import MAX_BRIDGE_PORTS, check_graph
 from testbed.model.hosts import (DEFAULT_VXLAN_PORT, DNS_RE, LOCAL_HOST, MIN_INNER_MTU, PROGRAM_RE, USER_RE,
-                                 VXLAN_OVERHEAD, Host, host_from_json, parse_hosts, parse_vxlan)
+                                 VXLAN_OVERHEAD, Host, host_from_json, parse_hosts, parse_tunnel, parse_vxlan)
 from testbed.model.links import Link, parse_links, type_links
 from testbed.model.nodes import NODE_KINDS, Node, parse_nodes
 from testbed.model.placement import check_placement, place_workers
@@ -55,7 +55,7 @@ __all__ = [
     "PROGRAM_RE", "SYSCTL_KEY_RE", "SYSCTL_VALUE_RE", "TestbedError", "TopologyError",
 ]
 
-TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan")
+TOP_KEYS = ("name", "defaults", "nodes", "links", "subnet", "traffic", "hosts", "vxlan", "tunnel")
 REQUIRED_KEYS = ("name", "nodes", "links")
 
 
@@ -77,6 +77,8 @@ class Topology:
     """UDP port of the tunnels that carry links between hosts."""
     mtu: int | None = None
     """Data-plane MTU of every link; None: 1500, or 1450 when a link crosses hosts."""
+    tunnel_port: int | None = None
+    """First UDP port of the ``tunnel`` links (link i: this + i); None: derived at up."""
 
     @property
     def multi_host(self) -> bool:
@@ -138,6 +140,8 @@ class Topology:
             out["hosts"] = [h.to_dict() for h in self.hosts]
         if self.vxlan_port != DEFAULT_VXLAN_PORT or self.mtu is not None:
             out["vxlan"] = {"port": self.vxlan_port, **({"mtu": self.mtu} if self.mtu is not None else {})}
+        if self.tunnel_port is not None:
+            out["tunnel"] = {"port": self.tunnel_port}
         return out
 
 
@@ -156,6 +160,7 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     defaults = parse_defaults(top.get("defaults"))
     hosts = parse_hosts(top.get("hosts"))
     vxlan_port, mtu = parse_vxlan(top.get("vxlan"))
+    tunnel_port = parse_tunnel(top.get("tunnel"))
     nodes = parse_nodes(top["nodes"], defaults, {h.name for h in hosts} | {LOCAL_HOST})
     by_name = {n.name: n for n in nodes}
     links = parse_links(top["links"], by_name, defaults.link)
@@ -167,7 +172,7 @@ def load_topology_dict(data: Any, source: str | None = None) -> Topology:
     subnet = _parse_subnet(top["subnet"], len(workers)) if "subnet" in top else None
     traffic = _parse_traffic(top.get("traffic"), set(workers))
     return Topology(name=name, nodes=tuple(nodes), links=tuple(links), subnet=subnet, source=source, traffic=traffic,
-                    hosts=hosts, vxlan_port=vxlan_port, mtu=mtu)
+                    hosts=hosts, vxlan_port=vxlan_port, mtu=mtu, tunnel_port=tunnel_port)
 
 
 def _check_document(data: Any) -> dict:

@@ -103,11 +103,14 @@ class Rtnl:
             self._index[ifname] = index
 
     def add_veth(self, ifname: str, peer_ns: str, peer_ifname: str, master: str | None,
-                 index: int | None = None, mtu: int | None = None) -> None:
-        """Create a veth pair; ``index`` pins the local end's interface index (no lookup later)."""
+                 index: int | None = None, mtu: int | None = None, gso_max_size: int | None = None) -> None:
+        """Create a veth pair; ``index`` pins the local end's interface index (no lookup later);
+        ``mtu`` and ``gso_max_size`` apply to both ends."""
         peer: dict = {"ifname": peer_ifname}
         if mtu is not None:
             peer["mtu"] = mtu
+        if gso_max_size is not None:
+            peer["gso_max_size"] = gso_max_size
         fd = None
         if peer_ns != self.ns:
             try:
@@ -120,6 +123,8 @@ class Rtnl:
             kw["index"] = index
         if mtu is not None:
             kw["mtu"] = mtu
+        if gso_max_size is not None:
+            kw["gso_max_size"] = gso_max_size
         try:
             self.call(f"creating veth {ifname} <-> {peer_ns}/{peer_ifname}", "link", "add",
                       ifname=ifname, kind="veth", state="up", peer=peer, **kw)

@@ -304,6 +304,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--userns", help="user namespace to enter first (a handle path)")
     p.add_argument("--max-payload", type=int, help="largest UDP payload to send (default: as large as UDP allows)")
     p.add_argument("--stdin-lifetime", action="store_true", help="exit when stdin closes")
+    p.add_argument("--tunnel-id", help="a mark only this forwarder carries (testbed finds it again by it)")
     return p.parse_args(argv)
 
 

@@ -116,18 +116,27 @@ class CreateVeth(_InterfaceAction):
     link: int = -1
     index: int | None = None
     mtu: int | None = None
+    gso_max_size: int | None = None
+    """Both ends' largest GSO frame (a tunnel link's ends: one frame fits one datagram)."""
+    peer_up: bool = False
+    """Bring the peer end up though it joins no bridge (a tunnel link's forwarder side)."""
 
     def describe(self) -> str:
         m = f" master {self.master}" if self.master else ""
         pm = f" master {self.peer_master}" if self.peer_master else ""
         mtu = f" mtu {self.mtu}" if self.mtu else ""
-        return f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}{mtu}  (links[{self.link}])"
+        gso = f" gso_max_size {self.gso_max_size}" if self.gso_max_size else ""
+        return (f"[{self.ns}] veth {self.ifname}{m} <-> [{self.peer_ns}] {self.peer_ifname}{pm}{mtu}{gso}  "
+                f"(links[{self.link}])")
 
     def apply(self, ctx: ApplyContext) -> None:
         ctx.host.rtnl(self.ns).add_veth(self.ifname, self.peer_ns, self.peer_ifname, self.master, self.index,
-                                        self.mtu)
+                                        self.mtu, self.gso_max_size)
         if self.peer_master:
             ctx.host.rtnl(self.peer_ns).set_master_up(self.peer_ifname, self.peer_master)
+        elif self.peer_up:
+            rt = ctx.host.rtnl(self.peer_ns)
+            rt.call(f"setting {self.peer_ifname} up", "link", "set", index=rt.index(self.peer_ifname), state="up")
 
 
 @register

@@ -47,6 +47,11 @@ def link_end_ifname(link_index: int, end: str) -> str:
     return f"l{link_index}{end}"
 
 
+def tunnel_ifname(link_index: int, end: str) -> str:
+    """The forwarder's veth end of a tunnel link, beside the link's end ``end`` (a or b)."""
+    return f"t{link_index}{end}"
+
+
 def owned_namespace(testbed: str, ns: str) -> bool:
     """Whether ``ns`` is a namespace name testbed ``testbed``'s plan can make."""
     import re

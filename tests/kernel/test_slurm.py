@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ordinary_user
 from tests.kernel import slurm_lab
 
 pytestmark = [pytest.mark.kernel,
@@ -148,29 +149,93 @@ def _stray_steps() -> list[int]:
     return _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
 
 
-def test_an_ordinary_users_job_gets_one_line_about_root(lab, tmp_path):
-    """Slurm itself works for an ordinary user (the job, its steps on both nodes), but links
-    between nodes are VXLAN, made as root: refused in one line before anything is made (the
-    user-space tunnel between hosts is issue 42's item 3)."""
+USER = "tbslurmuser"
+
+
+@pytest.fixture
+def user_job(lab):
+    """An ordinary user (useradd) and a way to run ``salloc -N 2 sh -c SCRIPT`` as them, from a
+    directory any user can read (the topology) with their home as HOME; nothing of root's
+    environment beyond Slurm's configuration and PATH."""
     d = Path(tempfile.mkdtemp(prefix="tbslurm-"))
     try:
         d.chmod(0o755)
         (d / "topo.yaml").write_text(TOPOLOGY)
         (d / "topo.yaml").chmod(0o644)
-        home = d / "home"  # the user's rootless state lives there
-        home.mkdir()
-        os.chown(home, 65534, 65534)
-        env = lab.env(TB=TESTBED, TOPO=str(d / "topo.yaml"))
-        env.pop("TESTBED_STATE_DIR", None)
-        r = subprocess.run(["runuser", "-u", "nobody", "--", "env", f"HOME={home}", "salloc", "-N", "2", "sh", "-c",
-                            'srun -N 2 sh -c \'echo "$SLURMD_NODENAME $(id -u)"\'; "$TB" up "$TOPO" --hosts slurm'],
-                           capture_output=True, text=True, env=env, timeout=120)
-        assert sorted(r.stdout.split("\n")[:2]) == ["sn1 65534", "sn2 65534"], r.stdout + r.stderr
-        assert r.returncode == 1
-        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-        assert errors == ["error: testbed 'slm' spans several hosts (hosts: h1, h2), which needs root (namespaces "
-                          "and tunnels are made on each host as root)"], r.stderr
-        assert "Traceback" not in r.stderr
-        assert lab.leftovers() == {}
+        with ordinary_user(USER) as pw:
+            def job(script: str, popen: bool = False, timeout: float = 420):
+                env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": lab.env()["SLURM_CONF"],
+                       "TB": TESTBED, "TOPO": str(d / "topo.yaml"), "OUT": f"{pw.pw_dir}/runs"}
+                argv = ["runuser", "-u", USER, "--", "env", "-i", f"HOME={pw.pw_dir}", *(f"{k}={v}" for k, v in
+                                                                                           env.items()),
+                        "salloc", "-N", "2", "sh", "-c", script]
+                if popen:
+                    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            job.home = Path(pw.pw_dir)  # type: ignore[attr-defined]
+            yield job
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _user_procs() -> list[str]:
+    r = subprocess.run(["pgrep", "-a", "-u", USER], capture_output=True, text=True)
+    return r.stdout.splitlines()
+
+
+def test_an_ordinary_users_job_trains_across_both_nodes_over_tunnels(lab, user_job):
+    """Issue 42's end: as an ordinary user, `salloc -N 2` then `testbed up --hosts slurm` and
+    `testbed run pactrain --bw 100mbit` across both nodes, the link between them a user-space
+    tunnel; the run is ok and its proof passes on that link. `down` leaves no process of the
+    user on either node (or here) and nothing on the nodes."""
+    r = user_job('set -e; "$TB" up "$TOPO" --hosts slurm > /dev/null; '
+                 '"$TB" run pactrain -t slm --bw 100mbit --max-iters 6 --eval-every 6 --out "$OUT"; '
+                 '"$TB" down slm')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = next((user_job.home / "runs").glob("*-pactrain-*"))
+    topo = json.loads((run / "topology.json").read_text())
+    assert [l.get("type") for l in topo["links"]] == ["veth", "veth", "tunnel"]
+    assert {h["name"]: h["slurm"] for h in topo["hosts"]} == {"h1": "sn1", "h2": "sn2"}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["proof"] == "passed", summary
+    assert (run / "rank1.jsonl").stat().st_size > 0  # written on sn2, in the user's namespaces there
+    deadline = time.monotonic() + 15
+    while _user_procs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _user_procs() == []
+    assert lab.leftovers() == {}
+
+
+def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, user_job):
+    """The job ends in the middle of a run (`scancel`): every process of the user on both
+    nodes ends, and with the holders their namespaces, tunnels and state. The controller's
+    record of the testbed (here, outside the job) is then removed by `testbed down` without
+    the job, which says the nodes' shares ended with it."""
+    job = user_job('"$TB" up "$TOPO" --hosts slurm > /dev/null && '
+                   'exec "$TB" run allreduce -t slm --compute-time 0.2 --max-iters 100000 --out "$OUT"', popen=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((user_job.home / "runs").glob("*/rank1.jsonl")) and time.monotonic() < deadline:
+            assert job.poll() is None, job.stdout.read()
+            time.sleep(0.5)
+        assert _pids("testbed.net.tunnel"), "no tunnel forwarder"
+        ids = [line.split()[0] for line in lab.jobs()]
+        subprocess.run(["scancel", *ids], env=lab.env(), check=True)
+        job.wait(60)
+        deadline = time.monotonic() + 30
+        while (_pids("testbed.net.tunnel") or _stray_steps()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _pids("testbed.net.tunnel") == [] and _stray_steps() == []
+        assert lab.leftovers() == {}
+        r = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", f"HOME={user_job.home}",
+                            "PATH=/usr/bin:/bin", f"SLURM_CONF={lab.env()['SLURM_CONF']}", TESTBED, "down", "slm"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        deadline = time.monotonic() + 15
+        while _user_procs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _user_procs() == []
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()

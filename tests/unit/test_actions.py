@@ -66,6 +66,10 @@ def test_every_registered_action_round_trips_through_the_ledger():
     samples["RemoteShare"] = share.RemoteShare("h1", '{"address": "gpu1.example.org", "name": "h1", '
                                                  '"underlay": "192.0.2.11", "port": 2222}')
     samples["AwaitShares"] = share.AwaitShares()
+    from testbed.plan.tunnel_action import StartTunnel
+
+    samples["StartTunnel"] = StartTunnel("--tunnel-id=" + "cd" * 16, "mix", "t3a", "192.0.2.1", 30003, "192.0.2.11",
+                                         30003, "ef" * 16, 3)
     assert set(samples) == set(actions.registered()), "a registered action has no sample here"
     for a in samples.values():
         line = json.dumps(a.to_dict())  # what the ledger holds

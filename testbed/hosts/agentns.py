@@ -1,0 +1,57 @@
+"""What a controller starts on another host as an ordinary user (``testbed _host``, the Slurm
+file step) works in that user's rootless namespaces there: the share's namespaces, veths and
+tunnel forwarders live in the user's holder on that host, and its state directory is the
+one in the holder's private tmpfs (:mod:`testbed.common.rootless`).
+
+Entered before any thread starts; the agent stays in the host's network namespace, where
+its tunnels' UDP sockets and its exporter belong. BASE is the host's own
+(:func:`testbed.common.rootless.use_host_base`: a home directory shared by the nodes of a
+cluster must not give two nodes one holder). The process that enters waits for the one
+inside and gets SIGTERM when its own parent (sshd's session, Slurm's step) ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from testbed.common import procs, rootless
+from testbed.plan.ledger import Ledger
+
+
+def enter() -> bool:
+    """Join the user's rootless namespaces on this host if this is an ordinary user's agent
+    (root's works in the host's own); whether it did. RootlessError when it cannot."""
+    if not rootless.needed():
+        return False
+    procs.die_with_parent(signal.SIGTERM)
+    rootless.use_host_base()
+    rootless.enter(spawner=False)
+    return True
+
+
+def leave(entered: bool) -> None:
+    """At the agent's end: the holder stops when no testbed is left up on this host."""
+    if entered:
+        rootless.release(busy=bool(Ledger.all_names()))
+
+
+HOLD_POLL_S = 0.5
+
+
+def hold(name: str) -> int:
+    """``testbed _host apply NAME --hold``: after answering, stay while the share is up here.
+    A Slurm step ends every process it started when its first one exits, so the share's
+    processes (tunnel forwarders, the exporter, an ordinary user's namespace holder) live as
+    long as this: until ``down`` removed the share (its ledger), or the job ended (which
+    ends them all with it)."""
+    os.close(0)  # the request was read; nothing more comes
+    while Ledger(name).exists():
+        time.sleep(HOLD_POLL_S)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # a forwarder `down` stopped: no zombie
+                pass
+        except ChildProcessError:
+            pass
+    return 0
