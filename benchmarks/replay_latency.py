@@ -10,12 +10,13 @@ growing lateness, not hidden). "state" is the time from the scheduled instant to
 state file's write (right after the kernel's, under the same lock; what ``link show``
 and the exporter read): its median and maximum. Target: 20 ms.
 
-    sudo python -m benchmarks.replay_latency [--steps 50] [--every 0.5] [--links 1,64]
+    sudo python -m benchmarks.replay_latency [--steps 50] [--every 0.5] [--links 1,64] [--log FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--every", type=float, default=0.5, help="seconds between steps")
     ap.add_argument("--links", default="1,64")
+    ap.add_argument("--log", help="append every step's record to this file (JSON lines, as `link replay --log`)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -62,7 +64,8 @@ def main() -> None:
     for n in (int(x) for x in args.links.split(",")):
         with Testbed.up(load_topology_dict(topology(n))) as tb:
             links = tb.find_links(bottleneck=True)
-            res = replay(tb, links, trace)
+            with open(args.log, "a") if args.log else contextlib.nullcontext() as log:
+                res = replay(tb, links, trace, log=log)
             late = sorted(s["late_s"] for s in res.steps)
             summary = res.lateness()
             within = sum(x <= TARGET_S for x in late) / len(late)
