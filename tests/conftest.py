@@ -32,7 +32,6 @@ _kernel_in_session = False
 
 
 def pytest_collection_modifyitems(config, items):
-    global _kernel_in_session
     for item in items:
         try:
             folder = Path(str(item.path)).resolve().relative_to(_HERE).parts[0]
@@ -41,7 +40,12 @@ def pytest_collection_modifyitems(config, items):
         mark = _BY_FOLDER.get(folder)
         if mark is not None and item.get_closest_marker(mark.name) is None:
             item.add_marker(mark)
-        _kernel_in_session = _kernel_in_session or item.get_closest_marker("kernel") is not None
+
+
+def pytest_collection_finish(session):
+    """Whether the session runs kernel tests: those left after ``-m`` and ``-k``."""
+    global _kernel_in_session
+    _kernel_in_session = any(item.get_closest_marker("kernel") is not None for item in session.items)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv may lack
