@@ -384,6 +384,10 @@ def main(op: str, args: list[str]) -> int:
             answer = down_all()
         elif op == "counters" and len(args) == 1:
             answer = counters(args[0])
+        elif op == "sftp" and not args:
+            from testbed.hosts.agentns import sftp
+
+            return sftp()
         elif op == "rundir" and len(args) == 2:
             answer = rundir(args[0], args[1])
         elif op == "shape" and len(args) == 1:

@@ -17,6 +17,7 @@ import signal
 import time
 
 from testbed.common import procs, rootless
+from testbed.common.errors import StateError
 from testbed.plan.ledger import Ledger
 
 
@@ -47,11 +48,28 @@ def hold(name: str) -> int:
     long as this: until ``down`` removed the share (its ledger), or the job ended (which
     ends them all with it)."""
     os.close(0)  # the request was read; nothing more comes
-    while Ledger(name).exists():
+    missing = 0
+    while missing < 2:  # gone at two looks in a row: the share was removed
         time.sleep(HOLD_POLL_S)
+        missing = 0 if Ledger(name).exists() else missing + 1
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:  # a forwarder `down` stopped: no zombie
                 pass
         except ChildProcessError:
             pass
     return 0
+
+
+SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server",
+                "/usr/libexec/sftp-server")
+
+
+def sftp() -> int:
+    """``testbed _host sftp``: become the host's SFTP server on this connection, where this
+    agent works (an ordinary user's rootless namespaces, whose run directories sshd's own
+    SFTP subsystem cannot see: they are on the holder's private tmpfs)."""
+    for server in SFTP_SERVERS:
+        if os.access(server, os.X_OK):
+            os.execv(server, [server])
+    raise StateError("no SFTP server on this host (looked for " + ", ".join(SFTP_SERVERS) + ")",
+                     "install openssh-server (its sftp-server) on this host")

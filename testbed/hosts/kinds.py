@@ -2,7 +2,7 @@
 
 ``ssh`` (:mod:`testbed.hosts.ssh`, :class:`testbed.hosts.site.SshSite`) and ``slurm`` (a node
 of the Slurm job, :mod:`testbed.hosts.slurm`). Each kind gives a *remote* (``testbed _host``
-commands on that host: ``call``, ``failure``, ``require_root``, ``client().open_sftp()``,
+commands on that host: ``call``, ``failure``, ``require_root``, ``open_sftp()``,
 ``close``) and a *Site* (:class:`testbed.hosts.site.Site`). The engine asks this registry,
 never which kind a host is: registering a kind is one line here, its module imported on
 first use.

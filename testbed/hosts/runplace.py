@@ -116,7 +116,7 @@ class RemoteRun(RunPlace):
         if code is not None:
             self.mounts = [m for m in self.mounts if m != code.root]
         try:
-            self.sftp = site.remote.client().open_sftp()
+            self.sftp = site.remote.open_sftp()
             self.sftp.put(str(self.run_dir / "placement.json"), f"{self.path}/placement.json")
             if code is not None:
                 self._put_code(code)

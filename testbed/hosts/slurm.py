@@ -147,20 +147,12 @@ class SlurmRemote:
             raise StateError(f"host {self.host.name}: the job's steps run as uid {uid} on node {self.host.slurm}, "
                              "not root", "links between nodes need root for now (VXLAN); see docs/slurm.md")
 
-    def client(self) -> "_Files":
-        """What the run's file copies ask for (``client().open_sftp()``, as of an SSH client)."""
-        return _Files(self.host)
+    def open_sftp(self) -> FilesClient:
+        """What a run's file copies use (a file step, in place of SFTP)."""
+        return FilesClient(self.host)
 
     def close(self) -> None:
         pass
-
-
-class _Files:
-    def __init__(self, host: Host):
-        self.host = host
-
-    def open_sftp(self) -> FilesClient:
-        return FilesClient(self.host)
 
 
 class SlurmAgent:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from testbed.common import rootless
 from testbed.common.errors import StateError, TestbedError
 from testbed.common.files import check_regular
 from testbed.common.version import __version__
@@ -279,6 +280,20 @@ class Remote:
             if self._client is None:
                 self._client = connect(self.host)
             return self._client
+
+    def open_sftp(self):
+        """An SFTP session with the host, for a run's files. An ordinary user's run
+        directories there are in their rootless namespaces (a private tmpfs), which sshd's
+        SFTP subsystem does not see: theirs is ``testbed _host sftp``, the host's SFTP
+        server started inside them."""
+        import paramiko
+
+        client = self.client()
+        if not rootless.active():
+            return client.open_sftp()
+        chan = client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
+        chan.exec_command(remote_line([self.host.testbed, "_host", f"--controller={__version__}", "sftp"]))
+        return paramiko.SFTPClient(chan)
 
     def call(self, op: str, *args: str, payload: object = None, timeout: float | None = 600.0) -> dict:
         """``testbed _host OP ARGS`` there with ``payload`` as JSON on stdin; its JSON

@@ -158,7 +158,7 @@ class RemoteMarker:
         if not isinstance(d, str) or not d.startswith("/"):
             raise TestbedError(f"host {self.site.host} answered rundir with {d!r}")
         self.path = f"{d}/started"
-        self.sftp = self.site.remote.client().open_sftp()
+        self.sftp = self.site.remote.open_sftp()
         self.sftp.get_channel().settimeout(self.TIMEOUT_S)  # a host cut off ends the watch, not hangs it
         self.stale = self._mtime()
 
