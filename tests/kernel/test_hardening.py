@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.helpers import dumbbell
-from tests.kernel.conftest import cli, run
+from tests.kernel.conftest import cli, pids_of_this_session, run
 
 pytestmark = pytest.mark.kernel
 TESTBED = str(Path(sys.executable).parent / "testbed")  # the console script a user runs
@@ -156,7 +156,7 @@ def test_runs_under_faults_unwritable_out_and_a_second_run_on_a_busy_testbed(cle
         err = first.communicate(timeout=60)[1]
         # (the second signal may land after the cleanup, while the process exits: -2)
         assert first.returncode in (1, -2) and "interrupted" in err and "Traceback" not in err, err
-        assert run(["pgrep", "-f", "workloads.train"]).stdout == "", "ranks left running"
+        assert pids_of_this_session("workloads.train") == [], "ranks left running"
     finally:
         assert cli("down", "flt").returncode == 0
 

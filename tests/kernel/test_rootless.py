@@ -260,8 +260,9 @@ def test_what_needs_root_is_refused_in_one_line(users, tmp_path):
     multi = {"name": "needsroot2", "hosts": [{"name": "h1", "address": "192.0.2.11"}],
              "nodes": {"s0": {"kind": "switch"}, "s1": {"kind": "switch", "host": "h1"}, "w0": {"kind": "worker"},
                        "w1": {"kind": "worker"}},
-             "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]}, {"endpoints": ["s1", "s0"]}]}
-    for doc, words in ((docker, "backend docker, which needs root"), (multi, "spans several hosts")):
+             "links": [{"endpoints": ["w0", "s0"]}, {"endpoints": ["w1", "s1"]},
+                       {"endpoints": ["s1", "s0"], "type": "vxlan"}]}  # across hosts rootless: a tunnel, not VXLAN
+    for doc, words in ((docker, "backend docker, which needs root"), (multi, "has type vxlan, which needs root")):
         r = as_user(user, "up", _write(home, user, doc["name"], doc))
         assert r.returncode == 1, r.stdout + r.stderr
         lines = [l for l in r.stderr.splitlines() if l.strip()]
