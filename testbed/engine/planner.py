@@ -19,14 +19,16 @@ from testbed.plan import naming
 from testbed.plan.actions import AddAddress, CreateBridge, CreateNetns, ShapeEgress, StaticNeighbours
 from testbed.plan.links import End, LinkContext, kind_for
 from testbed.plan.plan import PINNED_INDEX_BASE, Endpoint, NodeInfo, Plan
+from testbed.plan.tunnel_action import GSO_MAX_SIZE
 
 def make_plan(topology: Topology, subnet: ipaddress.IPv4Network, underlays: dict[str, str] | None = None) -> Plan:
     """``underlays``: each host's tunnel address (the local one found at preflight); needed
     only when a link crosses hosts."""
     plan = Plan(topology, subnet)
     _node_table(plan)
+    tunnels = any(l.type == "tunnel" for l in topology.links)
     ctx = LinkContext(topology.name, topology.data_mtu, underlays, topology.vxlan_port, _IndexAllocator(),
-                      tunnel_port(topology))
+                      tunnel_port(topology), GSO_MAX_SIZE if tunnels else None)
     _switches(plan, ctx)
     made: set[str] = set()
     for link in topology.links:

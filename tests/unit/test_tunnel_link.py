@@ -66,6 +66,10 @@ def test_a_tunnel_link_is_a_veth_pair_and_a_forwarder_at_each_end_with_one_token
     assert ends["a"].token == ends["b"].token and len(bytes.fromhex(ends["a"].token)) == 16
     assert ends["a"].marker != ends["b"].marker
     assert _tunnel_actions(topo)["local"][1].token != ends["a"].token  # a new token for each plan
+    plan = planner.make_plan(topo, ipaddress.ip_network("10.9.0.0/24"), UNDER)  # every veth: frames cross whole
+    assert {a.gso_max_size for a in plan.actions if isinstance(a, CreateVeth)} == {GSO_MAX_SIZE}
+    plan = planner.make_plan(load_topology_dict(_doc("vxlan")), ipaddress.ip_network("10.9.0.0/24"), UNDER)
+    assert {a.gso_max_size for a in plan.actions if isinstance(a, CreateVeth)} == {None}
 
 
 def test_tunnel_ports_derive_from_the_name_and_uid_or_from_the_topology():
