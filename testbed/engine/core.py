@@ -349,7 +349,7 @@ class Testbed:
 
 
 def _link_dict(l: Link, egress: dict[tuple[int, str], Endpoint]) -> dict:
-    row = {"index": l.index, "name": l.name, "a": l.a, "b": l.b, "bottleneck": l.bottleneck}
+    row = {"index": l.index, "name": l.name, "a": l.a, "b": l.b, "type": l.type, "bottleneck": l.bottleneck}
     for d, (src, dst) in (("forward", (l.a, l.b)), ("reverse", (l.b, l.a))):
         ep = egress[(l.index, d)]
         row[d] = {"src": src, "dst": dst, "shape": l.shape(d).to_dict(), "netns": ep.ns, "ifname": ep.ifname,

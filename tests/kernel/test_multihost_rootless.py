@@ -63,6 +63,8 @@ def test_an_ordinary_user_runs_across_two_ssh_hosts_over_a_tunnel(clean_lab):
 
             r = as_user("up", str(d / "mru.yaml"), "--json")
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+            assert {l["name"]: l["type"] for l in json.loads(r.stdout)["links"]} == \
+                {"w0-s1": "veth", "w1-s0": "veth", "s0-s1": "tunnel"}
             assert lab.leftovers() == {}  # root's view of h1: nothing; it is all in the user's namespaces there
             r = as_user("run", "allreduce", "-t", "mru", "--compute-time", "0.05", "--max-iters", "4",
                         "--out", str(home / "runs"))
