@@ -222,3 +222,33 @@ def ordinary_user(name: str):
         subprocess.run(["pkill", "-9", "-u", name], capture_output=True)
         if made:
             subprocess.run(["userdel", "--remove", name], capture_output=True)
+
+
+def user_processes(user: str) -> list[str]:
+    """The user's live processes (zombies excluded: they hold nothing), as ``pid args``."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
+    out = []
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                if os.stat(e.path).st_uid != uid:
+                    continue
+                with open(f"{e.path}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+                with open(f"{e.path}/cmdline", "rb") as f:
+                    args = f.read().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{e.name} {args}")
+            except (OSError, IndexError):
+                continue
+    return out
+
+
+def user_processes_left(user: str, timeout: float = 15.0) -> list[str]:
+    """The user's processes still there once they had ``timeout`` seconds to end (none: [])."""
+    deadline = time.monotonic() + timeout
+    while (left := user_processes(user)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

@@ -20,6 +20,7 @@ gives nothing the user does not have outside (their own uid, no capability).
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import selectors
@@ -44,7 +45,7 @@ def socket_path() -> str | None:
 def start(base: Path) -> str:
     """Fork the spawner (before the caller joins any namespace); its socket's path."""
     path = str(base / f"outside-{os.getpid()}.sock")
-    with _suppress_missing():
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -60,7 +61,7 @@ def start(base: Path) -> str:
         _keep_only(listener.fileno())
         _Spawner(listener, owner).serve()
     finally:
-        with _suppress_missing():
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os._exit(0)
 
@@ -73,21 +74,9 @@ def _keep_only(fd: int) -> None:
         os.dup2(null, std)
     os.close(null)
     for name in os.listdir("/proc/self/fd"):
-        n = int(name)
-        if n > 2 and n != fd:
-            with _suppress_missing():
-                try:
-                    os.close(n)
-                except OSError:
-                    pass
-
-
-class _suppress_missing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return kind is not None and issubclass(kind, (FileNotFoundError, ProcessLookupError))
+        if int(name) > 2 and int(name) != fd:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(int(name))
 
 
 class _Spawner:

@@ -350,6 +350,9 @@ def main(op: str, args: list[str]) -> int:
     controller = None
     if op.startswith("--controller=") and args:
         controller, op, args = op.partition("=")[2], args[0], args[1:]
+    holding = op == "apply" and args[1:] == ["--hold"]
+    if holding:
+        args = args[:1]
     try:
         if op == "exec":
             if len(args) < 4:
@@ -370,14 +373,8 @@ def main(op: str, args: list[str]) -> int:
             return serve(args[0], SERVED)
         if op == "probe" and not args:
             answer = probe(dict_of(_payload(), "request"))
-        elif op == "apply" and (args[1:] in ([], ["--hold"])) and args:
+        elif op == "apply" and len(args) == 1:
             answer = apply(args[0], dict_of(_payload(), "request"))
-            if args[1:]:
-                sys.stdout.write(json.dumps(answer, default=str) + "\n")
-                sys.stdout.flush()
-                from testbed.hosts.agentns import hold
-
-                return hold(args[0])
         elif op == "down" and len(args) == 1:
             answer = down(args[0])
         elif op == "down-all" and not args:
@@ -398,4 +395,9 @@ def main(op: str, args: list[str]) -> int:
         sys.stdout.write(json.dumps(e.to_dict()) + "\n")
         return 1
     sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    if holding:  # answered: now stay while the share is up (agentns.hold)
+        from testbed.hosts.agentns import hold
+
+        sys.stdout.flush()
+        return hold(args[0])
     return 0

@@ -96,9 +96,10 @@ class SlurmRemote:
         runs in another job, the node is reached through this one: ``testbed down`` inside
         a new allocation of the same nodes removes what the shares left there."""
         data = json.dumps(payload).encode() if payload is not None else b""
-        if op == "apply":  # the share's processes live in its step: it stays until `down`
+        holds = op == "apply"  # the share's processes live in its step: it stays until `down`
+        if holds:
             args = (*args, "--hold")
-        status, out, err = self.step(host_argv(self.host, op, *args), data, timeout)
+        status, out, err = self.step(host_argv(self.host, op, *args), data, timeout, holds)
         if status != 0 and any(s in err.decode(errors="replace") for s in JOB_ENDED):
             current = os.environ.get("SLURM_JOB_ID", "")
             if op == "down" and rootless.active():  # an ordinary user's share lived in the job's steps
@@ -109,14 +110,14 @@ class SlurmRemote:
                                  f"through it (run this again inside an allocation that includes {node})",
                                  f"e.g. salloc -w {node} ..., then the same command: its steps reach the node")
             self.host = replace(self.host, slurm_job=int(current))
-            status, out, err = self.step(host_argv(self.host, op, *args), data, timeout)
+            status, out, err = self.step(host_argv(self.host, op, *args), data, timeout, holds)
         return answer_of(self.host, op, status, out, err, timeout)
 
-    def step(self, argv: list[str], data: bytes = b"", timeout: float | None = 600.0) -> tuple[int, bytes, bytes]:
+    def step(self, argv: list[str], data: bytes = b"", timeout: float | None = 600.0,
+             holds: bool = False) -> tuple[int, bytes, bytes]:
         """Run one step; (status, stdout, stderr), status -1 when ``timeout`` passed first.
-        A step that answers a line and stays (``apply --hold``) is left running once it has
-        answered, with status 0: it ends when the share is removed, or with the job."""
-        holds = "--hold" in argv
+        A step that ``holds`` (``apply --hold``: answers a line and stays) is left running
+        once it has answered, with status 0: it ends when the share is removed, or with the job."""
         out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         with out_f, err_f:
             proc = start(argv, detach=holds, stdin=subprocess.PIPE, stdout=out_f, stderr=err_f)

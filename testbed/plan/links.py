@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 
 from testbed.common.errors import TopologyError
 from testbed.model.link_types import LINK_TYPES, LinkType, TunnelType, VethType, VxlanType, register_link_type
+from testbed.net.tunnelwire import new_token
 from testbed.plan import naming
 from testbed.plan.actions import Action, CreateVeth, CreateVxlan
 from testbed.plan.plan import vni_base
@@ -105,7 +106,7 @@ class Tunnel(TunnelType, LinkKind):
         if not 1024 <= port <= 65535:
             raise TopologyError("tunnel.port", f"link {link.name} would use UDP port {port}, outside 1024..65535",
                                 f"set tunnel: {{port: N}} with N + {link.index} at most 65535")
-        token = secrets.token_hex(16)
+        token = new_token().hex()
         mtu = None if ctx.mtu == 1500 else ctx.mtu
         out: list[tuple[str, Action]] = []
         for e, other, side in ((a, b, "a"), (b, a, "b")):

@@ -12,13 +12,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ordinary_user
+from tests.helpers import ordinary_user, user_processes_left
 
 pytestmark = pytest.mark.kernel
 if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
@@ -27,10 +26,6 @@ if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
 
 USER = "tbsshuser"
 TESTBED = str(Path(sys.executable).parent / "testbed")
-
-
-def _procs() -> list[str]:
-    return subprocess.run(["pgrep", "-a", "-u", USER], capture_output=True, text=True).stdout.splitlines()
 
 
 def test_an_ordinary_user_runs_across_two_ssh_hosts_over_a_tunnel(clean_lab):
@@ -77,9 +72,6 @@ def test_an_ordinary_user_runs_across_two_ssh_hosts_over_a_tunnel(clean_lab):
             assert (run / "rank0.jsonl").stat().st_size > 0  # rank 0 (w0) ran on h1, its records copied back
             r = as_user("down", "mru")
             assert r.returncode == 0, r.stdout + r.stderr
-            deadline = time.monotonic() + 15
-            while _procs() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert _procs() == []  # no holder, forwarder or agent of the user on either host
+            assert user_processes_left(USER) == []  # no holder, forwarder or agent of the user on either host
     finally:
         shutil.rmtree(d, ignore_errors=True)

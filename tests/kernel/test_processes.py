@@ -25,10 +25,9 @@ import yaml
 
 from testbed.common import cgroups
 from testbed.plan import naming
-from tests.helpers import dumbbell, ordinary_user
+from tests.helpers import dumbbell, ordinary_user, user_processes, user_processes_left
 
 from .conftest import cli, cli_json
-from .test_rootless import _processes as user_processes
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 USER = "tbprocs1"
@@ -198,10 +197,7 @@ def _processes() -> list[str]:
 
 
 def _nothing_left(timeout: float = 15.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while (left := _processes()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
+    return user_processes_left(USER, timeout)
 
 
 def test_rootless_down_ends_what_a_run_left_and_the_holder_stops(user, tmp_path):

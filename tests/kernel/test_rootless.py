@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dumbbell, star
+from tests.helpers import dumbbell, star, user_processes, user_processes_left
 
 from .conftest import cli, kernel_snapshot
 
@@ -72,35 +72,13 @@ def as_user(user: str, *args: str, timeout: float = 300, popen: bool = False):
     return subprocess.run(argv, cwd=home, capture_output=True, text=True, timeout=timeout)
 
 
-def _processes(user: str) -> list[str]:
-    """The user's live processes (zombies excluded: they hold nothing), as ``pid args``."""
-    uid = pwd.getpwnam(user).pw_uid
-    out = []
-    for e in os.scandir("/proc"):
-        if e.name.isdigit():
-            try:
-                if os.stat(e.path).st_uid != uid:
-                    continue
-                with open(f"{e.path}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue
-                with open(f"{e.path}/cmdline", "rb") as f:
-                    args = f.read().replace(b"\0", b" ").decode(errors="replace")
-                out.append(f"{e.name} {args}")
-            except (OSError, IndexError):
-                continue
-    return out
-
-
 def _kill_all(user: str) -> None:
     subprocess.run(["pkill", "-9", "-u", user], capture_output=True)
 
 
 def _await_nothing_left(user: str, home: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _processes(user) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _processes(user), _processes(user)
+    left = user_processes_left(user, timeout)
+    assert not left, left
     base = home / ".local" / "state" / "testbed"
     left = sorted(p.name for p in (base / "ns").iterdir()) if (base / "ns").exists() else []
     assert left == [], f"files left on the host side of {base / 'ns'}: {left}"  # the tmpfs went with the holder
@@ -312,10 +290,10 @@ def test_replay_sweep_report_and_monitor_work_as_a_user(users):
         assert [s["rate"] for s in steps if s["event"] == "step"] == ["200mbit", "100mbit", "200mbit"], steps
         assert _bottleneck_rate(user, "flow") == "1gbit"  # --restore
         _ok(as_user(user, "link", "replay", "-t", "flow", "--bottleneck", str(trace), "--loop", "--background"))
-        assert any("link replay" in p for p in _processes(user))
+        assert any("link replay" in p for p in user_processes(user))
         assert "stopped 1 background replay" in _ok(as_user(user, "link", "replay", "-t", "flow", "--stop")).stdout
         assert _bottleneck_rate(user, "flow") == "1gbit"  # put back
-        assert not any("link replay" in p for p in _processes(user))
+        assert not any("link replay" in p for p in user_processes(user))
 
         run = json.loads(_ok(as_user(user, "run", "allreduce", "-t", "flow", "--bw-trace", str(trace),
                                      "--max-iters", "4", "--out", str(home / "runs"), "--json")).stdout)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ordinary_user
+from tests.helpers import ordinary_user, user_processes_left
 from tests.kernel import slurm_lab
 
 pytestmark = [pytest.mark.kernel,
@@ -178,11 +178,6 @@ def user_job(lab):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _user_procs() -> list[str]:
-    r = subprocess.run(["pgrep", "-a", "-u", USER], capture_output=True, text=True)
-    return r.stdout.splitlines()
-
-
 def test_an_ordinary_users_job_trains_across_both_nodes_over_tunnels(lab, user_job):
     """Issue 42's end: as an ordinary user, `salloc -N 2` then `testbed up --hosts slurm` and
     `testbed run pactrain --bw 100mbit` across both nodes, the link between them a user-space
@@ -199,10 +194,7 @@ def test_an_ordinary_users_job_trains_across_both_nodes_over_tunnels(lab, user_j
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["proof"] == "passed", summary
     assert (run / "rank1.jsonl").stat().st_size > 0  # written on sn2, in the user's namespaces there
-    deadline = time.monotonic() + 15
-    while _user_procs() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _user_procs() == []
+    assert user_processes_left(USER) == []
     assert lab.leftovers() == {}
 
 
@@ -231,10 +223,7 @@ def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, use
                             "PATH=/usr/bin:/bin", f"SLURM_CONF={lab.env()['SLURM_CONF']}", TESTBED, "down", "slm"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
-        deadline = time.monotonic() + 15
-        while _user_procs() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _user_procs() == []
+        assert user_processes_left(USER) == []
     finally:
         if job.poll() is None:
             job.kill()

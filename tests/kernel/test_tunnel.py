@@ -27,7 +27,7 @@ import pytest
 
 from benchmarks.tunnel import Host, Lab, _run, iperf
 from testbed.model.units import Rate
-from tests.helpers import ordinary_user
+from tests.helpers import ordinary_user, user_processes_left
 from testbed.net import tunnelwire as wire
 
 pytestmark = pytest.mark.kernel
@@ -121,19 +121,6 @@ def user():
         yield pw
 
 
-def _processes(uid: int) -> list[str]:
-    out = []
-    for e in os.scandir("/proc"):
-        try:
-            if e.name.isdigit() and os.stat(e.path).st_uid == uid:
-                with open(f"{e.path}/stat", "rb") as f:
-                    if f.read(4096).rsplit(b")", 1)[1].split()[0] != b"Z":
-                        out.append(e.name)
-        except (OSError, IndexError):
-            continue
-    return out
-
-
 def _udp_ports() -> set[int]:
     lines = subprocess.run(["ss", "-Huan"], capture_output=True, text=True).stdout.splitlines()
     return {int(f[3].rsplit(":", 1)[1]) for f in (ln.split() for ln in lines) if len(f) >= 4}
@@ -154,10 +141,7 @@ def test_tunnel_as_an_ordinary_user(user):
     assert got["rx_right"] >= INJECTED, got
     assert got["b_counters"]["rejected"] == INJECTED, got["b_counters"]
     # killed (a's with SIGKILL, b's with SIGTERM), the forwarders leave nothing: no process, no socket
-    deadline = time.monotonic() + 10
-    while _processes(user.pw_uid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _processes(user.pw_uid)
+    assert not user_processes_left(user.pw_name, 10)
     assert not set(got["ports"]) & _udp_ports()
     for pid in got["pids"]:
         with pytest.raises(ProcessLookupError):
