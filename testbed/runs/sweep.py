@@ -153,8 +153,10 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
              "params": req.params, "repeats": req.repeats, "runs": []}
     if req.code is not None:
         index["code"] = req.code.to_dict()
-    plan = [(bw, scheme, point, rep) for bw in req.bws for scheme in req.schemes
-            for point in grid.for_scheme(req.params, None if req.code else scheme) for rep in range(req.repeats)]
+    # Repeat k of every scheme runs back to back, so that a pair (stats.pair_key) shares the
+    # machine's load at that moment as well as its seed and checkpoint.
+    plan = [(bw, scheme, point, rep) for bw in req.bws for rep in range(req.repeats) for scheme in req.schemes
+            for point in grid.for_scheme(req.params, None if req.code else scheme)]
     try:
         req.check()  # every run's options, then the testbed's names: before anything is built
         check_target(req.testbed, req.topology)

@@ -202,3 +202,22 @@ def test_by_default_at_least_15_admm_updates_happen_before_the_masks_are_fixed(p
     assert updates >= min(prunex.MIN_ADMM_UPDATES, prune_at - 1)
     assert every == 1 or updates < 2 * prunex.MIN_ADMM_UPDATES, "no more often than needed"
     assert prunex.admm_interval(7, prune_at) == 7, "a given interval is kept"
+
+
+def test_the_summary_states_the_teams_spardl_used():
+    """``--spardl-d 0`` leaves d to ``--spardl-teams``: the summary says which d ran."""
+    from workloads import schemes, summary
+    from workloads.arguments import parse_args
+    from workloads.data import Dataset
+    from workloads.loop import Progress
+    from workloads.schemes import spardl
+
+    args = parse_args(["--scheme", "spardl"])
+    ds = Dataset("digits", *[torch.zeros(1)] * 4, 10, False)
+    prog = Progress(iterations=3, iter_s=[1.0] * 3, payloads=[1] * 3)
+    kw = dict(world=4, backend="gloo", progress=prog, totals=summary.Totals(1, 1, 1, 1), per_epoch=3, wall_s=1,
+              dense_bytes=1, kept_fraction=None, pretrained=None, placement={})
+    state = spardl.SparDLState(density=0.01, teams=((0, 1), (2, 3)), world=4, rank=0)
+    s = summary.summary(args, schemes.get("spardl"), ds, scheme_stats=state.stats(), **kw)
+    assert s["spardl_teams_used"] == 2
+    assert summary.summary(args, schemes.get("allreduce"), ds, **kw)["spardl_teams_used"] is None

@@ -133,6 +133,11 @@ class SparDLState(Accounting):
     def team(self) -> tuple[int, ...]:
         return next(t for t in self.teams if self.rank in t)
 
+    def stats(self) -> dict:
+        """For the summary (``workloads.summary``): the number of teams d this run used
+        (``--spardl-d 0`` leaves the choice to ``--spardl-teams``; a published run states it)."""
+        return {"spardl_teams_used": len(self.teams)}
+
     @property
     def peers(self) -> tuple[int, ...]:
         """The rank at this rank's position in every team (one per team, this one included)."""

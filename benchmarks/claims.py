@@ -1,0 +1,99 @@
+"""The runs behind docs/results/claims.md: one ``testbed sweep`` per claim, then archived.
+
+    sudo python -m benchmarks.claims [--sections tta,prune,prunex,spardl,lr] [--out runs/claims]
+                                     [--name three_switch_claims] [--archive DATE]
+
+Every section is a ``testbed sweep`` of the CNN on the bundled digits set across
+topologies/three_switch.yaml (8 gloo ranks, two edge switches behind a core switch, the
+uplinks shaped), from checkpoints pre-trained for 2 epochs with seed + k for repeat k, with
+an evaluation every iteration (off the training clock). Repeat k of every scheme runs back
+to back, so the paired ratios of ``testbed report --baseline`` (and of the claims page) set
+runs side by side that shared the seed, the checkpoint and the machine's load.
+
+    tta     the PacTrain paper's Fig. 3: allreduce, fp16, topk 0.01 and 0.1, pactrain 0.5
+            exact and ternary (the default) at 100 Mbit, 500 Mbit and 1 Gbit, 8 epochs,
+            target 0.95, 5 repeats
+    prune   Fig. 6: allreduce and the default pactrain at pruning ratios 0.1 to 0.9 (0.8
+            included) at 1 Gbit, 8 epochs, 3 repeats (final accuracy)
+    prunex  PruneX's uplink bytes and its rho ablation: allreduce, hier-allreduce and prunex
+            at rho 0 and 0.1 at 100 Mbit, 12 epochs (67 iterations: 19 H-SADMM updates
+            before the masks are fixed at 30 %), target 0.9, 3 repeats
+    spardl  SparDL against the top-k all-gather at the same density (0.01) and like for
+            like (top-k at 0.01 / 8, so that the 8 ranks' P*k entries match SparDL's k),
+            allreduce for accuracy, at 100 Mbit, 8 epochs, 3 repeats
+    lr      one learning rate for every scheme: allreduce, topk 0.01 and pactrain at lr
+            0.025, 0.05 and 0.1 at 10 Gbit (the uplinks do not bind: convergence, not
+            time), 8 epochs, 2 repeats
+
+Each sweep directory's path is printed; with ``--archive DATE`` each section's sweep is
+archived into ``docs/results/records/claims-SECTION-DATE`` (``benchmarks.archive``), and
+``python -m benchmarks.regenerate`` rebuilds the claims page's tables from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from benchmarks import archive
+from benchmarks.paper_sweep import THREE, testbed_argv
+
+COMMON = ("--epochs", "8", "--target-acc", "0.95", "--eval-every", "1", "--pretrain-epochs", "2")
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "tta": ("--schemes", "allreduce,fp16,topk:0.01,topk:0.1,pactrain:0.5:exact,pactrain:0.5",
+            "--bw", "100mbit,500mbit,1gbit", "--repeats", "5"),
+    "prune": ("--schemes", "allreduce,pactrain", "--prune-ratios", "0.1,0.3,0.5,0.7,0.8,0.9",
+              "--bw", "1gbit", "--repeats", "3"),
+    "prunex": ("--schemes", "allreduce,hier-allreduce,prunex", "--param", "prunex-rho=0,0.1",
+               "--bw", "100mbit", "--repeats", "3", "--epochs", "12", "--target-acc", "0.9"),
+    "spardl": ("--schemes", "allreduce,topk:0.01,topk:0.00125,spardl", "--bw", "100mbit", "--repeats", "3"),
+    "lr": ("--schemes", "allreduce,topk:0.01,pactrain", "--param", "lr=0.025,0.05,0.1",
+           "--bw", "10gbit", "--repeats", "2"),
+}
+"""Each section's sweep arguments (after COMMON: a later --epochs or --target-acc wins)."""
+
+
+def sweep(section: str, out: Path, topology: Path) -> Path:
+    cmd = [*testbed_argv(), "sweep", *COMMON, *SECTIONS[section], "--out", str(out),
+           "--topology", str(topology), "--json"]
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{section}: sweep failed (exit {p.returncode}): {p.stdout[-2000:]}")
+    where = Path(json.loads(p.stdout)["dir"])
+    print(f"{section}: {where}", flush=True)
+    return where
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    p.add_argument("--out", type=Path, default=Path("runs/claims"))
+    p.add_argument("--name", default="three_switch_claims",
+                   help="bring three_switch up under this name (a test's three_switch would clash)")
+    p.add_argument("--archive", metavar="SUFFIX",
+                   help="archive each section's sweep into docs/results/records/claims-SECTION-SUFFIX")
+    args = p.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if not sections or set(sections) - set(SECTIONS):
+        p.error(f"--sections: choose from {', '.join(SECTIONS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    topo = yaml.safe_load(THREE.read_text())
+    topo["name"] = args.name
+    topology = args.out / f"{args.name}.yaml"
+    topology.write_text(yaml.safe_dump(topo, sort_keys=False))
+    dirs = {s: sweep(s, args.out, topology) for s in sections}
+    for s, where in dirs.items() if args.archive else ():
+        if archive.main([str(where), "--name", f"claims-{s}-{args.archive}"]) != 0:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
