@@ -1,7 +1,7 @@
 """The runs behind docs/results/claims.md: one ``testbed sweep`` per claim, then archived.
 
     sudo python -m benchmarks.claims [--sections tta,prune,prunex,spardl,lr] [--out runs/claims]
-                                     [--name three_switch_claims] [--archive DATE]
+                                     [--name three_switch_claims] [--archive claims-DATE]
 
 Every section is a ``testbed sweep`` of the CNN on the bundled digits set across
 topologies/three_switch.yaml (8 gloo ranks, two edge switches behind a core switch, the
@@ -16,7 +16,7 @@ runs side by side that shared the seed, the checkpoint and the machine's load.
     prune   Fig. 6: allreduce and the default pactrain at pruning ratios 0.1 to 0.9 (0.8
             included) at 1 Gbit, 8 epochs, 3 repeats (final accuracy)
     prunex  PruneX's uplink bytes and its rho ablation: allreduce, hier-allreduce and prunex
-            at rho 0 and 0.1 at 100 Mbit, 12 epochs (67 iterations: 19 H-SADMM updates
+            at rho 0 and 0.1 at 100 Mbit, 12 epochs (60 iterations: 17 H-SADMM updates
             before the masks are fixed at 30 %), target 0.9, 3 repeats
     spardl  SparDL against the top-k all-gather at the same density (0.01) and like for
             like (top-k at 0.01 / 8, so that the 8 ranks' P*k entries match SparDL's k),
@@ -25,9 +25,10 @@ runs side by side that shared the seed, the checkpoint and the machine's load.
             0.025, 0.05 and 0.1 at 10 Gbit (the uplinks do not bind: convergence, not
             time), 8 epochs, 2 repeats
 
-Each sweep directory's path is printed; with ``--archive DATE`` each section's sweep is
-archived into ``docs/results/records/claims-SECTION-DATE`` (``benchmarks.archive``), and
-``python -m benchmarks.regenerate`` rebuilds the claims page's tables from them.
+Each sweep directory's path is printed; with ``--archive NAME`` the sections' sweeps are
+archived together into ``docs/results/records/NAME`` (``benchmarks.archive``; the claims
+tables find each section's sweep in it by what the sweep ran), and ``python -m
+benchmarks.regenerate`` rebuilds the claims page's tables from them.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/claims"))
     p.add_argument("--name", default="three_switch_claims",
                    help="bring three_switch up under this name (a test's three_switch would clash)")
-    p.add_argument("--archive", metavar="SUFFIX",
-                   help="archive each section's sweep into docs/results/records/claims-SECTION-SUFFIX")
+    p.add_argument("--archive", metavar="NAME",
+                   help="archive the sections' sweeps into docs/results/records/NAME (e.g. claims-2026-11-27)")
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if not sections or set(sections) - set(SECTIONS):
@@ -88,11 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     topo["name"] = args.name
     topology = args.out / f"{args.name}.yaml"
     topology.write_text(yaml.safe_dump(topo, sort_keys=False))
-    dirs = {s: sweep(s, args.out, topology) for s in sections}
-    for s, where in dirs.items() if args.archive else ():
-        if archive.main([str(where), "--name", f"claims-{s}-{args.archive}"]) != 0:
-            return 1
-    return 0
+    dirs = [sweep(s, args.out, topology) for s in sections]
+    return archive.main([*map(str, dirs), "--name", args.archive]) if args.archive else 0
 
 
 if __name__ == "__main__":

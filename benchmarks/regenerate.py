@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import strong_scaling
+from benchmarks import claims_seeds, claims_tables, strong_scaling
 from benchmarks.archive import RECORDS, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
@@ -97,6 +97,15 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "strong_scaling": lambda folder: strong_scaling.markdown(_ok(folder)),
     "strong_scaling_validation": lambda folder: strong_scaling.validation_markdown(_ok(folder)),
     "dilation": dilation,
+    "claims_pactrain": claims_tables.pactrain_claims,
+    "claims_tta": claims_tables.tta_table,
+    "claims_prune": claims_tables.prune_table,
+    "claims_prunex": claims_seeds.prunex_claims,
+    "claims_prunex_table": claims_seeds.prunex_table,
+    "claims_spardl": claims_seeds.spardl_claims,
+    "claims_spardl_table": claims_seeds.spardl_table,
+    "claims_lr": claims_seeds.lr_table,
+    "claims_scaling": claims_seeds.scaling_claims,
 }
 """name -> function(records folder) -> markdown."""
 
