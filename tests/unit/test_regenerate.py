@@ -88,7 +88,7 @@ def test_check_passes_in_sync_and_names_the_block_when_a_number_changes(site, ca
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("nonesuch records=tiny", "unknown generator 'nonesuch'; choose one of: dilation, memory, strong_scaling, strong_scaling_validation"),
+    ("nonesuch records=tiny", "unknown generator 'nonesuch'; choose one of: claims_lr, claims_pactrain"),
     ("strong_scaling records=missing", "no records folder"),
     ("strong_scaling", "takes records=NAME"),
 ])
