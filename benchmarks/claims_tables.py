@@ -18,12 +18,14 @@ difference lies above -``LOSS_TOLERANCE`` points (3.6 of digits' 359 test images
 reproduced otherwise: "no difference shown" over a few repeats is not "no loss".
 
 Time to accuracy is the sustained one (``stats.K_SUSTAINED`` evaluations in a row at or
-above the target); a pair where either run never sustained the target is left out, and the
-tables say how many reached it.
+above the target). A run that never held it ranks after every run that did: its pair's
+speed-up is 0 (or unbounded, "inf", when only the baseline never held it); a pair where
+neither did is left out, and the tables say how many runs held it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +34,7 @@ from benchmarks.archive import runs_of
 from testbed.common.errors import TestbedError
 from testbed.runs.rundata import RunData
 from testbed.runs.stats import K_SUSTAINED, bootstrap_ci, pair, pair_key
+from testbed.runs.tables import tta_or_never
 
 RATES = ("100mbit", "500mbit", "1gbit")
 RATE_NAMES = {"100mbit": "100 Mbit", "500mbit": "500 Mbit", "1gbit": "1 Gbit", "10gbit": "10 Gbit"}
@@ -92,10 +95,14 @@ def cell(c: dict, fmt: str = ".2f", scale: float = 1.0, unit: str = "x") -> str:
     """'1.52x [1.31-1.70] (5 pairs)'."""
     if c["mid"] is None:
         return "no pairs"
-    text = f"{c['mid'] * scale:{fmt}}{unit}"
+
+    def num(x: float) -> str:  # inf: a ratio over a baseline run that never held the target
+        return "inf" if math.isinf(x) else f"{x * scale:{fmt}}"
+
+    text = f"{num(c['mid'])}{unit}"
     if c["lo"] is None:
         return text + " (one run)"
-    return text + f" [{c['lo'] * scale:{fmt}}, {c['hi'] * scale:{fmt}}] ({c['n']} pairs)"
+    return text + f" [{num(c['lo'])}, {num(c['hi'])}] ({c['n']} pairs)"
 
 
 def verdict(c: dict, paper: float | tuple[float, float], null: float = 1.0, up_to: bool = False) -> str:
@@ -153,6 +160,14 @@ def _wire(r: RunData) -> float | None:
 
 
 def _tta(target: float) -> Callable[[RunData], float | None]:
+    """A run's sustained time to ``target``, infinite when it never held it (``testbed report``'s
+    rule, ``tables.tta_or_never``: a ratio of 0 or infinity; a pair where neither held it is
+    left out)."""
+    return lambda r: tta_or_never(r, target)
+
+
+def _held(target: float) -> Callable[[RunData], float | None]:
+    """The sustained time to ``target`` of a run that held it (None: it never did)."""
     return lambda r: r.tta_sustained(target)
 
 
@@ -224,12 +239,13 @@ def tta_table(folder: Path) -> str:
             if not rs:
                 continue
             rel = label != "allreduce"
-            out.append(_row(RATE_NAMES[bw], label, _reached(rs, target), spread([_tta(target)(r) for r in rs], ".1f"),
+            out.append(_row(RATE_NAMES[bw], label, _reached(rs, target), spread([_held(target)(r) for r in rs], ".1f"),
                             cell(paired(base, rs, _tta(target))) if rel else "",
                             cell(paired(base, rs, _iter)) if rel else "", spread([_acc(r) for r in rs])))
     out += ["", f"Final accuracy on digits' test set: {_resolution(runs)}. Speed-ups are allreduce / scheme per "
                 f"repeat; the time to accuracy is the first of {K_SUSTAINED} evaluations in a row at or above "
-                f"{target:g} (a pair where either run never held it is left out)."]
+                f"{target:g}. A run that never held it ranks after every run that did (its pair's speed-up is 0, "
+                f"or unbounded when only the baseline never held it); a pair where neither held it is left out."]
     return "\n".join(out) + "\n"
 
 

@@ -16,6 +16,7 @@ the interval is at best [smallest, largest]: a claim needs more repeats, and say
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -40,7 +41,8 @@ def pair_key(summary: dict) -> object:
 
 def pair(xs: Sequence, bs: Sequence, key: Callable, value: Callable) -> list[float]:
     """Ratios value(x) / value(b) over runs x of ``xs`` and b of ``bs`` with the same key
-    (each key once on each side; runs without a key or a value are left out)."""
+    (each key once on each side; runs without a key or a value are left out, and so are
+    pairs whose two values are both infinite: a target neither run held)."""
     def by_key(runs) -> dict:
         out: dict = {}
         for r in runs:
@@ -50,7 +52,8 @@ def pair(xs: Sequence, bs: Sequence, key: Callable, value: Callable) -> list[flo
         return {k: v[0] for k, v in out.items() if len(v) == 1}
 
     x, b = by_key(xs), by_key(bs)
-    return [x[k] / b[k] for k in sorted(set(x) & set(b), key=repr)]
+    ratios = (x[k] / b[k] for k in sorted(set(x) & set(b), key=repr))
+    return [q for q in ratios if not math.isnan(q)]  # inf / inf: neither side has a value
 
 
 def bootstrap_ci(ratios: Sequence[float], n_boot: int = N_BOOT, level: float = LEVEL,

@@ -5,6 +5,7 @@ allreduce row that shares its bandwidth, world size and training hyper-parameter
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 from testbed.model.units import Rate, UnitError
@@ -160,11 +161,19 @@ PAIRED = ("ratio", "ci95_low", "ci95_high", "pairs", "verdict")
 def _paired(row: dict, mine: list[RunData], base: list[RunData], target: float | None) -> None:
     """The row against its baseline's runs, paired by repeat: sustained time to target, and
     mean iteration time."""
-    metrics = {"tta_sustained": lambda r: r.tta_sustained(target), "iter": lambda r: r.summary.get("mean_iter_s")}
+    metrics = {"tta_sustained": lambda r: tta_or_never(r, target), "iter": lambda r: r.summary.get("mean_iter_s")}
     for name, value in metrics.items():
         c = compare(pair(mine, base, lambda r: pair_key(r.summary), value)) if base else compare([])
         c["ratio"] = c.pop("median_ratio")
         row.update({f"{name}_{k}": c[k] for k in PAIRED})
+
+
+def tta_or_never(r: RunData, target: float | None) -> float | None:
+    """A run's sustained time to ``target``; infinity when its evaluations never held it, so
+    that in a pair it ranks after any run that did (a ratio of 0 or infinity; a pair where
+    neither held it has no ratio: ``stats.pair`` leaves it out); None without evaluations."""
+    t = r.tta_sustained(target)
+    return t if t is not None else (math.inf if r.evals else None)
 
 
 def _finite(x: float) -> float | None:

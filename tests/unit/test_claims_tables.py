@@ -54,11 +54,10 @@ def test_paired_speed_ups_and_differences_are_matched_by_repeat():
     assert ct.paired(base, mine[:1], ct._tta(0.95))["lo"] is None  # one pair: no interval
 
 
-def test_a_run_that_never_holds_the_target_leaves_its_pair_out():
+def test_the_reached_count():
     base = [_run("allreduce", k) for k in range(3)]
     mine = [_run("fp16", 0), _run("fp16", 1), _run("fp16", 2, tta_iter=99)]
-    assert ct.paired(base, mine, ct._tta(0.95))["n"] == 2
-    assert ct._reached(mine, 0.95) == "2/3"
+    assert ct._reached(mine, 0.95) == "2/3" and ct._reached(base, 0.95) == "3/3"
 
 
 def test_the_tta_table_and_claim_rows_from_constructed_runs(monkeypatch):
@@ -91,3 +90,13 @@ def test_the_prunex_rows_count_what_admm_did(monkeypatch):
     assert "| prunex rho 0.1 | 3 | 4.00 [4.00-4.00] | 0.400x [0.400, 0.400] (3 pairs) |" in table
     assert "| 17 [17-17] | 0 [0-0] (0 [0-0]) |" in table
     assert "rho 0.1 minus rho 0: +6.5 points [+6.5, +6.5] (3 pairs) | reproduced" in claims
+
+
+def test_a_run_that_never_holds_the_target_ranks_last_in_its_pair():
+    base = [_run("allreduce", k) for k in range(4)]
+    mine = [_run("fp16", 0), _run("fp16", 1), _run("fp16", 2, tta_iter=99), _run("fp16", 3, tta_iter=99)]
+    c = ct.paired(base, mine, ct._tta(0.95))
+    assert c["n"] == 4 and c["mid"] == pytest.approx(0.5) and c["lo"] == 0.0  # ratios 1, 1, 0, 0
+    base[3] = _run("allreduce", 3, tta_iter=99)  # neither held it in repeat 3: left out
+    assert ct.paired(base, mine, ct._tta(0.95))["n"] == 3
+    assert "inf" in ct.cell(ct.paired(mine, base, ct._tta(0.95)))

@@ -111,3 +111,14 @@ def test_report_prints_each_scheme_against_the_chosen_baseline(tmp_path):
     assert "accuracy resolution: 0.28 points (one test sample)" in p.stdout
     assert ("fp16 / allreduce: iteration time x0.50 [0.50-0.50] (3 pairs: lower); sustained time to target x0.50 "
             "[0.50-0.50] (3 pairs: lower)") in p.stdout, p.stdout
+
+
+def test_a_run_that_never_held_the_target_counts_in_its_pair_and_two_such_runs_do_not():
+    climb, flat = [0.5, 0.92, 0.93, 0.95, 0.96], [0.5, 0.6, 0.7, 0.8, 0.85]
+    runs = [_run("allreduce", k, 1.0, climb if k < 4 else flat) for k in range(5)]
+    runs += [_run("fp16", k, 0.5, climb if k not in (2, 4) else flat) for k in range(5)]
+    fp16 = {r["variant"]: r for r in table(runs)}["fp16"]
+    # repeats 0, 1, 3: 0.5; repeat 2: fp16 never held it (infinity, ranked last); repeat 4: neither did
+    assert fp16["tta_sustained_pairs"] == 4 and fp16["tta_sustained_ratio"] == pytest.approx(0.5)
+    assert fp16["tta_sustained_ci95_high"] == float("inf") and fp16["tta_sustained_verdict"] == "no difference shown"
+    assert pair([("a", float("inf"))], [("a", float("inf"))], key=lambda r: r[0], value=lambda r: r[1]) == []
