@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute
 
 
 def host_routes() -> list[ipaddress.IPv4Network]:

@@ -36,7 +36,7 @@ class Rtnl:
     """``IPRoute`` for one namespace; interface indexes cached by name."""
 
     def __init__(self, ns: str, fd: int):
-        from pyroute2 import IPRoute
+        from pyroute2.iproute.linux import IPRoute
 
         self.ns = ns
         self.ipr = IPRoute(fileno=fd)
@@ -175,7 +175,7 @@ def add_vxlan(ns: str, ifname: str, vni: int, local: str, remote: str, port: int
         fd = os.open(netns.path(ns), os.O_RDONLY)
     except FileNotFoundError:
         raise KernelError(f"network namespace '{ns}' does not exist") from None
-    from pyroute2 import IPRoute
+    from pyroute2.iproute.linux import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
     try:

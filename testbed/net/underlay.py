@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute
 
 from testbed.common.errors import StateError
 from testbed.model.topology import VXLAN_OVERHEAD
