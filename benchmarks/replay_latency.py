@@ -75,6 +75,17 @@ def main() -> None:
                   f"{summary['p95_s'] * 1000:>8.1f} {summary['p99_s'] * 1000:>8.1f} {summary['max_s'] * 1000:>8.1f} {within:>12.0%} "
                   f"{apply * 1000:>20.1f} {tc_alone(tb, links) * 1000:>20.1f} "
                   f"{statistics.median(state) * 1000:>17.1f} {state[-1] * 1000:>14.1f}")
+            slowest(res.steps)
+
+
+def slowest(steps: list[dict], n: int = 5) -> None:
+    """Where the ``n`` latest steps' time went: waking up after the step's time, then inside
+    set_links (of which sending the datagrams, then the kernel's acknowledgements)."""
+    print(f"  the {n} latest steps, ms: late = woke (after its time) + applying (of which send + acks)")
+    for s in sorted(steps, key=lambda s: s["late_s"], reverse=True)[:n]:
+        woke = s["late_s"] - s["apply_s"]
+        print(f"  at {s['at_s']:8.2f} s: late {s['late_s'] * 1000:6.1f} = woke {woke * 1000:5.1f} + applying "
+              f"{s['apply_s'] * 1000:6.1f} (send {s.get('send_s', 0) * 1000:5.1f} + acks {s.get('ack_s', 0) * 1000:6.1f})")
 
 
 def tc_alone(tb, links, times: int = 20) -> float:

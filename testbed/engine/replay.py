@@ -10,7 +10,8 @@ exporter's capacity gauge show the shape in force.
 Each applied step is one JSON line (``log``): wall time, the step's scheduled offset,
 how late the change was in force (``late_s``: from its scheduled time to the return of
 the last tc call), how long applying it took (``apply_s``), how late the state file had
-it (``state_s``) and the values. On an interrupt, or with ``restore``, the shapes from
+it (``state_s``), the netlink part of applying it (``send_s`` sending the datagrams,
+``ack_s`` the kernel's acknowledgements after them) and the values. On an interrupt, or with ``restore``, the shapes from
 before the replay are put back.
 """
 
@@ -242,8 +243,10 @@ def _apply_step(tb, links, direction, changer, timer: _Timer, t0: float, wall0: 
                  **_changes(step))
     done = timer.clock()
     kernel = in_force[0] if in_force else done
+    send_s, ack_s = changer.batch.timing
     return {"event": "step", "time": wall0 + (kernel - t0), "links": [l.name for l in links], **step.to_dict(),
-            "at_s": at, "late_s": kernel - due, "apply_s": kernel - start, "state_s": done - due}
+            "at_s": at, "late_s": kernel - due, "apply_s": kernel - start, "state_s": done - due,
+            "send_s": send_s, "ack_s": ack_s}
 
 
 def _put_back(tb, before) -> bool:

@@ -23,6 +23,7 @@ import os
 import resource
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -89,6 +90,8 @@ class ShapeBatch:
         self.timeout = timeout
         self._socks: dict[str, socket.socket] = {}
         self._seq = itertools.count(1)
+        self.timing: tuple[float, float] = (0.0, 0.0)
+        """The last :meth:`send`'s seconds: sending its datagrams, then waiting for the acks."""
 
     def open(self, namespaces) -> None:
         """Open a socket in each namespace now (not at the first step)."""
@@ -106,11 +109,13 @@ class ShapeBatch:
             self._socks[ns] = s
 
     def send(self, datagrams: dict[str, Datagram], name: Callable[[int], str]) -> None:
-        """Send every namespace's datagram, then wait for all acknowledgements. The first
+        """Send every namespace's datagram, then wait for all acknowledgements (``timing``:
+        the seconds the sends took, then the kernel's answers after them). The first
         refusal is raised as a :class:`Refused` naming what it was for (``name`` of the
         message's owner), after every answer has been read (the others did apply); its
         ``owners`` lists the owner of every refused message."""
         self.open(datagrams)
+        start = time.monotonic()
         waiting: dict[str, dict[int, int]] = {}
         for ns, dg in datagrams.items():
             buf = bytearray(dg.data)
@@ -124,6 +129,7 @@ class ShapeBatch:
             except OSError as e:
                 raise KernelError(f"[{ns}] sending {len(seqs)} tc change(s) failed: {e.strerror or e}") from None
             waiting[ns] = seqs
+        sent = time.monotonic()
         first: Refused | None = None
         owners: list[int] = []
         for ns, seqs in waiting.items():
@@ -145,6 +151,7 @@ class ShapeBatch:
                             owners.append(owner)
                             first = first or _error(ns, name(owner), code)
                     off += (length + 3) & ~3
+        self.timing = (sent - start, time.monotonic() - sent)
         if first is not None:
             first.owners = owners
             raise first

@@ -38,6 +38,9 @@ class _Testbed:
 
 
 class _Changer:
+    class batch:  # noqa: N801 (LinkChanger.batch: the netlink part's timing)
+        timing = (0.0004, 0.0011)
+
     def close(self):
         pass
 
@@ -55,4 +58,5 @@ def test_late_is_when_the_kernel_has_it_state_when_the_file_has_it(monkeypatch, 
         assert s["late_s"] == pytest.approx(late_ms / 1000)
         assert s["apply_s"] == pytest.approx(late_ms / 1000)
         assert s["state_s"] == pytest.approx(0.005)
+        assert (s["send_s"], s["ack_s"]) == (0.0004, 0.0011)
     assert res.lateness()["median_s"] == pytest.approx(late_ms / 1000)
