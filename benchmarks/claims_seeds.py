@@ -11,6 +11,7 @@ from benchmarks.claims_tables import (
     RATE_NAMES,
     _acc,
     _head,
+    _held,
     _iter,
     _points,
     _reached,
@@ -93,13 +94,13 @@ def prunex_table(folder: Path) -> str:
         out.append(_row(name, str(len(rs)), spread([(_uplink(r) or 0) / 1e6 for r in rs], ".2f"),
                         cell(paired(rs, dense, _uplink), ".3f") if name != "allreduce" else "",
                         spread([_acc(r) for r in rs]), _reached(rs, target),
-                        spread([_tta(target)(r) for r in rs], ".1f"), admm,
+                        spread([_held(target)(r) for r in rs], ".1f"), admm,
                         f"{comp} ({chans})" if comp != "-" else "-"))
     first = rho[RHO][0].summary if rho[RHO] else {}
     out += ["", f"{first.get('world_size')} ranks behind two switches, {first.get('iterations')} iterations "
                 f"({first.get('epochs'):g} epochs); the masks are fixed at 30 % of the run, after the ADMM updates "
                 f"counted here. Uplink bytes are the tc counters of the switches' uplinks over the whole run "
-                f"(start-up and evaluation included). {_resolution(runs)}."]
+                f"(start-up and evaluation included). Accuracy: {_resolution(runs)}."]
     return "\n".join(out) + "\n"
 
 
@@ -136,10 +137,10 @@ def spardl_table(folder: Path) -> str:
         mine = label.startswith("spardl")
         out.append(_row(label, str(len(rs)), spread([(_wire(r) or 0) / 1e3 for r in rs], ".1f"),
                         "" if mine else cell(paired(spardl, rs, _wire), ".3f"), spread([_iter(r) for r in rs]),
-                        _reached(rs, target), spread([_tta(target)(r) for r in rs], ".1f"),
+                        _reached(rs, target), spread([_held(target)(r) for r in rs], ".1f"),
                         spread([_acc(r) for r in rs])))
     out += ["", "Wire bytes: the mean over ranks of each rank's interface tx bytes per iteration (tc counters), "
-                f"median [min-max] over runs. {_resolution(runs)}."]
+                f"median [min-max] over runs. Accuracy: {_resolution(runs)}."]
     return "\n".join(out) + "\n"
 
 

@@ -264,15 +264,21 @@ def prune_claim(folder: Path) -> str:
     """Fig. 6's claim, one row: the largest drop up to a ratio of 0.8."""
     _, rows = _prune_rows(folder)
     upto = [(x, c) for x, _, c in rows if x <= 0.8 + 1e-9]
-    worst = min(upto, key=lambda xc: xc[1]["mid"] if xc[1]["mid"] is not None else 0)
+    def low(xc: tuple) -> float:
+        c = xc[1]
+        return c["lo"] if c["lo"] is not None else c["mid"] if c["mid"] is not None else 0.0
+
+    worst = min(upto, key=low)
     every_lo = all(c["lo"] is not None and c["lo"] > -2 for _, c in upto)
     any_hi = any(c["hi"] is not None and c["hi"] < -2 for _, c in upto)
     word = "reproduced" if every_lo else "not reproduced" if any_hi else "same direction"
-    ours = (f"largest drop up to 0.8: {cell(worst[1], '+.1f', unit=' points')} at ratio {worst[0]:g} "
-            f"(final accuracy minus all-reduce's, paired)")
+    medians = ", ".join(f"{x:g}: {c['mid']:+.1f}" for x, c in upto if c["mid"] is not None)
+    ours = (f"final accuracy minus all-reduce's, paired, in points: medians {medians}; the lowest interval "
+            f"{cell(worst[1], '+.1f', unit='')} at {worst[0]:g}")
     return "\n".join([*_head("paper's claim", "metric", "ours: default PacTrain at 1 Gbit", "verdict"),
                       _row("accuracy drops **< 2 %** up to 80 % pruning (Fig. 6)", "final accuracy", ours,
-                           word + (" (every ratio's interval above -2 points)" if every_lo else ""))]) + "\n"
+                           word + (" (every ratio's interval above -2 points)" if every_lo else
+                                   "" if any_hi else " (every median above -2 points, not every interval)"))]) + "\n"
 
 
 def prune_table(folder: Path) -> str:
