@@ -25,6 +25,9 @@ runs side by side that shared the seed, the checkpoint and the machine's load.
     lr      one learning rate for every scheme: allreduce, topk 0.01 and pactrain at lr
             0.025, 0.05 and 0.1 at 10 Gbit (the uplinks do not bind: convergence, not
             time), 12 epochs, 2 repeats
+    tta_lr  pactrain 0.5 at the learning rate the lr section found best for it (0.1; all-reduce
+            and top-k are best at the default 0.05), as the tta section, to pair with its
+            all-reduce runs (same seeds and checkpoints; run after them, not back to back)
 
 Each sweep directory's path is printed; with ``--archive NAME`` the sections' sweeps are
 archived together into ``docs/results/records/NAME`` (``benchmarks.archive``; the claims
@@ -58,6 +61,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "--epochs", "12"),
     "lr": ("--schemes", "allreduce,topk:0.01,pactrain", "--param", "lr=0.025,0.05,0.1",
            "--bw", "10gbit", "--repeats", "2", "--epochs", "12"),
+    "tta_lr": ("--schemes", "pactrain:0.5", "--param", "lr=0.1", "--bw", "100mbit,500mbit,1gbit",
+               "--repeats", "5", "--epochs", "12"),
 }
 """Each section's sweep arguments (after COMMON: a later --epochs or --target-acc wins)."""
 
