@@ -32,6 +32,8 @@ def _run(scheme: str, rep: int, *, bw: str = "100mbit", acc: float = 0.96, tta_i
     ({"mid": 0.6, "lo": 0.55, "hi": 0.65, "n": 3}, (0.35, 0.45), {}, "same direction"),
     ({"mid": 1.2, "lo": None, "hi": None, "n": 1}, 8.72, {"up_to": True}, "one run"),
     ({"mid": None, "lo": None, "hi": None, "n": 0}, 8.72, {}, "not measured"),
+    ({"mid": float("inf"), "lo": 3.0, "hi": float("inf"), "n": 2}, 4.9, {"up_to": True}, "same direction"),
+    ({"mid": 0.5, "lo": 0.0, "hi": 0.7, "n": 5}, 8.72, {"up_to": True}, "not reproduced"),
 ])
 def test_the_verdict_rule(c, paper, kw, want):
     assert ct.verdict(c, paper, **kw) == want
