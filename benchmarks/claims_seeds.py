@@ -74,6 +74,7 @@ def prunex_claims(folder: Path) -> str:
     out.append(_row("H-SADMM (the ADMM penalty, rho > 0) prunes with less loss than pruning by norm alone "
                     "(rho = 0; implied by the method, our ablation)", "final accuracy",
                     f"rho {RHO:g} minus rho 0: {cell(gain, '+.1f', unit=' points')}", shown))
+    out += ["", "Command: `sudo python -m benchmarks.claims --sections prunex`."]
     return "\n".join(out) + "\n"
 
 
@@ -122,6 +123,7 @@ def spardl_claims(folder: Path) -> str:
     acc = _points(paired(spardl, pick(runs, "allreduce"), _acc, diff=True))
     out.append(_row("accuracy kept (global residual collection loses no gradient mass)", "final accuracy",
                     f"{cell(acc, '+.1f', unit=' points')} against all-reduce", no_loss(acc)))
+    out += ["", "Command: `sudo python -m benchmarks.claims --sections spardl`."]
     return "\n".join(out) + "\n"
 
 
@@ -199,4 +201,5 @@ def scaling_claims(folder: Path) -> str:
                 f"{c['mid']:.2f} of dense's [{c['lo']:.2f}, {c['hi']:.2f}] over {w['runs']} and {dense['runs']} "
                 f"runs; the paper's {paper:.2f}")
         out.append(_row(claim, "strong-scaling speed-up, over dense's", ours, verdict(c, paper)))
+    out += ["", "Command: `sudo python -m benchmarks.strong_scaling` with the options in [strong scaling](scaling.md)."]
     return "\n".join(out) + "\n"

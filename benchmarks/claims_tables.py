@@ -239,7 +239,8 @@ def pactrain_claims(folder: Path) -> str:
         out.append(_row(f"**1.25-7.05x** faster to accuracy than {name} (Fig. 3)", f"TTA ({target:g})",
                         "; ".join(f"{RATE_NAMES[bw]} {cell(x)}" for bw, x in c.items()),
                         verdict(c["100mbit"], (1.25, 7.05)) + " (at 100 Mbit)"))
-    out += ["", prune_claim(folder)]
+    out += ["", "Command: `sudo python -m benchmarks.claims --sections tta,tta_lr`.", "", prune_claim(folder),
+            "Command: `sudo python -m benchmarks.claims --sections prune`."]
     return "\n".join(out) + "\n"
 
 
