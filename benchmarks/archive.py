@@ -33,6 +33,7 @@ Records are read back by :func:`runs_of`, through ``testbed.runs.report.find_run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import errno
 import json
@@ -278,11 +279,32 @@ def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
     return dest
 
 
+_READ: dict[Path, list[RunData]] | None = None
+"""Inside :func:`reading_once`: each folder's runs, read at most once."""
+
+
+@contextlib.contextmanager
+def reading_once():
+    """Within: :func:`runs_of` reads each folder once (``benchmarks.regenerate``'s pass over the
+    pages, whose blocks and provenance lines read the same folders again and again)."""
+    global _READ
+    before, _READ = _READ, {}
+    try:
+        yield
+    finally:
+        _READ = before
+
+
 def runs_of(folder: Path) -> list[RunData]:
     """The runs archived in ``folder`` (records/NAME), read as ``testbed report`` reads them."""
+    if _READ is not None and folder in _READ:
+        return _READ[folder]
     if not folder.is_dir():
         raise TestbedError(f"{folder}: no such records folder", "archive it: python -m benchmarks.archive")
-    return find_runs(sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()))
+    runs = find_runs(sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()))
+    if _READ is not None:
+        _READ[folder] = runs
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ from benchmarks.claims_tables import (
     RATE_NAMES,
     _acc,
     _head,
-    _held,
     _iter,
     _points,
     _reached,
@@ -30,8 +29,7 @@ from benchmarks.claims_tables import (
     verdict,
 )
 from benchmarks import strong_scaling
-from testbed.runs.rundata import RunData
-from testbed.runs.stats import K_SUSTAINED
+from testbed.runs.stats import K_SUSTAINED, sustained_tta
 
 RHO = 0.1
 """PruneX's default ADMM penalty; the ablation sets it against rho = 0."""
@@ -95,7 +93,7 @@ def prunex_table(folder: Path) -> str:
         out.append(_row(name, str(len(rs)), spread([(_uplink(r) or 0) / 1e6 for r in rs], ".2f"),
                         cell(paired(rs, dense, _uplink), ".3f") if name != "allreduce" else "",
                         spread([_acc(r) for r in rs]), _reached(rs, target),
-                        spread([_held(target)(r) for r in rs], ".1f"), admm,
+                        spread([r.tta_sustained(target) for r in rs], ".1f"), admm,
                         f"{comp} ({chans})" if comp != "-" else "-"))
     first = rho[RHO][0].summary if rho[RHO] else {}
     out += ["", f"{first.get('world_size')} ranks behind two switches, {first.get('iterations')} iterations "
@@ -139,21 +137,11 @@ def spardl_table(folder: Path) -> str:
         mine = label.startswith("spardl")
         out.append(_row(label, str(len(rs)), spread([(_wire(r) or 0) / 1e3 for r in rs], ".1f"),
                         "" if mine else cell(paired(spardl, rs, _wire), ".3f"), spread([_iter(r) for r in rs]),
-                        _reached(rs, target), spread([_held(target)(r) for r in rs], ".1f"),
+                        _reached(rs, target), spread([r.tta_sustained(target) for r in rs], ".1f"),
                         spread([_acc(r) for r in rs])))
     out += ["", "Wire bytes: the mean over ranks of each rank's interface tx bytes per iteration (tc counters), "
                 f"median [min-max] over runs. Accuracy: {_resolution(runs)}."]
     return "\n".join(out) + "\n"
-
-
-def _iters_to(r: RunData, target: float) -> int | None:
-    """The iteration of the first of K_SUSTAINED evaluations in a row at or above ``target``."""
-    run = 0
-    for i, e in enumerate(r.evals):
-        run = run + 1 if e["accuracy"] >= target else 0
-        if run == K_SUSTAINED:
-            return r.evals[i - K_SUSTAINED + 1].get("iter")
-    return None
 
 
 def lr_table(folder: Path) -> str:
@@ -167,7 +155,7 @@ def lr_table(folder: Path) -> str:
         cells = []
         for x in rates:
             rs = pick(runs, label, lr=x)
-            its = [_iters_to(r, target) for r in rs]
+            its = [sustained_tta(r.evals, target, at="iter") for r in rs]
             got = [i for i in its if i is not None]
             cells.append(f"{statistics.median(got):.0f} ({len(got)}/{len(rs)}) / {spread([_acc(r) for r in rs])}"
                          if got else f"not held (0/{len(rs)}) / {spread([_acc(r) for r in rs])}")

@@ -36,7 +36,7 @@ from pathlib import Path
 from benchmarks.archive import runs_of
 from testbed.common.errors import TestbedError
 from testbed.runs.rundata import RunData
-from testbed.runs.stats import K_SUSTAINED, bootstrap_ci, pair, pair_key
+from testbed.runs.stats import K_SUSTAINED, compare, pair, pair_key
 from testbed.runs.tables import tta_or_never
 
 RATES = ("100mbit", "500mbit", "1gbit")
@@ -85,18 +85,10 @@ def pick(runs: Sequence[RunData], label: str, bw: str | None = None, **hyper) ->
 # ---------------------------------------------------------------- statistics
 
 def paired(xs: Sequence[RunData], bs: Sequence[RunData], value: Callable, diff: bool = False) -> dict:
-    """x against b over paired repeats: value(x) / value(b) (or, with ``diff``, value(x) -
-    value(b)); median, bootstrap 95 % interval, pairs."""
-    if diff:
-        bx = {pair_key(r.summary): value(r) for r in bs}
-        vals = [value(r) - bx[k] for r in xs if (k := pair_key(r.summary)) in bx
-                and value(r) is not None and bx[k] is not None]
-    else:
-        vals = pair(xs, bs, lambda r: pair_key(r.summary), value)
-    if not vals:
-        return {"mid": None, "lo": None, "hi": None, "n": 0}
-    lo, hi = bootstrap_ci(vals) if len(vals) > 1 else (None, None)
-    return {"mid": statistics.median(vals), "lo": lo, "hi": hi, "n": len(vals)}
+    """x against b over paired repeats (``stats.pair``, ``stats.compare``): value(x) /
+    value(b) (or, with ``diff``, value(x) - value(b)); median, bootstrap 95 % interval, pairs."""
+    c = compare(pair(xs, bs, lambda r: pair_key(r.summary), value, diff=diff))
+    return {"mid": c["median_ratio"], "lo": c["ci95_low"], "hi": c["ci95_high"], "n": c["pairs"]}
 
 
 def cell(c: dict, fmt: str = ".2f", scale: float = 1.0, unit: str = "x") -> str:
@@ -126,9 +118,9 @@ def verdict(c: dict, paper: float | tuple[float, float], null: float = 1.0, up_t
     side = 1 if b > null else -1
     if lo <= null <= hi or (side > 0 and hi < null) or (side < 0 and lo > null):
         return "not reproduced"
-    reaches = (hi >= b if side > 0 else lo <= a) if up_to else lo <= b and a <= hi
     if math.isinf(hi) or lo == 0:  # a run that never held the target: the direction, not the size
         return "same direction"
+    reaches = (hi >= b if side > 0 else lo <= a) if up_to else lo <= b and a <= hi
     return "reproduced" if reaches else "same direction"
 
 
@@ -176,11 +168,6 @@ def _tta(target: float) -> Callable[[RunData], float | None]:
     return lambda r: tta_or_never(r, target)
 
 
-def _held(target: float) -> Callable[[RunData], float | None]:
-    """The sustained time to ``target`` of a run that held it (None: it never did)."""
-    return lambda r: r.tta_sustained(target)
-
-
 def _target(runs: Sequence[RunData]) -> float:
     ts = {r.summary.get("target_accuracy") for r in runs}
     if len(ts) != 1 or not isinstance(t := ts.pop(), (int, float)):
@@ -223,22 +210,20 @@ def pactrain_claims(folder: Path) -> str:
     tta = _tta(target)
     out = _head("paper's claim", "metric", "ours: PacTrain (ternary, the default) over the baseline, "
                 "median of paired ratios [95 % interval]", "verdict")
-    speed = {bw: paired(pick(runs, "allreduce", bw), pick(runs, PACTRAIN, bw), tta) for bw in RATES}
-    text = "; ".join(f"{RATE_NAMES[bw]} {cell(c)}" for bw, c in speed.items())
-    out.append(_row("up to **8.72x** faster to accuracy than all-reduce (Fig. 3)", f"TTA ({target:g})",
-                    text, verdict(speed["100mbit"], 8.72, up_to=True) + " (at 100 Mbit)"))
+    def row(claim: str, base: str, mine: Sequence[RunData], paper: float | tuple[float, float], up_to: bool) -> str:
+        """The claim's row: PacTrain's speed-up over ``base`` at every rate, judged at 100 Mbit."""
+        c = {bw: paired(pick(runs, base, bw), pick(mine, PACTRAIN, bw), tta) for bw in RATES}
+        return _row(claim, f"TTA ({target:g})", "; ".join(f"{RATE_NAMES[bw]} {cell(x)}" for bw, x in c.items()),
+                    verdict(c["100mbit"], paper, up_to=up_to) + " (at 100 Mbit)")
+
+    out.append(row("up to **8.72x** faster to accuracy than all-reduce (Fig. 3)", "allreduce", runs, 8.72, True))
     own = _own_lr(folder)
     if own:
         lr = (own[0].summary.get("hyper") or {}).get("lr")
-        c = {bw: paired(pick(runs, "allreduce", bw), pick(own, PACTRAIN, bw), tta) for bw in RATES}
-        out.append(_row(f"(the same, PacTrain at its own best learning rate, {lr:g}; all-reduce at 0.05, its best)",
-                        f"TTA ({target:g})", "; ".join(f"{RATE_NAMES[bw]} {cell(x)}" for bw, x in c.items()),
-                        verdict(c["100mbit"], 8.72, up_to=True) + " (at 100 Mbit)"))
+        out.append(row(f"(the same, PacTrain at its own best learning rate, {lr:g}; all-reduce at 0.05, its best)",
+                       "allreduce", own, 8.72, True))
     for base, name in (("fp16", "fp16"), ("topk 0.01", "top-k 0.01"), ("topk 0.1", "top-k 0.1")):
-        c = {bw: paired(pick(runs, base, bw), pick(runs, PACTRAIN, bw), tta) for bw in RATES}
-        out.append(_row(f"**1.25-7.05x** faster to accuracy than {name} (Fig. 3)", f"TTA ({target:g})",
-                        "; ".join(f"{RATE_NAMES[bw]} {cell(x)}" for bw, x in c.items()),
-                        verdict(c["100mbit"], (1.25, 7.05)) + " (at 100 Mbit)"))
+        out.append(row(f"**1.25-7.05x** faster to accuracy than {name} (Fig. 3)", base, runs, (1.25, 7.05), False))
     out += ["", "Command: `sudo python -m benchmarks.claims --sections tta,tta_lr`.", "", prune_claim(folder),
             "Command: `sudo python -m benchmarks.claims --sections prune`."]
     return "\n".join(out) + "\n"
@@ -265,7 +250,7 @@ def tta_table(folder: Path) -> str:
             if not rs:
                 continue
             rel = label != "allreduce"
-            out.append(_row(RATE_NAMES[bw], label, _reached(rs, target), spread([_held(target)(r) for r in rs], ".1f"),
+            out.append(_row(RATE_NAMES[bw], label, _reached(rs, target), spread([r.tta_sustained(target) for r in rs], ".1f"),
                             cell(paired(base, rs, _tta(target))) if rel else "",
                             cell(paired(base, rs, _iter)) if rel else "", spread([_acc(r) for r in rs])))
     out += ["", f"Final accuracy on digits' test set: {_resolution(runs)}. Speed-ups are allreduce / scheme per "

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import claims_seeds, claims_tables, strong_scaling
-from benchmarks.archive import RECORDS, runs_of
+from benchmarks.archive import RECORDS, reading_once, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
 from testbed.runs.report import RunData
@@ -175,7 +175,13 @@ def blocks(page: Path, text: str) -> list[Block]:
 
 
 def run(docs: Path, records: Path, check: bool, names: list[str]) -> int:
-    """Rewrite (or check) every page's blocks; the exit status."""
+    """Rewrite (or check) every page's blocks; the exit status. Each records folder is read
+    once (``archive.reading_once``), however many blocks use it."""
+    with reading_once():
+        return _run(docs, records, check, names)
+
+
+def _run(docs: Path, records: Path, check: bool, names: list[str]) -> int:
     stale = 0
     for page in pages(docs, records):
         text = page.read_text()

@@ -39,21 +39,23 @@ def pair_key(summary: dict) -> object:
     return ("seed", seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def pair(xs: Sequence, bs: Sequence, key: Callable, value: Callable) -> list[float]:
-    """Ratios value(x) / value(b) over runs x of ``xs`` and b of ``bs`` with the same key
-    (each key once on each side; runs without a key or a value are left out, and so are
+def pair(xs: Sequence, bs: Sequence, key: Callable, value: Callable, diff: bool = False) -> list[float]:
+    """Ratios value(x) / value(b) (with ``diff``, differences value(x) - value(b)) over runs
+    x of ``xs`` and b of ``bs`` with the same key (each key once on each side; runs without
+    a key or a value, or for a ratio a value that is not positive, are left out, and so are
     pairs whose two values are both infinite: a target neither run held)."""
     def by_key(runs) -> dict:
         out: dict = {}
         for r in runs:
             k, v = key(r), value(r)
-            if k is not None and isinstance(v, (int, float)) and v > 0:
+            if k is not None and isinstance(v, (int, float)) and (diff or v > 0):
                 out.setdefault(k, []).append(float(v))
         return {k: v[0] for k, v in out.items() if len(v) == 1}
 
     x, b = by_key(xs), by_key(bs)
-    ratios = (x[k] / b[k] for k in sorted(set(x) & set(b), key=repr))
-    return [q for q in ratios if not math.isnan(q)]  # inf / inf: neither side has a value
+    keys = sorted(set(x) & set(b), key=repr)
+    pairs = (x[k] - b[k] if diff else x[k] / b[k] for k in keys)
+    return [q for q in pairs if not math.isnan(q)]  # inf / inf: neither side has a value
 
 
 def bootstrap_ci(ratios: Sequence[float], n_boot: int = N_BOOT, level: float = LEVEL,
@@ -82,13 +84,14 @@ def compare(ratios: Sequence[float]) -> dict:
     return {"median_ratio": med, "ci95_low": lo, "ci95_high": hi, "pairs": len(ratios), "verdict": verdict}
 
 
-def sustained_tta(evals: Sequence[dict], target: float, k: int = K_SUSTAINED) -> float | None:
-    """Training seconds at the first evaluation from which ``k`` consecutive evaluations are
-    at or above ``target`` (None: never; a run that ends, or stops at the target, before k
-    evaluations held it has not sustained it)."""
+def sustained_tta(evals: Sequence[dict], target: float, k: int = K_SUSTAINED, at: str = "train_s") -> float | None:
+    """Training seconds (or the evaluation's field ``at``, e.g. "iter") at the first
+    evaluation from which ``k`` consecutive evaluations are at or above ``target`` (None:
+    never; a run that ends, or stops at the target, before k evaluations held it has not
+    sustained it)."""
     run = 0
     for i, e in enumerate(evals):
         run = run + 1 if e["accuracy"] >= target else 0
         if run == k:
-            return evals[i - k + 1]["train_s"]
+            return evals[i - k + 1].get(at)
     return None
