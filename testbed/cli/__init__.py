@@ -29,7 +29,7 @@ import typer
 from testbed.cli import doctor, host, images, links, monitor, reports, runs, selftest, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
-from testbed.common import rootless
+from testbed.common import hostbase, rootless
 from testbed.common.errors import TestbedError
 from testbed.common.state import check_root
 from testbed.common.version import __version__
@@ -75,10 +75,14 @@ KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "moni
 ``validate``, ``report``, ``--help``, never start the holder)."""
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    own = argv[:list(argv).index("--")] if "--" in argv else argv
+    return next((a for a in own if not a.startswith("-")), None)
+
+
 def _needs_namespaces(argv: Sequence[str]) -> bool:
     own = argv[:list(argv).index("--")] if "--" in argv else argv
-    first = next((a for a in own if not a.startswith("-")), None)
-    return first in KERNEL_COMMANDS and not {"--help", "-h"} & set(own)
+    return _command(argv) in KERNEL_COMMANDS and not {"--help", "-h"} & set(own)
 
 
 def _needs_state(argv: Sequence[str]) -> bool:
@@ -118,6 +122,8 @@ def _main(argv: Optional[Sequence[str]]) -> None:
     as_json = _wants_json(argv)
     entered = False
     try:
+        if rootless.needed() and _command(argv) == "down":
+            hostbase.prune(ask_slurm=True)  # what ended jobs left in the home directory, before entering
         if rootless.needed() and _needs_namespaces(argv):
             try:
                 rootless.enter()  # before any thread starts; from here on, a child inside them

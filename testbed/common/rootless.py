@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
-import re
 import select
 import signal
 import subprocess
@@ -35,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from testbed.common import outside, procs
+from testbed.common import hostbase, outside, procs
 from testbed.common.errors import TestbedError
 from testbed.common.files import private_dir
 
@@ -61,7 +60,7 @@ def base_dir() -> Path:
     is a directory of ours, else ``~/.local/state/testbed``."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
-    return _runtime_base() or Path.home() / ".local" / "state" / "testbed"
+    return _runtime_base() or hostbase.states_root()
 
 
 def _runtime_base() -> Path | None:
@@ -77,18 +76,14 @@ def _runtime_base() -> Path | None:
 
 
 def use_host_base() -> None:
-    """For a host agent (``testbed _host``, another host's share): BASE is
-    ``$XDG_RUNTIME_DIR/testbed`` (which is the node's own), else a folder of this host's own,
-    ``~/.local/state/testbed/host-HOSTNAME``: the nodes of a cluster share the home directory
-    (NFS), and two nodes must never share one holder or one state directory. Inside a Slurm
-    job, ``host-HOSTNAME-jobID``: each job's share lives in its own holder, started by the
-    job's step and ended with the job, never with another job of the user on that node."""
+    """For a host agent (``testbed _host``, another host's share): BASE is, inside a Slurm job,
+    the node's and job's own, ``~/.local/state/testbed/host-NODE-jobID``: each job's share
+    lives in its own holder, started by the job's step and ended with the job, never with
+    another job of the user on that node. Else ``$XDG_RUNTIME_DIR/testbed`` (which is the host's own), else a folder of
+    this host's own, ``~/.local/state/testbed/host-HOSTNAME``: the hosts may share the home
+    directory (NFS), and two must never share one holder or one state directory."""
     if not os.environ.get(ENV):
-        host = re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename.split(".")[0]) or "unnamed"
-        job = os.environ.get("SLURM_JOB_ID", "")
-        name = f"host-{host}" + (f"-job{job}" if job.isdigit() else "")
-        os.environ[ENV] = str((_runtime_base() if not job.isdigit() else None)
-                              or Path.home() / ".local" / "state" / "testbed" / name)
+        os.environ[ENV] = str(hostbase.job_base(on_node=True) or _runtime_base() or hostbase.host_base())
 
 
 def private_root() -> Path:

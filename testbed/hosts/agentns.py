@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from testbed.common import procs, rootless
+from testbed.common import hostbase, procs, rootless
 from testbed.common.errors import StateError
 from testbed.plan.ledger import Ledger
 
@@ -28,6 +28,7 @@ def enter() -> bool:
         return False
     procs.die_with_parent(signal.SIGTERM)
     rootless.use_host_base()
+    hostbase.prune()  # this node's folders of the user's ended jobs (their holders died with them)
     rootless.enter(spawner=False)
     return True
 

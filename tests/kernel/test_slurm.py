@@ -202,7 +202,8 @@ def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, use
     """The job ends in the middle of a run (`scancel`): every process of the user on both
     nodes ends, and with the holders their namespaces, tunnels and state. The controller's
     record of the testbed (here, outside the job) is then removed by `testbed down` without
-    the job, which says the nodes' shares ended with it."""
+    the job, which says the nodes' shares ended with it, and removes the folders the ended
+    job's holders left in the shared home directory (host-NODE-jobID)."""
     job = user_job('"$TB" up "$TOPO" --hosts slurm > /dev/null && '
                    'exec "$TB" run allreduce -t slm --compute-time 0.2 --max-iters 100000 --out "$OUT"', popen=True)
     try:
@@ -219,11 +220,17 @@ def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, use
             time.sleep(0.5)
         assert _pids("testbed.net.tunnel") == [] and _stray_steps() == []
         assert lab.leftovers() == {}
+        bases = user_job.home / ".local" / "state" / "testbed"
+        assert {p.name.split("-")[1] for p in bases.glob("host-*-job*")} == {"sn1", "sn2"}
+        deadline = time.monotonic() + 30
+        while lab.jobs() and time.monotonic() < deadline:  # the job's end, as Slurm sees it
+            time.sleep(0.5)
         r = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", f"HOME={user_job.home}",
                             "PATH=/usr/bin:/bin", f"SLURM_CONF={lab.env()['SLURM_CONF']}", TESTBED, "down", "slm"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         assert user_processes_left(USER) == []
+        assert sorted(p.name for p in bases.glob("host-*")) == []  # nothing of the ended job in $HOME
     finally:
         if job.poll() is None:
             job.kill()
