@@ -56,11 +56,14 @@ class RootlessError(TestbedError):
 
 
 def base_dir() -> Path:
-    """BASE: ``$TESTBED_ROOTLESS_DIR`` once entered, else ``$XDG_RUNTIME_DIR/testbed`` when that
-    is a directory of ours, else ``~/.local/state/testbed``."""
+    """BASE: ``$TESTBED_ROOTLESS_DIR`` once entered; on a node of a Slurm job (a batch script,
+    ``srun testbed ...``) that node's and job's own, ``~/.local/state/testbed/host-NODE-jobID``
+    (:mod:`testbed.common.hostbase`: the nodes share the home directory, and often have no
+    runtime directory of their own); else ``$XDG_RUNTIME_DIR/testbed`` when that is a
+    directory of ours, else ``~/.local/state/testbed``."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
-    return _runtime_base() or hostbase.states_root()
+    return hostbase.job_base() or _runtime_base() or hostbase.states_root()
 
 
 def _runtime_base() -> Path | None:
@@ -77,9 +80,9 @@ def _runtime_base() -> Path | None:
 
 def use_host_base() -> None:
     """For a host agent (``testbed _host``, another host's share): BASE is, inside a Slurm job,
-    the node's and job's own, ``~/.local/state/testbed/host-NODE-jobID``: each job's share
-    lives in its own holder, started by the job's step and ended with the job, never with
-    another job of the user on that node. Else ``$XDG_RUNTIME_DIR/testbed`` (which is the host's own), else a folder of
+    the node's and job's own (as :func:`base_dir`): each job's share lives in its own holder,
+    started by the job's step and ended with the job, never with another job of the user on
+    that node. Else ``$XDG_RUNTIME_DIR/testbed`` (which is the host's own), else a folder of
     this host's own, ``~/.local/state/testbed/host-HOSTNAME``: the hosts may share the home
     directory (NFS), and two must never share one holder or one state directory."""
     if not os.environ.get(ENV):

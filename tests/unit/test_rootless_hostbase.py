@@ -1,4 +1,4 @@
-"""A host agent's rootless BASE on the nodes of a Slurm job (one per node and job) and
+"""Rootless BASE on the nodes of a Slurm job (one per node and job, also outside agents) and
 the removal of the folders ended jobs left in the shared home directory."""
 
 from __future__ import annotations
@@ -19,6 +19,27 @@ def home(tmp_path, monkeypatch):
     for k in ("SLURM_JOB_ID", "SLURMD_NODENAME", rootless.ENV, "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(k, raising=False)
     return tmp_path
+
+
+def test_a_command_on_a_node_of_a_job_has_that_nodes_own_base(home, monkeypatch):
+    """A batch script or `srun testbed doctor`: host-NODE-jobID, even where a runtime
+    directory exists (it may be on the shared home, or another job's), so two nodes never
+    share one holder."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(home))
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu07.cluster")
+    assert rootless.base_dir() == home / ".local/state/testbed/host-gpu07-job12"
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu08")
+    assert rootless.base_dir() == home / ".local/state/testbed/host-gpu08-job12"
+
+
+def test_salloc_s_shell_off_the_nodes_and_no_job_keep_the_users_base(home, monkeypatch):
+    assert rootless.base_dir() == home / ".local/state/testbed"
+    monkeypatch.setenv("SLURM_JOB_ID", "12")  # salloc's shell on a login machine: no node name
+    assert rootless.base_dir() == home / ".local/state/testbed"
+    monkeypatch.setenv("SLURM_JOB_ID", "x; rm")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    assert rootless.base_dir() == home / ".local/state/testbed"
 
 
 def test_a_host_agent_in_a_job_takes_the_node_and_job_and_outside_one_the_host(home, monkeypatch):
