@@ -69,22 +69,43 @@ HEADER = (f"{'runs':>4} {'iter s':>8} {'C s':>7} {'W MB':>8} {'W/R s':>7} {'max(
 """The columns ``row`` prints (after the caller's own, e.g. rate and scheme)."""
 
 
+def _measured(times: list[float], c: float, wire_bytes: float, rate_bytes_per_s: float):
+    """A cell's median iteration time, its Efficiency, and each run's."""
+    t = statistics.median(times)
+    per_run = [efficiency(x, c, wire_bytes, rate_bytes_per_s) for x in times]
+    return t, efficiency(t, c, wire_bytes, rate_bytes_per_s), per_run
+
+
 def row(times: list[float], c: float | None, wire_bytes: float, rate_bytes_per_s: float) -> str:
     """One table row over a cell's runs: the median iteration time; both efficiencies as
     median [min-max] over the runs (one value for one run); '-' where C is unknown."""
     times = [t for t in times if t is not None and t > 0]
     if not times:
         return f"{0:>4} (no timed run)"
-    t = statistics.median(times)
     link = wire_bytes / rate_bytes_per_s
     if c is None:
-        return f"{len(times):>4} {t:8.3f} {'-':>7} {wire_bytes / 1e6:8.2f} {link:7.3f}   (no C: no bound)"
-    per_run = [efficiency(x, c, wire_bytes, rate_bytes_per_s) for x in times]
-    mid = efficiency(t, c, wire_bytes, rate_bytes_per_s)
+        return f"{len(times):>4} {statistics.median(times):8.3f} {'-':>7} {wire_bytes / 1e6:8.2f} {link:7.3f}   (no C: no bound)"
+    t, mid, per_run = _measured(times, c, wire_bytes, rate_bytes_per_s)
     return (f"{len(times):>4} {t:8.3f} {c:7.3f} {wire_bytes / 1e6:8.2f} {link:7.3f} {mid.overlap_bound:10.3f} "
             f"{mid.serial_time:7.3f} {_spread(mid.overlap, [e.overlap for e in per_run]):>17} "
             f"{_spread(mid.serial, [e.serial for e in per_run]):>17} "
             + (f"{mid.hidden:6.2f}" if math.isfinite(mid.hidden) else f"{'-':>6}"))
+
+
+def cells(times: list[float], c: float | None, wire_bytes: float, rate_bytes_per_s: float) -> list[str]:
+    """``row``'s values as markdown cells: runs, T, C, W MB, W/R, max(C, W/R), C + W/R, overlap
+    eff and no-overlap eff (median [min-max] over the runs); '-' where C is unknown."""
+    times = [t for t in times if t is not None and t > 0]
+    if not times:
+        return ["0", *["-"] * 8]
+    link = wire_bytes / rate_bytes_per_s
+    head = [str(len(times)), f"{statistics.median(times):.3f}"]
+    if c is None:
+        return [*head, "-", f"{wire_bytes / 1e6:.2f}", f"{link:.3f}", "-", "-", "-", "-"]
+    _, mid, per_run = _measured(times, c, wire_bytes, rate_bytes_per_s)
+    return [*head, f"{c:.3f}", f"{wire_bytes / 1e6:.2f}", f"{link:.3f}", f"{mid.overlap_bound:.3f}",
+            f"{mid.serial_time:.3f}", _spread(mid.overlap, [e.overlap for e in per_run]),
+            _spread(mid.serial, [e.serial for e in per_run])]
 
 
 def _spread(mid: float, values: list[float]) -> str:

@@ -28,6 +28,14 @@ runs side by side that shared the seed, the checkpoint and the machine's load.
     tta_lr  pactrain 0.5 at the learning rate the lr section found best for it (0.1; all-reduce
             and top-k are best at the default 0.05), as the tta section, to pair with its
             all-reduce runs (same seeds and checkpoints; run after them, not back to back)
+    eff     docs/results/efficiency.md: allreduce, fp16, topk 0.01 and pactrain 0.5 exact and
+            ternary at 10 Gbit (C, the compute bound), 100 Mbit, 500 Mbit and 1 Gbit, 4 epochs
+            (20 iterations), an evaluation every 5, 3 repeats
+    eff_prunex  the same for allreduce, hier-allreduce and prunex at 10 Gbit, 100 Mbit and
+            500 Mbit
+    prunex_bn   PruneX on a batch-norm model: allreduce, hier-allreduce and prunex with
+            ResNet18 (full width) on 4 ranks, two behind each edge switch, at 1 Gbit, 6 epochs
+            (66 iterations), target 0.9, 3 repeats
 
 Each sweep directory's path is printed; with ``--archive NAME`` the sections' sweeps are
 archived together into ``docs/results/records/NAME`` (``benchmarks.archive``; the claims
@@ -46,7 +54,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks import archive
-from benchmarks.paper_sweep import THREE, testbed_argv
+from benchmarks.paper_sweep import THREE, scaled_topology, testbed_argv
 
 COMMON = ("--epochs", "8", "--target-acc", "0.95", "--eval-every", "1", "--pretrain-epochs", "2")
 
@@ -63,8 +71,16 @@ SECTIONS: dict[str, tuple[str, ...]] = {
            "--bw", "10gbit", "--repeats", "2", "--epochs", "12"),
     "tta_lr": ("--schemes", "pactrain:0.5", "--param", "lr=0.1", "--bw", "100mbit,500mbit,1gbit",
                "--repeats", "5", "--epochs", "12"),
+    "eff": ("--schemes", "allreduce,fp16,topk:0.01,pactrain:0.5:exact,pactrain:0.5:ternary",
+            "--bw", "10gbit,100mbit,500mbit,1gbit", "--repeats", "3", "--epochs", "4", "--eval-every", "5"),
+    "eff_prunex": ("--schemes", "allreduce,hier-allreduce,prunex", "--bw", "10gbit,100mbit,500mbit",
+                   "--repeats", "3", "--epochs", "4", "--eval-every", "5"),
+    "prunex_bn": ("--schemes", "allreduce,hier-allreduce,prunex", "--model", "resnet18", "--bw", "1gbit",
+                  "--repeats", "3", "--epochs", "6", "--eval-every", "11", "--target-acc", "0.9"),
 }
 """Each section's sweep arguments (after COMMON: a later --epochs or --target-acc wins)."""
+WORKERS = {"prunex_bn": 4}
+"""Sections on fewer than three_switch's 8 workers, half behind each edge switch."""
 
 
 def sweep(section: str, out: Path, topology: Path) -> Path:
@@ -77,6 +93,15 @@ def sweep(section: str, out: Path, topology: Path) -> Path:
     where = Path(json.loads(p.stdout)["dir"])
     print(f"{section}: {where}", flush=True)
     return where
+
+
+def _topology(args: argparse.Namespace, workers: int) -> Path:
+    """three_switch (or its ``workers``-worker shape) under the name ``--name`` (+ the count)."""
+    topo = yaml.safe_load((THREE if workers == 8 else scaled_topology(workers, args.out)).read_text())
+    topo["name"] = args.name if workers == 8 else f"{args.name}{workers}"
+    topology = args.out / f"{topo['name']}.yaml"
+    topology.write_text(yaml.safe_dump(topo, sort_keys=False))
+    return topology
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sections or set(sections) - set(SECTIONS):
         p.error(f"--sections: choose from {', '.join(SECTIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    topo = yaml.safe_load(THREE.read_text())
-    topo["name"] = args.name
-    topology = args.out / f"{args.name}.yaml"
-    topology.write_text(yaml.safe_dump(topo, sort_keys=False))
-    dirs = [sweep(s, args.out, topology) for s in sections]
+    dirs = [sweep(s, args.out, _topology(args, WORKERS.get(s, 8))) for s in sections]
     return archive.main([*map(str, dirs), "--name", args.archive]) if args.archive else 0
 
 

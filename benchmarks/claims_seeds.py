@@ -29,6 +29,7 @@ from benchmarks.claims_tables import (
     verdict,
 )
 from benchmarks import strong_scaling
+from testbed.common.errors import TestbedError
 from testbed.runs.stats import K_SUSTAINED, sustained_tta
 
 RHO = 0.1
@@ -50,8 +51,9 @@ def _prunex_runs(folder: Path):
     return runs, pick(runs, "allreduce"), pick(runs, "hier-allreduce"), rho
 
 
-def prunex_claims(folder: Path) -> str:
-    """PruneX's volume and accuracy claims, and what its ADMM penalty does (rho 0 against 0.1)."""
+def prunex_claims(folder: Path, section: str = "prunex") -> str:
+    """PruneX's volume and accuracy claims, and what its ADMM penalty does (rho 0 against 0.1,
+    where the records hold both)."""
     runs, dense, hier, rho = _prunex_runs(folder)
     target, prunex = _target(runs), rho[RHO]
     bw = RATE_NAMES.get(prunex[0].bw, prunex[0].bw)
@@ -67,12 +69,13 @@ def prunex_claims(folder: Path) -> str:
                     f"{cell(acc, '+.1f', unit=' points')} against all-reduce; the time to a sustained {target:g} "
                     f"took {cell(tta)} all-reduce's ({_reached(prunex, target)} runs reached it, all-reduce "
                     f"{_reached(dense, target)})", no_loss(acc)))
-    gain = _points(paired(prunex, rho[0.0], _acc, diff=True))
-    shown = "one run" if gain["lo"] is None else "reproduced" if gain["lo"] > 0 else "not reproduced"
-    out.append(_row("H-SADMM (the ADMM penalty, rho > 0) prunes with less loss than pruning by norm alone "
-                    "(rho = 0; implied by the method, our ablation)", "final accuracy",
-                    f"rho {RHO:g} minus rho 0: {cell(gain, '+.1f', unit=' points')}", shown))
-    out += ["", "Command: `sudo python -m benchmarks.claims --sections prunex`."]
+    if rho[0.0]:
+        gain = _points(paired(prunex, rho[0.0], _acc, diff=True))
+        shown = "one run" if gain["lo"] is None else "reproduced" if gain["lo"] > 0 else "not reproduced"
+        out.append(_row("H-SADMM (the ADMM penalty, rho > 0) prunes with less loss than pruning by norm alone "
+                        "(rho = 0; implied by the method, our ablation)", "final accuracy",
+                        f"rho {RHO:g} minus rho 0: {cell(gain, '+.1f', unit=' points')}", shown))
+    out += ["", f"Command: `sudo python -m benchmarks.claims --sections {section}`."]
     return "\n".join(out) + "\n"
 
 
@@ -96,7 +99,9 @@ def prunex_table(folder: Path) -> str:
                         spread([r.tta_sustained(target) for r in rs], ".1f"), admm,
                         f"{comp} ({chans})" if comp != "-" else "-"))
     first = rho[RHO][0].summary if rho[RHO] else {}
-    out += ["", f"{first.get('world_size')} ranks behind two switches, {first.get('iterations')} iterations "
+    model = {"cnn": "The CNN", "resnet18": "ResNet18 (batch norm)"}.get(str(first.get("model")), first.get("model"))
+    out += ["", f"{model} on {first.get('world_size')} ranks behind two switches, "
+                f"{first.get('iterations')} iterations "
                 f"({first.get('epochs'):g} epochs); the masks are fixed at 30 % of the run, after the ADMM updates "
                 f"counted here. Uplink bytes are the tc counters of the switches' uplinks over the whole run "
                 f"(start-up and evaluation included). Accuracy: {_resolution(runs)}."]
@@ -141,6 +146,33 @@ def spardl_table(folder: Path) -> str:
                         spread([_acc(r) for r in rs])))
     out += ["", "Wire bytes: the mean over ranks of each rank's interface tx bytes per iteration (tc counters), "
                 f"median [min-max] over runs. Accuracy: {_resolution(runs)}."]
+    return "\n".join(out) + "\n"
+
+
+def spardl_ranks_table(folder: Path) -> str:
+    """SparDL against the top-k all-gather at the same density (0.01) on 2, 4 and 8 ranks
+    (``benchmarks.paper_sweep --sections spardl``): wire bytes and iteration time, paired by
+    repeat at each rank count, and final accuracy, at the shaped rate (the 10 Gbit runs
+    those sweeps also hold are left out)."""
+    runs = [r for r in runs_of(folder) if r.status == "ok" and r.summary.get("scheme") in ("topk", "spardl")
+            and r.bw != "10gbit"]
+    if not runs:
+        raise TestbedError(f"{folder}: no topk or spardl runs", "python -m benchmarks.paper_sweep --sections spardl")
+    out = _head("ranks", "runs", "top-k wire KB per rank per iteration", "SparDL", "top-k / SparDL bytes (paired)",
+                "top-k iteration s", "SparDL iteration s", "top-k / SparDL time (paired)", "top-k final accuracy",
+                "SparDL final accuracy", "SparDL's d")
+    for n in sorted({r.summary.get("world_size") for r in runs}):
+        t = [r for r in runs if r.summary.get("world_size") == n and r.summary["scheme"] == "topk"]
+        d = [r for r in runs if r.summary.get("world_size") == n and r.summary["scheme"] == "spardl"]
+        out.append(_row(str(n), f"{len(t)} + {len(d)}", spread([(_wire(r) or 0) / 1e3 for r in t], ".1f"),
+                        spread([(_wire(r) or 0) / 1e3 for r in d], ".1f"), cell(paired(t, d, _wire)),
+                        spread([_iter(r) for r in t]), spread([_iter(r) for r in d]), cell(paired(t, d, _iter)),
+                        spread([_acc(r) for r in t]), spread([_acc(r) for r in d]),
+                        spread([r.summary.get("spardl_teams_used") for r in d], ".0f")))
+    out += ["", f"At {RATE_NAMES.get(runs[0].bw, runs[0].bw)}, the workers split over two edge switches. Wire bytes: "
+                "the mean over ranks of each rank's interface tx bytes per iteration (tc counters), median "
+                f"[min-max] over runs. Accuracy: {_resolution(runs)}. Command: `sudo python -m "
+                "benchmarks.paper_sweep --sections spardl --repeats 3`."]
     return "\n".join(out) + "\n"
 
 

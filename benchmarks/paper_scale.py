@@ -197,6 +197,72 @@ def _row(rs: list[RunData], t: dict, v: str, rate: float) -> str:
             + eff + ("" if steady else " *"))
 
 
+MODEL_NAMES = {"resnet18": "ResNet18", "resnet152": "ResNet152", "vgg19": "VGG19", "vit_b16": "ViT-B/16"}
+
+
+def markdown(runs: list[RunData], bw: str) -> str:
+    """docs/results/training.md's paper-scale table at rate ``bw``, from the records: per model
+    and scheme the median iteration time over the cell's runs, the speed-ups over allreduce,
+    fp16 and topk 0.01 (their time / this one's), W and both efficiencies (``bounds.cells``;
+    '*' where the timed window is under 3 s and W is the whole run's average: no bound), and
+    the peak resident memory per rank."""
+    rate = Rate.parse(bw).bps / 8
+    out = ["| model (gradients) | scheme | runs | iteration s | vs allreduce | vs fp16 | vs topk 0.01 | W MB | "
+           "no-overlap eff | overlap eff | RSS / rank GB |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    by: dict = {}
+    for r in runs:
+        if r.bw == bw:
+            by.setdefault(r.summary.get("model"), {}).setdefault(r.summary.get("variant") or r.summary.get("scheme"),
+                                                                   []).append(r)
+    for model in [m for m in MODELS if m in by] + sorted(set(by) - set(MODELS)):
+        cells = by[model]
+        t = {v: _median([steady_iter_s(r) for r in rs]) for v, rs in cells.items()}
+        grads = (_median([r.summary.get("dense_bytes") for r in next(iter(cells.values()))]) or 0) / 1e6
+        name = f"{MODEL_NAMES.get(model, model)} ({grads:.0f} MB)"
+        for v in [x for x in SCHEMES if x in cells] + sorted(set(cells) - set(SCHEMES)):
+            out.append(_markdown_row(name, v, cells[v], t, rate))
+            name = ""
+    return "\n".join(out) + "\n"
+
+
+def speedups_markdown(runs: list[RunData], scheme: str = "pactrain:0.5:ternary") -> str:
+    """docs/results/claims.md's not-comparable rows: ``scheme``'s iteration-time speed-up over
+    allreduce, fp16 and topk 0.01 per model and rate (medians over each cell's runs)."""
+    out = [f"| model | rate | {scheme.replace(':', ' ')}: iteration-time speed-up over allreduce | over fp16 | "
+           "over topk 0.01 | runs per cell |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    by: dict = {}
+    for r in runs:
+        key = (r.summary.get("model"), r.bw, r.summary.get("variant") or r.summary.get("scheme"))
+        by.setdefault(key, []).append(r)
+    models = [m for m in MODELS if any(k[0] == m for k in by)]
+    for model in models:
+        for bw in sorted({k[1] for k in by if k[0] == model}, key=lambda b: Rate.parse(b).bps):
+            t = {v: _median([steady_iter_s(r) for r in rs]) for (m, b, v), rs in by.items() if m == model and b == bw}
+            mine = t.get(scheme)
+            if not mine:
+                continue
+            ratio = [f"{t[o] / mine:.2f}x" if t.get(o) else "-" for o in ("allreduce", "fp16", "topk:0.01")]
+            n = sorted({len(rs) for (m, b, _), rs in by.items() if m == model and b == bw})
+            out.append(f"| {MODEL_NAMES.get(model, model)} | {bw} | " + " | ".join(ratio)
+                       + f" | {'/'.join(map(str, n))} |")
+    return "\n".join(out) + "\n"
+
+
+def _markdown_row(model: str, v: str, rs: list[RunData], t: dict, rate: float) -> str:
+    it = t[v]
+    ratio = [f"{t[o] / it:.2f}" if t.get(o) and it else "-" for o in ("allreduce", "fp16", "topk:0.01")]
+    wires = [steady_wire(r) for r in rs]
+    steady = all(ok for _, ok in wires)
+    w = statistics.median(x for x, _ in wires)
+    c = rs[0].summary.get("compute_time_s")
+    eff = bounds.cells([steady_iter_s(r) for r in rs], c if steady else None, w, rate)
+    rss = (_median([r.summary.get("max_rss_bytes_per_rank") for r in rs]) or 0) / 1e9
+    wire = f"{w / 1e6:.1f}" if steady else f"({w / 1e6:.1f})*"
+    return (f"| {model} | {v.replace(':', ' ')} | {len(rs)} | {eff[1]} | " + " | ".join(ratio)
+            + f" | {wire} | {eff[8]} | {eff[7]} | {rss:.2f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}")

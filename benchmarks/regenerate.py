@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import claims_seeds, claims_tables, strong_scaling
+from benchmarks import claims_seeds, claims_tables, efficiency_tables, paper_scale, strong_scaling
 from benchmarks.archive import RECORDS, reading_once, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
@@ -102,10 +102,18 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "claims_prune": claims_tables.prune_table,
     "claims_prunex": claims_seeds.prunex_claims,
     "claims_prunex_table": claims_seeds.prunex_table,
+    "claims_prunex_bn": lambda folder: claims_seeds.prunex_claims(folder, section="prunex_bn"),
     "claims_spardl": claims_seeds.spardl_claims,
     "claims_spardl_table": claims_seeds.spardl_table,
+    "spardl_ranks": claims_seeds.spardl_ranks_table,
     "claims_lr": claims_seeds.lr_table,
     "claims_scaling": claims_seeds.scaling_claims,
+    "efficiency": efficiency_tables.pactrain_table,
+    "efficiency_prunex": efficiency_tables.prunex_table,
+    "efficiency_ternary": efficiency_tables.ternary_table,
+    **{f"paper_scale_{bw}": (lambda folder, bw=bw: paper_scale.markdown(_ok(folder), bw))
+       for bw in paper_scale.BWS},
+    "paper_scale_speedups": lambda folder: paper_scale.speedups_markdown(_ok(folder)),
 }
 """name -> function(records folder) -> markdown."""
 

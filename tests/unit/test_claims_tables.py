@@ -102,3 +102,21 @@ def test_a_run_that_never_holds_the_target_ranks_last_in_its_pair():
     base[3] = _run("allreduce", 3, tta_iter=99)  # neither held it in repeat 3: left out
     assert ct.paired(base, mine, ct._tta(0.95))["n"] == 3
     assert "inf" in ct.cell(ct.paired(mine, base, ct._tta(0.95)))
+
+
+def test_spardl_against_topk_is_paired_at_each_rank_count(tmp_path, monkeypatch):
+    """topk's bytes grow with the ranks, SparDL's do not: the paired ratio per rank count, the
+    10 Gbit runs left out, and SparDL's d shown."""
+    runs = []
+    for n in (2, 8):
+        for k in range(3):
+            for scheme, wire in (("topk", 40e3 * n), ("spardl", 20e3 * (1 + k / 100))):
+                for bw in ("100mbit", "10gbit"):
+                    runs.append(_run(scheme, k, bw=bw, sweep=f"s{n}", world_size=n,
+                                     mean_wire_tx_bytes_per_iteration=wire, spardl_teams_used=2))
+    monkeypatch.setattr(claims_seeds, "runs_of", lambda folder: runs)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in claims_seeds.spardl_ranks_table(tmp_path).splitlines() if line.startswith(("| 2 ", "| 8 "))}
+    assert rows["2"][1] == "3 + 3" and rows["2"][2] == "80.0 [80.0-80.0]"
+    assert rows["8"][4].startswith("15.8") and "(3 pairs)" in rows["8"][4]  # 320 KB / 20.2 KB, the median pair
+    assert rows["8"][10] == "2 [2-2]"

@@ -127,3 +127,40 @@ def test_uplink_bytes_per_timed_iteration_of_a_dilated_run(tmp_path, k):
     r = RunData(tmp_path, summary, [], [])
     got, timed_only = steady_wire(r)
     assert timed_only and got == pytest.approx(1e6)
+
+
+def _paper_scale_run(where, variant: str, iter_s: float, mb_per_iter: float, bw: str = "100mbit") -> RunData:
+    """A paper-scale run of ResNet18: 3 iterations of ``iter_s`` (the first untimed) and
+    ``mb_per_iter`` MB per iteration on its uplink, sampled every 0.5 s."""
+    import json
+
+    where.mkdir(parents=True)
+    t0 = 1000.0
+    (where / "rank0.jsonl").write_text("".join(
+        json.dumps({"rank": 0, "iter": i, "time": t0 + (i + 1) * iter_s, "iter_s": iter_s}) + "\n" for i in range(3)))
+    (where / "links.jsonl").write_text("".join(
+        json.dumps({"time": t0 + s * 0.5, "link": "s1-s0", "direction": "forward",
+                    "bytes": s * 0.5 / iter_s * mb_per_iter * 1e6}) + "\n" for s in range(int(8 * iter_s))))
+    summary = {"model": "resnet18", "variant": variant, "scheme": variant.split(":")[0], "bw": bw, "status": "ok",
+               "iterations": 3, "compute_time_s": 0.02, "dense_bytes": 44.7e6, "max_rss_bytes_per_rank": 0.5e9,
+               "bottleneck": {"links": {"s1-s0 forward": {"bytes": 3 * mb_per_iter * 1e6}}}}
+    return RunData(where, summary, [], [])
+
+
+def test_the_paper_scale_tables_from_records(tmp_path):
+    """Speed-ups are the other scheme's iteration time over this one's; W comes from the
+    timed window (3 s and more) and gives both efficiencies; a window under 3 s gives the
+    whole run's W in brackets and no efficiency."""
+    from benchmarks import paper_scale
+
+    runs = [_paper_scale_run(tmp_path / "a", "allreduce", 6.0, 60.0),
+            _paper_scale_run(tmp_path / "f", "fp16", 3.0, 30.0),
+            _paper_scale_run(tmp_path / "t", "pactrain:0.5:ternary", 1.0, 7.5)]
+    rows = [line for line in paper_scale.markdown(runs, "100mbit").splitlines() if line.startswith("| ")][2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert cells[0][:9] == ["ResNet18 (45 MB)", "allreduce", "1", "6.000", "1.00", "0.50", "-", "60.0", "0.80"]
+    assert cells[0][9] == "0.80"  # W / R = 60 MB / 12.5 MB/s = 4.8 s of 6; C = 0.02
+    assert cells[2][1] == "pactrain 0.5 ternary" and cells[2][4:6] == ["6.00", "3.00"]
+    assert cells[2][7] == "(7.5)*" and cells[2][8:10] == ["-", "-"]  # a 2 s window: no bound
+    speed = paper_scale.speedups_markdown(runs).splitlines()[2]
+    assert speed.startswith("| ResNet18 | 100mbit | 6.00x | 3.00x | - | 1 |")
