@@ -13,7 +13,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
 ``apply NAME`` {state, actions}: record and apply this host's actions; undo all on failure.
                If the SSH connection dies meanwhile (the controller was killed), the share
                removes itself (PR_SET_PDEATHSIG makes that a SIGTERM). ``--hold``: then
-               stay until the share is removed (a Slurm step's processes end with it).
+               stay until the share is removed (a Slurm step's processes end with it);
+               on SIGTERM/SIGHUP (the job's end) remove the share, as ``down NAME``.
 ``down NAME``  / ``down-all``: as ``testbed down`` here.
 ``counters NAME``: egress counters of this host's link ends.
 ``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
@@ -399,5 +400,5 @@ def main(op: str, args: list[str]) -> int:
         from testbed.hosts.agentns import hold
 
         sys.stdout.flush()
-        return hold(args[0])
+        return hold(args[0], on_end=lambda: down(args[0]))  # the job's end removes the share
     return 0

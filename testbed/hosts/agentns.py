@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable
 
 from testbed.common import hostbase, procs, rootless
 from testbed.common.errors import StateError
+from testbed.common.signals import ignore_interrupts
 from testbed.plan.ledger import Ledger
 
 
@@ -42,15 +45,23 @@ def leave(entered: bool) -> None:
 HOLD_POLL_S = 0.5
 
 
-def hold(name: str) -> int:
+def hold(name: str, on_end: Callable[[], object] | None = None) -> int:
     """``testbed _host apply NAME --hold``: after answering, stay while the share is up here.
     A Slurm step ends every process it started when its first one exits, so the share's
     processes (tunnel forwarders, the exporter, an ordinary user's namespace holder) live as
-    long as this: until ``down`` removed the share (its ledger), or the job ended (which
-    ends them all with it)."""
+    long as this: until ``down`` removed the share (its ledger), or the job ended.
+
+    The job's end (``scancel``, its time limit) sends SIGTERM to every process of every
+    step, then SIGKILL ``KillWait`` later (30 s by default): on SIGTERM or SIGHUP this
+    removes the share first with ``on_end`` (``testbed down`` of the share, as root: its
+    namespaces and ledger are no process, and would outlive the job), and returns 0 if that
+    went well. An ordinary user's share goes with their holder anyway."""
     os.close(0)  # the request was read; nothing more comes
+    ended: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: ended.append(signum))
     missing = 0
-    while missing < 2:  # gone at two looks in a row: the share was removed
+    while missing < 2 and not ended:  # gone at two looks in a row: the share was removed
         time.sleep(HOLD_POLL_S)
         missing = 0 if Ledger(name).exists() else missing + 1
         try:
@@ -58,6 +69,14 @@ def hold(name: str) -> int:
                 pass
         except ChildProcessError:
             pass
+    if not ended or on_end is None:
+        return 0
+    ignore_interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))  # the teardown must finish
+    try:
+        on_end()
+    except Exception as e:  # the job is ending: say why, nobody else will
+        sys.stderr.write(f"error: removing testbed '{name}' at the job's end (signal {ended[0]}): {e}\n")
+        return 1
     return 0
 
 
