@@ -1,4 +1,5 @@
-"""`testbed doctor`: what this machine can do, each missing piece with a hint."""
+"""`testbed doctor`: what this machine can do, each missing piece with a hint, and which
+machine that is (:func:`where`)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,23 @@ def _gpu() -> list[Check]:
     except ImportError:
         out.append(Check("NCCL", False, "torch not installed", "pip install torch (workloads need it)"))
     return out
+
+
+def where() -> dict:
+    """The machine the checks ran on: its hostname, and its Slurm node name and job where it
+    is a node of a job (``srun -N 2 testbed doctor``: one report per node, each saying which)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    return {"host": os.uname().nodename, "slurm_node": os.environ.get("SLURMD_NODENAME") or None,
+            "slurm_job": int(job) if job.isdigit() else None}
+
+
+def describe(place: dict) -> str:
+    """``host gpu08`` or ``host gpu08 (Slurm node gpu08 of job 42)``."""
+    text = f"host {place['host']}"
+    if place.get("slurm_node"):
+        text += f" (Slurm node {place['slurm_node']}" + (f" of job {place['slurm_job']}" if place.get("slurm_job")
+                                                            else "") + ")"
+    return text
 
 
 def as_dicts(checks: list[Check]) -> list[dict]:

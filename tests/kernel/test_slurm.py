@@ -237,3 +237,21 @@ def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, use
             job.kill()
             job.wait()
 
+
+def test_doctor_checks_each_node_of_an_ordinary_users_job(lab, user_job):
+    """`srun -l -N 2 testbed doctor --json` inside the allocation: one report per node, each
+    naming its node, each in the user's rootless namespaces of that node and job (BASE
+    host-NODE-jobID on the shared home, not one for both nodes)."""
+    r = user_job('srun -l -N 2 "$TB" doctor --json', timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines: dict[str, list[str]] = {}
+    for line in r.stdout.splitlines():
+        task, sep, text = line.partition(": ")
+        if sep and task.strip().isdigit():
+            lines.setdefault(task.strip(), []).append(text)
+    reports = [json.loads("\n".join(v)) for v in lines.values()]
+    assert sorted(d["slurm_node"] for d in reports) == ["sn1", "sn2"], r.stdout[-3000:]
+    for d in reports:
+        assert d["ok"] and d["host"] == d["slurm_node"] and isinstance(d["slurm_job"], int), d
+        [priv] = [c for c in d["checks"] if c["name"] == "privileges"]
+        assert priv["ok"] and f"host-{d['slurm_node']}-job{d['slurm_job']}" in priv["detail"], priv
