@@ -146,7 +146,9 @@ class SlurmRemote:
                              f"{(err or out).decode(errors='replace').strip()[-300:]}")
         if uid != "0":
             raise StateError(f"host {self.host.name}: the job's steps run as uid {uid} on node {self.host.slurm}, "
-                             "not root", "links between nodes need root for now (VXLAN); see docs/slurm.md")
+                             "not root", "run testbed as the job's own user, without sudo: each node's share is then "
+                             "built in that user's rootless namespaces, the links between nodes user-space tunnels "
+                             "(docs/slurm.md)")
 
     def open_sftp(self) -> FilesClient:
         """What a run's file copies use (a file step, in place of SFTP)."""
