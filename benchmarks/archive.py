@@ -48,9 +48,10 @@ from pathlib import Path
 
 from benchmarks.paper_scale import timed_window
 from testbed.common.errors import TestbedError
-from testbed.common.files import LIMITS
+from testbed.common.files import LIMITS, read_json
 from testbed.common.outdir import OutDir
 from testbed.runs.report import RunData, find_runs
+from testbed.runs.rundir import code_version
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results" / "records"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -202,10 +203,14 @@ def read_source(path: Path) -> dict[str, dict[str, str]]:
     fd = _open_dir(path)
     try:
         sweep = _read(fd, "sweep.json", str(path))
+        result = _read(fd, RESULT, str(path)) if sweep is None else None
+        if result is not None:
+            return {path.name: {RESULT: _dump(_result(_json(result, f"{path}/{RESULT}"), f"{path}/{RESULT}"))}}
         if sweep is None:
             if _read(fd, "run.json", str(path)) is None:
-                raise Refused(f"{path} is not a run or sweep directory (no run.json, no sweep.json)",
-                              "give directories made by `testbed run` or `testbed sweep`")
+                raise Refused(f"{path} is not a run, sweep or benchmark result directory (no run.json, "
+                              f"sweep.json or {RESULT})", "give directories made by `testbed run`, `testbed sweep` "
+                              "or a benchmark's --record")
             return {path.name: read_run(fd, str(path), roots)}
         out = {path.name: {"sweep.json": _dump(scrub(_json(sweep, f"{path}/sweep.json"), roots))}}
         for entry in sorted(os.scandir(fd), key=lambda e: e.name):
@@ -222,6 +227,41 @@ def read_source(path: Path) -> dict[str, dict[str, str]]:
         return out
     finally:
         os.close(fd)
+
+
+RESULT = "result.json"
+"""A benchmark's own result (``--record DIR`` of benchmarks that are not testbed runs): a JSON
+object with ``benchmark`` (its module's name), ``code_version`` and ``rows`` (a list of
+objects), archived as it is."""
+
+
+def _result(obj: dict, where: str) -> dict:
+    if not isinstance(obj.get("benchmark"), str) or not isinstance(obj.get("rows"), list) \
+            or not all(isinstance(r, dict) for r in obj["rows"]):
+        raise Refused(f"{where} has no benchmark name or no list of rows", "archive what a benchmark's --record wrote")
+    return obj
+
+
+def record(where: Path, benchmark: str, rows: list[dict], **extra) -> Path:
+    """A benchmark's ``--record DIR``: DIR/result.json (DIR made, private to its user, never
+    through a link), which ``python -m benchmarks.archive DIR --name NAME`` archives."""
+    with OutDir(where, "--record") as d:
+        d.write_text(RESULT, _dump({"benchmark": benchmark, "code_version": code_version(), **extra, "rows": rows}))
+    return where / RESULT
+
+
+def results_of(folder: Path, benchmark: str) -> list[dict]:
+    """The archived results of ``benchmark`` in ``folder`` (records/NAME), each as written."""
+    out = []
+    for d in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
+        if (d / RESULT).is_file():
+            obj = read_json(d / RESULT)
+            if isinstance(obj, dict) and obj.get("benchmark") == benchmark:
+                out.append(obj)
+    if not out:
+        raise TestbedError(f"{folder}: no {benchmark} result", f"python -m benchmarks.{benchmark} --record DIR, "
+                           "then python -m benchmarks.archive DIR --name NAME")
+    return out
 
 
 def size(path: Path) -> int:
@@ -301,7 +341,8 @@ def runs_of(folder: Path) -> list[RunData]:
         return _READ[folder]
     if not folder.is_dir():
         raise TestbedError(f"{folder}: no such records folder", "archive it: python -m benchmarks.archive")
-    runs = find_runs(sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()))
+    dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not (p / RESULT).exists())
+    runs = find_runs(dirs) if dirs else []
     if _READ is not None:
         _READ[folder] = runs
     return runs
@@ -309,7 +350,8 @@ def runs_of(folder: Path) -> list[RunData]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
+                   help="run or sweep directories, or a benchmark's --record directory")
     p.add_argument("--name", required=True, help="the records folder's name, e.g. strong-scaling-2026-11-27")
     p.add_argument("--records", type=Path, default=RECORDS, help="where records folders live")
     args = p.parse_args(argv)

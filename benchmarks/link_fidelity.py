@@ -10,17 +10,25 @@ another host: a real sshd in its own namespace on an underlay bridge (the multi-
 tests' lab, tests/kernel/sshhosts.py), so the link is a VXLAN tunnel shaped at both ends,
 at MTU 1450 (TCP ceiling 0.955). Needs openssh-server too.
 
-    sudo python -m benchmarks.link_fidelity [--rates 10mbit,100mbit,...] [--seconds 4] [--cross-host]
+    sudo python -m benchmarks.link_fidelity [--rates 10mbit,100mbit,...] [--seconds 4] [--repeats N]
+                                            [--cross-host] [--record DIR]
+
+``--repeats N`` measures every rate N times, taking turns (rate by rate, then again), so
+the table gives median [min-max] over the N; ``--record DIR`` writes every measurement to
+DIR/result.json, which ``python -m benchmarks.archive DIR --name NAME`` archives for
+docs/results/network.md's table (``benchmarks.network_tables``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.archive import record
 from testbed import Testbed, load_topology_dict
 from testbed.model.units import Rate
 
@@ -42,8 +50,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default=RATES)
     ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--repeats", type=int, default=1, help="measure every rate this many times, taking turns")
     ap.add_argument("--cross-host", action="store_true", help="also measure a link between two hosts (VXLAN)")
+    ap.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     args = ap.parse_args()
+    if args.repeats < 1:
+        sys.exit("--repeats: at least 1")
     if os.geteuid() != 0:
         sys.exit("needs root")
     os.environ.setdefault("TESTBED_STATE_DIR", tempfile.mkdtemp(prefix="testbed-bench-"))
@@ -51,7 +63,7 @@ def main() -> None:
     # access links faster than the fastest bottleneck tested, so only the bottleneck shapes
     topo = dumbbell(name="fidelity", rate=str(rates[0]))
     topo["defaults"] = {"link": {"rate": "40gbit"}}
-    rows = {"local (veth)": measure(topo, rates, args.seconds)}
+    rows = {"local (veth)": measure(topo, rates, args.seconds, args.repeats)}
     if args.cross_host:
         from tests.kernel import sshhosts
 
@@ -59,34 +71,41 @@ def main() -> None:
         try:
             topo = dict(topo, name="fidelityx", hosts=lab.host_specs())
             topo["nodes"] = dict(topo["nodes"], s1={"kind": "switch", "host": "h1"})
-            rows["cross-host (VXLAN)"] = measure(topo, rates, args.seconds)
+            rows["cross-host (VXLAN)"] = measure(topo, rates, args.seconds, args.repeats)
         finally:
             sshhosts.destroy(lab)
-    print(f"\n{'rate':>9} " + " ".join(f"{k + ' ratio':>24}" for k in rows) + f"  (target >= {TARGET})")
-    for i, rate in enumerate(rates):
-        print(f"{str(rate):>9} " + " ".join(f"{v[i]:24.3f}" for v in rows.values()))
-    for k, v in rows.items():
-        print(f"worst ratio, {k}: {min(v):.3f}")
+    print(f"\n{'rate':>9} " + " ".join(f"{k + ' ratio, median':>24}" for k in rows) + f"  (target >= {TARGET})")
+    for rate in rates:
+        print(f"{str(rate):>9} " + " ".join(
+            f"{statistics.median(m['goodput_bps'] / m['rate_bps'] for m in v['rows'] if m['rate_bps'] == rate.bps):24.3f}"
+            for v in rows.values()))
+    if args.record:
+        out = [dict(m, path=k) for k, v in rows.items() for m in v["rows"]]
+        capacity = {k: v["capacity_bps"] for k, v in rows.items()}
+        print(f"recorded: {record(args.record, 'link_fidelity', out, seconds=args.seconds, capacity_bps=capacity)}")
 
 
-def measure(topo: dict, rates: list, seconds: float) -> list[float]:
+def measure(topo: dict, rates: list, seconds: float, repeats: int = 1) -> dict:
+    """Every rate ``repeats`` times on one testbed; {"capacity_bps", "rows": [{rate_bps,
+    goodput_bps, repeat}]}."""
     print(f"{'rate':>9} {'goodput Mbit/s':>15} {'ratio':>6}  {topo['name']} (target >= {TARGET}, TCP ceiling 0.956)")
-    out = []
+    rows = []
     with Testbed.up(load_topology_dict(topo)) as tb:
         try:
             tb.set_links(tb.find_links(bottleneck=True), rate=Rate.parse("400gbit"))
             capacity = goodput(tb, seconds)
             print(f"path capacity of this machine (shaping at 400gbit, i.e. CPU-bound): {capacity / 1e6:.0f} Mbit/s")
-            for rate in rates:
-                tb.set_links(tb.find_links(bottleneck=True), rate=rate)
-                g = goodput(tb, seconds)
-                ratio = g / rate.bps
-                out.append(ratio)
-                print(f"{str(rate):>9} {g / 1e6:15.1f} {ratio:6.3f}{'' if ratio >= TARGET else '  below target'}",
-                      flush=True)
+            for k in range(repeats):
+                for rate in rates:
+                    tb.set_links(tb.find_links(bottleneck=True), rate=rate)
+                    g = goodput(tb, seconds)
+                    rows.append({"rate_bps": rate.bps, "goodput_bps": g, "repeat": k})
+                    print(f"{str(rate):>9} {g / 1e6:15.1f} {g / rate.bps:6.3f}"
+                          f"{'' if g / rate.bps >= TARGET else '  below target'}", flush=True)
         finally:
             tb.close()
-    return out
+    return {"capacity_bps": capacity, "rows": rows}
+
 
 if __name__ == "__main__":
     main()

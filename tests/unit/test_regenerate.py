@@ -125,7 +125,7 @@ def test_archive_refuses_links_and_what_is_no_run(tmp_path: Path, capsys) -> Non
     link_file = _sweep(tmp_path / "sweep-3")
     (link_file / "ar2-r0" / "rank0.jsonl").unlink()
     os.symlink("/etc/passwd", link_file / "ar2-r0" / "rank0.jsonl")
-    for bad, says in ((tmp_path / "alias", "is a link"), (tmp_path / "plain", "is not a run or sweep directory"),
+    for bad, says in ((tmp_path / "alias", "is a link"), (tmp_path / "plain", "is not a run, sweep or benchmark result directory"),
                       (link_run, "planted is a link"), (link_file, "rank0.jsonl is a link")):
         capsys.readouterr()
         assert archive.main([str(src), str(bad), "--name", "x", "--records", str(records)]) == 1

@@ -1,0 +1,41 @@
+"""docs/results/network.md's tables, from benchmark results archived in
+``docs/results/records/`` (``--record DIR`` of the benchmark, then ``benchmarks.archive``).
+
+``link_fidelity``: per path and rate, the goodput of one TCP stream (iperf3) across the
+shaped link and its ratio to the configured rate, median [min-max] over the repeats, beside
+the path's capacity with the shaping out of the way (CPU-bound)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from benchmarks.archive import results_of
+from testbed.model.units import Rate
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    mid = f"{statistics.median(values):{fmt}}"
+    return mid if len(values) == 1 else f"{mid} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def link_fidelity(folder: Path) -> str:
+    out = ["| path | rate | runs | goodput Mbit/s, median [min-max] | achieved / configured |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    notes = []
+    for result in results_of(folder, "link_fidelity"):
+        paths = dict.fromkeys(str(m.get("path")) for m in result["rows"])
+        for path in paths:
+            rows = [m for m in result["rows"] if str(m.get("path")) == path]
+            for bps in sorted({m["rate_bps"] for m in rows}):
+                got = [m["goodput_bps"] for m in rows if m["rate_bps"] == bps]
+                out.append(f"| {path} | {Rate(bps)} | {len(got)} | {_spread([g / 1e6 for g in got], '.1f')} | "
+                           f"{_spread([g / bps for g in got], '.3f')} |")
+            cap = (result.get("capacity_bps") or {}).get(path)
+            if cap:
+                notes.append(f"{path}: {cap / 1e6:.0f} Mbit/s")
+        seconds = result.get("seconds")
+    out += ["", f"One TCP stream for {seconds:g} s after a 1 s warm-up per measurement, the rates taking turns. "
+                "The path's capacity with the shaping at 400 Gbit/s (CPU-bound, one measurement): "
+                + "; ".join(notes) + "."]
+    return "\n".join(out) + "\n"
