@@ -12,6 +12,11 @@ queue behind the other direction's data, so the benchmark also measures that cei
 the same run: iperf3 --bidir across the same link. Needs root.
 
     sudo python -m benchmarks.collective_efficiency [--bw 100mbit] [--bytes 10000000] [--iters 5]
+                                                    [--repeats N] [--record DIR]
+
+``--repeats N`` measures every congestion control N times, taking turns; ``--record DIR``
+writes every measurement to DIR/result.json for ``benchmarks.archive`` (the table in
+docs/results/network.md: ``benchmarks.network_tables``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.archive import record
 from testbed import Testbed, load_topology
 from testbed.runs.experiment import RunRequest, run
 from testbed.model.units import Rate
@@ -59,22 +65,35 @@ def main() -> None:
     p.add_argument("--cc", default="host,reno",
                    help="TCP congestion controls to compare, set on the workers through the topology's "
                         "sysctls (host = leave the host's default)")
+    p.add_argument("--repeats", type=int, default=1, help="measure every congestion control this many times")
+    p.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     args = p.parse_args()
+    if args.repeats < 1:
+        sys.exit("--repeats: at least 1")
     rate = Rate.parse(args.bw)
     print(f"dense all-reduce of {args.bytes / 1e6:.1f} MB between 2 ranks across a {rate} bottleneck "
           f"({args.iters} calls after a warm-up)")
-    for cc in args.cc.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            m = measure(rate, None if cc == "host" else cc, args.bytes, args.iters, Path(tmp))
-        payload, mean, best, tcp = m["payload"], m["mean"], m["best"], m["tcp"]
-        print(f"TCP congestion control {m['cc']}" + (" (the host's default)" if cc == "host" else ""))
-        print(f"  mean {mean:.3f} s, best {best:.3f} s per all-reduce")
-        print(f"  payload goodput / link rate: mean {payload * 8 / mean / rate.bps:.3f}, "
-              f"best {payload * 8 / best / rate.bps:.3f}   (target >= 0.92; one-way TCP ceiling 0.956)")
-        print(f"  iperf3 --bidir on the same link, goodput / rate: {tcp[0]:.3f} and {tcp[1]:.3f}; "
-              f"all-reduce mean / bidirectional TCP mean: {payload * 8 / mean / rate.bps / (sum(tcp) / 2):.3f}")
-        print(f"  bottleneck bytes per all-reduce (both directions, incl. the warm-up): {m['wire'] / 1e6:.2f} MB "
-              f"= {m['wire'] / payload:.2f} x payload")
+    rows = []
+    for k in range(args.repeats):
+        for cc in args.cc.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                m = measure(rate, None if cc == "host" else cc, args.bytes, args.iters, Path(tmp))
+            rows.append(dict(m, asked=cc, repeat=k, rate_bps=rate.bps))
+            _print(m, cc, rate)
+    if args.record:
+        print(f"recorded: {record(args.record, 'collective_efficiency', rows, bytes=args.bytes, iters=args.iters)}")
+
+
+def _print(m: dict, cc: str, rate: Rate) -> None:
+    payload, mean, best, tcp = m["payload"], m["mean"], m["best"], m["tcp"]
+    print(f"TCP congestion control {m['cc']}" + (" (the host's default)" if cc == "host" else ""))
+    print(f"  mean {mean:.3f} s, best {best:.3f} s per all-reduce")
+    print(f"  payload goodput / link rate: mean {payload * 8 / mean / rate.bps:.3f}, "
+          f"best {payload * 8 / best / rate.bps:.3f}   (target >= 0.92; one-way TCP ceiling 0.956)")
+    print(f"  iperf3 --bidir on the same link, goodput / rate: {tcp[0]:.3f} and {tcp[1]:.3f}; "
+          f"all-reduce mean / bidirectional TCP mean: {payload * 8 / mean / rate.bps / (sum(tcp) / 2):.3f}")
+    print(f"  bottleneck bytes per all-reduce (both directions, incl. the warm-up): {m['wire'] / 1e6:.2f} MB "
+          f"= {m['wire'] / payload:.2f} x payload")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,29 @@ def link_fidelity(folder: Path) -> str:
                 "The path's capacity with the shaping at 400 Gbit/s (CPU-bound, one measurement): "
                 + "; ".join(notes) + "."]
     return "\n".join(out) + "\n"
+
+
+CC_NAMES = {"reno": "Reno (shipped topologies)", "bbr": "BBR", "cubic": "Cubic"}
+
+
+def collective_efficiency(folder: Path) -> str:
+    """Per congestion control: the dense all-reduce's payload goodput over the link rate
+    (mean and best call of each run; median [min-max] over runs) beside iperf3 --bidir's two
+    directions on the same link."""
+    out = ["| workers' TCP | runs | payload goodput / rate, mean call | best call | iperf3 `--bidir` on the same "
+           "link, each direction |", "| --- | ---: | ---: | ---: | --- |"]
+    for result in results_of(folder, "collective_efficiency"):
+        rows = result["rows"]
+        for cc in dict.fromkeys(str(m.get("cc")) for m in rows):
+            ms = [m for m in rows if str(m.get("cc")) == cc]
+            mean = [m["payload"] * 8 / m["mean"] / m["rate_bps"] for m in ms]
+            best = [m["payload"] * 8 / m["best"] / m["rate_bps"] for m in ms]
+            tcp = "; ".join(f"{a:.3f} / {b:.3f}" for a, b in (m["tcp"] for m in ms))
+            host = " (this host's default)" if any(m.get("asked") == "host" for m in ms) else ""
+            out.append(f"| {CC_NAMES.get(cc, cc)}{host} | {len(ms)} | {_spread(mean, '.3f')} | "
+                       f"{_spread(best, '.3f')} | {tcp} |")
+        rate = Rate(int(rows[0]["rate_bps"])) if rows else "?"
+        out += ["", f"A {result.get('bytes', 0) / 1e6:g} MB float32 all-reduce between 2 ranks across a dumbbell "
+                    f"capped at {rate}, {result.get('iters')} calls a run after a warm-up, launched by "
+                    "`testbed run`'s machinery; the one-way TCP ceiling is 0.956."]
+    return "\n".join(out) + "\n"

@@ -115,6 +115,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
        for bw in paper_scale.BWS},
     "paper_scale_speedups": lambda folder: paper_scale.speedups_markdown(_ok(folder)),
     "link_fidelity": network_tables.link_fidelity,
+    "collective_efficiency": network_tables.collective_efficiency,
 }
 """name -> function(records folder) -> markdown."""
 

@@ -40,3 +40,16 @@ def test_a_result_without_rows_is_refused_before_anything_is_written(tmp_path):
 def test_records_without_the_benchmark_name_the_command(tmp_path):
     with pytest.raises(Exception, match="benchmarks.link_fidelity --record"):
         network_tables.link_fidelity(tmp_path)
+
+
+def test_collective_efficiency_per_congestion_control(tmp_path):
+    rows = [{"cc": cc, "asked": asked, "repeat": k, "rate_bps": 100e6, "payload": 10e6, "mean": mean,
+             "best": mean * 0.99, "tcp": [0.955, 0.933], "wire": 20e6}
+            for k in range(2) for cc, asked, mean in (("reno", "reno", 0.836 + k / 1000), ("bbr", "host", 0.907))]
+    archive.record(tmp_path / "ce", "collective_efficiency", rows, bytes=10_000_000, iters=8)
+    dest = archive.write([tmp_path / "ce"], "ce-test", records=tmp_path / "records")
+    text = network_tables.collective_efficiency(dest)
+    # 80 Mbit / 0.836 s / 100 Mbit/s = 0.957
+    assert "| Reno (shipped topologies) | 2 | 0.956 [0.956-0.957] |" in text
+    assert "| BBR (this host's default) | 2 | 0.882 [0.882-0.882] |" in text
+    assert "10 MB float32 all-reduce" in text and "100mbit" in text
