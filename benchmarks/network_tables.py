@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.archive import results_of
+from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
 
 
@@ -64,4 +65,38 @@ def collective_efficiency(folder: Path) -> str:
         out += ["", f"A {result.get('bytes', 0) / 1e6:g} MB float32 all-reduce between 2 ranks across a dumbbell "
                     f"capped at {rate}, {result.get('iters')} calls a run after a warm-up, launched by "
                     "`testbed run`'s machinery; the one-way TCP ceiling is 0.956."]
+    return "\n".join(out) + "\n"
+
+
+UP_DOWN = {
+    "star": ("workers", ("up_s", "up (s)"), ("floor_up_s", "floor up (s)"), ("down_s", "down (s)"),
+             ("floor_down_s", "floor down (s)")),
+    "docker": ("containers", ("up_s", "up (s)"), ("floor_up_s", "SDK alone (s)"), ("down_s", "down (s)"),
+               ("floor_down_s", "SDK remove (s)")),
+    "rootless": ("workers", ("root_up_s", "root up (s)"), ("user_up_s", "user up (s)"),
+                 ("root_down_s", "root down (s)"), ("user_down_s", "user down (s)")),
+}
+"""Per kind of ``benchmarks.up_down`` row: the size's name and (key, heading) of the two pairs
+whose ratio the table gives: (ours, reference) for star and docker, (root, user) for rootless."""
+
+
+def up_down(folder: Path, kind: str) -> str:
+    """One row per size: each time median [min-max] over the repeats, and the ratio of the
+    pair's medians (up / floor, user / root)."""
+    size, (a, ah), (b, bh), (c, ch), (d, dh) = UP_DOWN[kind]
+    flip = kind == "rootless"  # the ratio is user / root: second over first
+    ref = {"star": "floor", "docker": "SDK"}.get(kind)
+    out = [f"| {size} | runs | {ah} | {bh} | {f'up / {ref}' if ref else 'user / root'} | {ch} | {dh} | "
+           f"{f'down / {ref}' if ref else 'user / root'} |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [m for res in results_of(folder, "up_down") for m in res["rows"] if m.get("kind") == kind]
+    for n in sorted({m["workers"] for m in rows}):
+        ms = [m for m in rows if m["workers"] == n]
+        med = {k: statistics.median(m[k] for m in ms) for k in (a, b, c, d)}
+        up = med[b] / med[a] if flip else med[a] / med[b]
+        dn = med[d] / med[c] if flip else med[c] / med[d]
+        out.append(f"| {n} | {len(ms)} | " + " | ".join(_spread([m[k] for m in ms], ".3f") for k in (a, b))
+                   + f" | {up:.2f} | " + " | ".join(_spread([m[k] for m in ms], ".3f") for k in (c, d))
+                   + f" | {dn:.2f} |")
+    if not rows:
+        raise TestbedError(f"{folder}: no {kind} rows of benchmarks.up_down", "run it with that row's sizes")
     return "\n".join(out) + "\n"

@@ -116,6 +116,8 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "paper_scale_speedups": lambda folder: paper_scale.speedups_markdown(_ok(folder)),
     "link_fidelity": network_tables.link_fidelity,
     "collective_efficiency": network_tables.collective_efficiency,
+    **{f"up_down_{kind}": (lambda folder, kind=kind: network_tables.up_down(folder, kind))
+       for kind in network_tables.UP_DOWN},
 }
 """name -> function(records folder) -> markdown."""
 

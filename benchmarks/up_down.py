@@ -23,6 +23,11 @@ commands (process start included).
 
     sudo python -m benchmarks.up_down [--sizes 8,64,256,1024] [--docker-sizes 8,32] [--vm-sizes 1,4]
                                       [--rootless-user alice --rootless-sizes 8,64,256]
+                                      [--repeats N] [--record DIR]
+
+``--repeats N`` runs every row N times (the whole set, then again); ``--record DIR`` writes
+every measurement to DIR/result.json for ``benchmarks.archive`` (docs/results/network.md's
+tables: ``benchmarks.network_tables``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import time
 import ipaddress
 from pathlib import Path
 
+from benchmarks.archive import record
 from testbed import Testbed, load_topology_dict
 from testbed.engine.core import down
 from testbed.engine.planner import make_plan
@@ -211,37 +217,59 @@ def main() -> None:
     ap.add_argument("--vm-sizes", default="1,4", help="VM workers booting in parallel ('' to skip)")
     ap.add_argument("--rootless-user", default=None, help="an ordinary user for the rootless row (none: skipped)")
     ap.add_argument("--rootless-sizes", default="8,64,256")
+    ap.add_argument("--repeats", type=int, default=1, help="measure every row this many times, taking turns")
+    ap.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
+    if args.repeats < 1:
+        sys.exit("--repeats: at least 1")
     os.environ.setdefault("TESTBED_STATE_DIR", tempfile.mkdtemp(prefix="testbed-bench-"))
+    rows: list[dict] = []
+    for k in range(args.repeats):
+        rows += [dict(r, repeat=k) for r in _one_pass(args)]
+    if args.record:
+        print(f"recorded: {record(args.record, 'up_down', rows)}")
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _one_pass(args: argparse.Namespace) -> list[dict]:
+    """Every row once, printed as measured; the rows as records."""
+    rows = []
     print(f"{'workers':>7} {'up (s)':>8} {'floor up':>9} {'up/floor':>9} {'down (s)':>9} {'floor down':>11} {'down/floor':>11}")
-    for n in [int(x) for x in args.sizes.split(",")]:
+    for n in _sizes(args.sizes):
         fu, fd = floor(n)
         tu, td = testbed_times(n)
+        rows.append({"kind": "star", "workers": n, "up_s": tu, "floor_up_s": fu, "down_s": td, "floor_down_s": fd})
         print(f"{n:7d} {tu:8.3f} {fu:9.3f} {tu / fu:9.2f} {td:9.3f} {fd:11.3f} {td / fd:11.2f}", flush=True)
         time.sleep(1.0)  # let the kernel finish freeing the namespaces (cleanup_net is asynchronous)
-    sizes = [int(x) for x in args.docker_sizes.split(",") if x.strip()]
-    if sizes:
+    if _sizes(args.docker_sizes):
         print(f"{'docker':>7} {'up (s)':>8} {'SDK up':>9} {'up/SDK':>9} {'down (s)':>9} {'SDK down':>11} {'down/SDK':>11}")
-    for n in sizes:
+    for n in _sizes(args.docker_sizes):
         fu, fd = docker_floor(n)
         tu, td = docker_times(n)
+        rows.append({"kind": "docker", "workers": n, "up_s": tu, "floor_up_s": fu, "down_s": td, "floor_down_s": fd})
         print(f"{n:7d} {tu:8.3f} {fu:9.3f} {tu / fu:9.2f} {td:9.3f} {fd:11.3f} {td / fd:11.2f}", flush=True)
-    vms = [int(x) for x in args.vm_sizes.split(",") if x.strip()]
-    if vms:
+    if _sizes(args.vm_sizes):
         print(f"{'VMs':>7} {'up (s)':>8} {'per VM':>9} {'kernel':>9} {'up/kernel':>10} {'down (s)':>9}  accel")
-    for n in vms:
+    for n in _sizes(args.vm_sizes):
         tu, td, accel = vm_times(n)
         fk = vm_floor(accel)
+        rows.append({"kind": "vm", "workers": n, "up_s": tu, "floor_up_s": fk, "down_s": td, "accel": accel})
         print(f"{n:7d} {tu:8.3f} {tu / n:9.3f} {fk:9.3f} {tu / fk:10.2f} {td:9.3f}  {accel}", flush=True)
     if args.rootless_user:
         print(f"{'rootless':>8} {'root up':>8} {'user up':>8} {'user/root':>9} {'root down':>10} {'user down':>10} "
               f"{'user/root':>9}")
-        for n in [int(x) for x in args.rootless_sizes.split(",") if x.strip()]:
+        for n in _sizes(args.rootless_sizes):
             ru, rd, uu, ud = rootless_times(n, args.rootless_user)
+            rows.append({"kind": "rootless", "workers": n, "root_up_s": ru, "root_down_s": rd, "user_up_s": uu,
+                         "user_down_s": ud})
             print(f"{n:8d} {ru:8.3f} {uu:8.3f} {uu / ru:9.2f} {rd:10.3f} {ud:10.3f} {ud / rd:9.2f}", flush=True)
             time.sleep(1.0)
+    return rows
 
 
 if __name__ == "__main__":

@@ -53,3 +53,18 @@ def test_collective_efficiency_per_congestion_control(tmp_path):
     assert "| Reno (shipped topologies) | 2 | 0.956 [0.956-0.957] |" in text
     assert "| BBR (this host's default) | 2 | 0.882 [0.882-0.882] |" in text
     assert "10 MB float32 all-reduce" in text and "100mbit" in text
+
+
+def test_up_down_rows_per_kind_with_ratios_of_medians(tmp_path):
+    rows = [{"kind": "star", "workers": 8, "repeat": k, "up_s": 0.12 + k / 100, "floor_up_s": 0.06, "down_s": 0.008,
+             "floor_down_s": 0.004} for k in range(3)]
+    rows += [{"kind": "rootless", "workers": 8, "repeat": 0, "root_up_s": 0.5, "root_down_s": 0.3, "user_up_s": 0.6,
+              "user_down_s": 0.45}]
+    archive.record(tmp_path / "ud", "up_down", rows)
+    dest = archive.write([tmp_path / "ud"], "ud-test", records=tmp_path / "records")
+    star = network_tables.up_down(dest, "star")
+    assert "| 8 | 3 | 0.130 [0.120-0.140] | 0.060 [0.060-0.060] | 2.17 | 0.008 [0.008-0.008] |" in star
+    rootless = network_tables.up_down(dest, "rootless")
+    assert "| 8 | 1 | 0.500 | 0.600 | 1.20 | 0.300 | 0.450 | 1.50 |" in rootless  # user / root
+    with pytest.raises(Exception, match="no docker rows"):
+        network_tables.up_down(dest, "docker")
