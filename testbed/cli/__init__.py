@@ -123,7 +123,7 @@ def _main(argv: Optional[Sequence[str]]) -> None:
     entered = False
     try:
         if rootless.needed() and _command(argv) == "down":
-            hostbase.prune(ask_slurm=True)  # what ended jobs left in the home directory, before entering
+            hostbase.prune(lambda base: rootless.holder_pid(base) is not None, ask_slurm=True)  # ended jobs' folders
         if rootless.needed() and _needs_namespaces(argv):
             try:
                 rootless.enter()  # before any thread starts; from here on, a child inside them

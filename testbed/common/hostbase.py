@@ -88,12 +88,6 @@ def ended_jobs(jobs: Iterable[int]) -> set[int]:
     return jobs - live
 
 
-def _holder_running(base: Path) -> bool:
-    from testbed.common.rootless import holder_pid
-
-    return holder_pid(base) is not None
-
-
 def _unused(path: Path) -> bool:
     """Nobody holds ``path/holder.lock`` (a missing lock: nobody ever did, or was removed)."""
     try:
@@ -111,14 +105,15 @@ def _unused(path: Path) -> bool:
         os.close(fd)
 
 
-def prune(root: Path | None = None, node: str | None = None, job: str | None = None, ask_slurm: bool = False,
-          ended: Callable[[Iterable[int]], set[int]] = ended_jobs,
-          running: Callable[[Path], bool] = _holder_running) -> list[Path]:
+def prune(running: Callable[[Path], bool], root: Path | None = None, node: str | None = None,
+          job: str | None = None, ask_slurm: bool = False,
+          ended: Callable[[Iterable[int]], set[int]] = ended_jobs) -> list[Path]:
     """Remove the ``host-NODE-jobID`` folders of ``root`` (default :func:`states_root`) that
     nothing uses (module docstring): this node's (``node``, default :func:`node_name`) but
-    the current job's (``job``, default ``$SLURM_JOB_ID``); with ``ask_slurm``, also those of
-    any node whose job has ended. The folders removed; a folder that cannot be removed is
-    left (a later prune tries again)."""
+    the current job's (``job``, default ``$SLURM_JOB_ID``) and those whose holder is
+    ``running`` here (:func:`testbed.common.rootless.holder_pid`); with ``ask_slurm``, also
+    those of any node whose job has ended. The folders removed; a folder that cannot be
+    removed is left (a later prune tries again)."""
     root = root or states_root()
     node = safe_name(node) if node is not None else node_name()
     job = os.environ.get("SLURM_JOB_ID", "") if job is None else job

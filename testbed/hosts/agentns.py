@@ -31,7 +31,7 @@ def enter() -> bool:
         return False
     procs.die_with_parent(signal.SIGTERM)
     rootless.use_host_base()
-    hostbase.prune()  # this node's folders of the user's ended jobs (their holders died with them)
+    hostbase.prune(lambda base: rootless.holder_pid(base) is not None)  # this node's folders of ended jobs
     rootless.enter(spawner=False)
     return True
 

@@ -85,7 +85,7 @@ def test_prune_removes_what_nothing_uses_and_only_that(tmp_path):
         return {5}
 
     try:
-        got = hostbase.prune(root, node="n1", job="2", ask_slurm=True, ended=slurm, running=lambda p: p == held)
+        got = hostbase.prune(lambda p: p == held, root, node="n1", job="2", ask_slurm=True, ended=slurm)
     finally:
         os.close(lock)
     assert sorted(got) == [ended, other_ended]
@@ -94,7 +94,7 @@ def test_prune_removes_what_nothing_uses_and_only_that(tmp_path):
     assert all(p.exists() for p in (current, busy, held, other_live, ssh, root / "host-n1-job8"))
     assert (root / "host-n1-job7").is_symlink() and (outside / "x" / "holder.pid").exists()
     # without asking Slurm (an agent starting on n1): other nodes' folders stay
-    assert hostbase.prune(root, node="n2", job="", ended=slurm, running=lambda p: False) == [other_live]
+    assert hostbase.prune(lambda p: False, root, node="n2", job="", ended=slurm) == [other_live]
     assert asked == [{5, 6}]
 
 
@@ -102,8 +102,8 @@ def test_prune_leaves_a_root_that_is_no_directory_of_ours(tmp_path):
     (tmp_path / "real").mkdir()
     _base(tmp_path / "real", "host-n1-job1")
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    assert hostbase.prune(tmp_path / "link", node="n1", job="") == []
-    assert hostbase.prune(tmp_path / "missing", node="n1", job="") == []
+    assert hostbase.prune(lambda p: False, tmp_path / "link", node="n1", job="") == []
+    assert hostbase.prune(lambda p: False, tmp_path / "missing", node="n1", job="") == []
     assert (tmp_path / "real" / "host-n1-job1").exists()
 
 
