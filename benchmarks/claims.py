@@ -46,15 +46,13 @@ benchmarks.regenerate`` rebuilds the claims page's tables from them.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 from benchmarks import archive
-from benchmarks.paper_sweep import THREE, scaled_topology, testbed_argv
+from benchmarks.paper_sweep import THREE, run_sweep, scaled_topology, testbed_argv
 
 COMMON = ("--epochs", "8", "--target-acc", "0.95", "--eval-every", "1", "--pretrain-epochs", "2")
 
@@ -84,13 +82,8 @@ WORKERS = {"prunex_bn": 4}
 
 
 def sweep(section: str, out: Path, topology: Path) -> Path:
-    cmd = [*testbed_argv(), "sweep", *COMMON, *SECTIONS[section], "--out", str(out),
-           "--topology", str(topology), "--json"]
-    print("$", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{section}: sweep failed (exit {p.returncode}): {p.stdout[-2000:]}")
-    where = Path(json.loads(p.stdout)["dir"])
+    where = run_sweep([*testbed_argv(), "sweep", *COMMON, *SECTIONS[section], "--out", str(out),
+                       "--topology", str(topology), "--json"], section)
     print(f"{section}: {where}", flush=True)
     return where
 

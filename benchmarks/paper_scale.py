@@ -34,7 +34,6 @@ in milliseconds) is in the measured time and shows as a no-overlap efficiency be
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import tempfile
@@ -43,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks import bounds
-from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, testbed_argv
+from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, run_sweep, testbed_argv
 from testbed.common.files import read_jsonl
 from testbed.runs.report import RunData, find_runs
 from testbed.model.units import Rate
@@ -54,20 +53,6 @@ SCHEMES = ("allreduce", "fp16", "topk:0.01", "pactrain:0.5:exact", "pactrain:0.5
 COMPUTE_S = {"resnet18": 0.02, "resnet152": 0.10, "vgg19": 0.02, "vit_b16": 0.03}
 """Assumed forward + backward seconds per iteration (A40, batch 32, 32x32 images): estimates."""
 NAME = "pscale"
-
-
-def run_sweep(cmd: list[str], what: str) -> Path:
-    """Run a `testbed sweep ... --json` command; the sweep's directory (exits on a sweep
-    that did not start, says which runs failed otherwise)."""
-    print("$", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        out = Path(json.loads(p.stdout)["dir"])
-    except (ValueError, KeyError):
-        raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
-    if p.returncode != 0:
-        print(f"(some runs of {what} failed: see {out}/sweep.json)", flush=True)
-    return out
 
 
 def _compute_times(spec: str | None) -> dict[str, float]:
@@ -149,7 +134,7 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
                        "--repeats", str(args.repeats), "--out", str(args.out), "--timeout", "900",
                        "--no-exporter", "--json", "--",
                        "--stable-iters", "1"]
-                dirs.append(run_sweep(cmd, model))
+                dirs.append(run_sweep(cmd, model, partial_ok=True))
         finally:
             subprocess.run([*testbed_argv(), "down", NAME], stdout=subprocess.DEVNULL)
     return dirs

@@ -99,11 +99,24 @@ def sweep(out: Path, schemes: str, bws: str, args: argparse.Namespace, *extra: s
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(t, sort_keys=False))
         cmd += ["--topology", str(path)]
+    return run_sweep(cmd, schemes)
+
+
+def run_sweep(cmd: list[str], what: str, partial_ok: bool = False) -> Path:
+    """Run a ``testbed sweep ... --json`` command, printed first; the sweep's directory.
+    Exits naming ``what`` when the sweep did not start, or when a run failed (with
+    ``partial_ok``, says so and goes on: the failed runs are in its sweep.json)."""
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        out = Path(json.loads(p.stdout)["dir"])
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(f"{what}: sweep failed (exit {p.returncode}): {p.stdout[-2000:]}") from None
     if p.returncode != 0:
-        raise SystemExit(f"sweep failed (exit {p.returncode}): {p.stdout[-2000:]}")
-    return Path(json.loads(p.stdout)["dir"])
+        if not partial_ok:
+            raise SystemExit(f"{what}: sweep failed (exit {p.returncode}): see {out}/sweep.json")
+        print(f"(some runs of {what} failed: see {out}/sweep.json)", flush=True)
+    return out
 
 
 def scaled_topology(n: int, where: Path) -> Path:
