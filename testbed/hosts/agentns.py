@@ -13,9 +13,9 @@ inside and gets SIGTERM when its own parent (sshd's session, Slurm's step) ends.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
-import time
 from collections.abc import Callable
 
 from testbed.common import hostbase, procs, rootless
@@ -58,18 +58,21 @@ def hold(name: str, on_end: Callable[[], object] | None = None) -> int:
     went well. An ordinary user's share goes with their holder anyway."""
     os.close(0)  # the request was read; nothing more comes
     ended: list[int] = []
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)  # a signal ends the wait below at once
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: ended.append(signum))
     missing = 0
     while missing < 2 and not ended:  # gone at two looks in a row: the share was removed
-        time.sleep(HOLD_POLL_S)
+        if select.select([wake_r], [], [], HOLD_POLL_S)[0]:
+            os.read(wake_r, 512)  # emptied, so that it waits again
         missing = 0 if Ledger(name).exists() else missing + 1
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:  # a forwarder `down` stopped: no zombie
                 pass
         except ChildProcessError:
             pass
-    if not ended or on_end is None:
+    if not ended or on_end is None or not Ledger(name).exists():  # `down` removed it already
         return 0
     ignore_interrupts((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))  # the teardown must finish
     try:

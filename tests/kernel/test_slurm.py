@@ -76,7 +76,7 @@ def test_a_run_across_two_slurm_nodes(lab, tmp_path):
     assert summary["proof"] == "passed", summary
     assert (run / "rank1.jsonl").stat().st_size > 0  # written on sn2, copied back through a step
     assert lab.leftovers() == {}
-    assert _stray_steps() == []
+    assert _stray_steps_left() == []
 
 
 def test_a_batch_script_builds_its_own_nodes_share_itself(lab, tmp_path):
@@ -148,6 +148,15 @@ def _pids(pattern: str) -> list[int]:
 def _stray_steps() -> list[int]:
     """srun of testbed's steps here, and what they run on the nodes."""
     return _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
+
+
+def _stray_steps_left(timeout: float = 15.0) -> list[int]:
+    """:func:`_stray_steps` once they had ``timeout`` seconds to end: salloc returns as the job
+    ends, and a step that holds a share still answers Slurm's SIGTERM (a look at its ledger)."""
+    deadline = time.monotonic() + timeout
+    while (left := _stray_steps()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 USER = "tbslurmuser"
