@@ -161,9 +161,11 @@ def spardl_ranks_table(folder: Path) -> str:
     out = _head("ranks", "runs", "top-k wire KB per rank per iteration", "SparDL", "top-k / SparDL bytes (paired)",
                 "top-k iteration s", "SparDL iteration s", "top-k / SparDL time (paired)", "top-k final accuracy",
                 "SparDL final accuracy", "SparDL's d")
+    reps = 0
     for n in sorted({r.summary.get("world_size") for r in runs}):
         t = [r for r in runs if r.summary.get("world_size") == n and r.summary["scheme"] == "topk"]
         d = [r for r in runs if r.summary.get("world_size") == n and r.summary["scheme"] == "spardl"]
+        reps = max(reps, len(t), len(d))
         out.append(_row(str(n), f"{len(t)} + {len(d)}", spread([(_wire(r) or 0) / 1e3 for r in t], ".1f"),
                         spread([(_wire(r) or 0) / 1e3 for r in d], ".1f"), cell(paired(t, d, _wire)),
                         spread([_iter(r) for r in t]), spread([_iter(r) for r in d]), cell(paired(t, d, _iter)),
@@ -172,7 +174,7 @@ def spardl_ranks_table(folder: Path) -> str:
     out += ["", f"At {RATE_NAMES.get(runs[0].bw, runs[0].bw)}, the workers split over two edge switches. Wire bytes: "
                 "the mean over ranks of each rank's interface tx bytes per iteration (tc counters), median "
                 f"[min-max] over runs. Accuracy: {_resolution(runs)}. Command: `sudo python -m "
-                "benchmarks.paper_sweep --sections spardl --repeats 3`."]
+                f"benchmarks.paper_sweep --sections spardl --repeats {reps}`."]
     return "\n".join(out) + "\n"
 
 
