@@ -17,9 +17,6 @@ from testbed.net import netns
 if TYPE_CHECKING:
     from pyroute2.netlink.exceptions import NetlinkError
 
-NUD_PERMANENT = 0x80
-"""A neighbour entry the kernel never expires nor counts toward its table's garbage collection."""
-
 _HINTS = {
     errno.EPERM: "run as root (or with CAP_NET_ADMIN)",
     errno.EEXIST: "a stale object from an earlier run? `testbed down --all` removes testbed leftovers",
@@ -148,10 +145,11 @@ class Rtnl:
 
     def add_neighbours(self, ifname: str, entries: list[tuple[str, str]]) -> None:
         """Permanent neighbour (ARP) entries ``(IPv4 address, MAC)`` on ``ifname``."""
+        from testbed.net import tcbatch  # pyroute2's encoders: imported with the first handle, not with this module
+
         idx = self.index(ifname)
-        for address, mac in entries:
-            self.call(f"adding the neighbour {address} ({mac}) on {ifname}", "neigh", "replace", dst=address,
-                      lladdr=mac, ifindex=idx, state=NUD_PERMANENT)
+        tcbatch.send_messages(self.ns, [tcbatch.neighbour_message(idx, address, mac) for address, mac in entries],
+                              lambda i: f"adding the neighbour {entries[i][0]} ({entries[i][1]}) on {ifname}")
 
     def delete_link(self, ifname: str) -> bool:
         found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)
