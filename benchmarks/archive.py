@@ -361,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"archive: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 1
     runs = len(runs_of(dest))
-    print(f"{dest}: {runs} run{'s' * (runs != 1)}, {size(dest) / 1e3:.0f} kB; all records: "
+    results = sum(1 for d in dest.iterdir() if (d / RESULT).is_file())
+    what = f"{results} benchmark result{'s' * (results != 1)}" if results and not runs else \
+        f"{runs} run{'s' * (runs != 1)}"
+    print(f"{dest}: {what}, {size(dest) / 1e3:.0f} kB; all records: "
           f"{size(args.records) / 1e6:.2f} MB")
     return 0
 
