@@ -103,11 +103,14 @@ def neighbour_message(index: int, address: str, mac: str) -> bytes:
     return bytes(msg.data)
 
 
-def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str], chunk: int = 512) -> None:
+def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str], chunk: int = 128) -> None:
     """Encoded requests to namespace ``ns``, ``chunk`` to a datagram, every answer read;
     the first refusal raised naming what it was for (``name`` of the message's index).
     A worker's permanent neighbour entries, one per other worker, were one netlink round
-    trip each through pyroute2: 16 s of a 256-worker ``up`` (65,280 entries)."""
+    trip each through pyroute2: 16 s of a 256-worker ``up`` (65,280 entries). The kernel
+    queues one acknowledgement per message while the datagram is processed, before any is
+    read: with the default receive buffer (``net.core.rmem_default`` 212992) 256 fit and the
+    257th is lost (ENOBUFS), so a datagram carries at most ``chunk`` (128)."""
     batch = ShapeBatch()
     try:
         for start in range(0, len(messages), chunk):
@@ -162,7 +165,7 @@ class ShapeBatch:
             try:
                 self._socks[ns].send(buf)
             except OSError as e:
-                raise KernelError(f"[{ns}] sending {len(seqs)} tc change(s) failed: {e.strerror or e}") from None
+                raise KernelError(f"[{ns}] sending {len(seqs)} netlink request(s) failed: {e.strerror or e}") from None
             waiting[ns] = seqs
         sent = time.monotonic()
         first: Refused | None = None
@@ -173,7 +176,7 @@ class ShapeBatch:
                 try:
                     data = s.recv(1 << 16)
                 except OSError as e:  # a timeout included
-                    raise KernelError(f"[{ns}] no answer to {len(seqs)} tc change(s): {e.strerror or e}") from None
+                    raise KernelError(f"[{ns}] no answer to {len(seqs)} netlink request(s): {e.strerror or e}") from None
                 off = 0
                 while off + _HEADER.size <= len(data):
                     length, mtype, _, seq, _ = _HEADER.unpack_from(data, off)
