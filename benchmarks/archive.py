@@ -48,7 +48,7 @@ from pathlib import Path
 
 from benchmarks.paper_scale import timed_window
 from testbed.common.errors import TestbedError
-from testbed.common.files import LIMITS, read_json
+from testbed.common.files import LIMITS
 from testbed.common.outdir import OutDir
 from testbed.runs.report import RunData, find_runs
 from testbed.runs.rundir import code_version
@@ -250,14 +250,32 @@ def record(where: Path, benchmark: str, rows: list[dict], **extra) -> Path:
     return where / RESULT
 
 
+def read_results(folder: Path) -> list[dict]:
+    """Every benchmark result in ``folder`` (records/NAME or a --record DIR's parent): its
+    folders' ``result.json``, read as archive reads its sources (no link followed, bounded,
+    a JSON object with a benchmark name and rows, or a one-line refusal)."""
+    out = []
+    fd = _open_dir(folder)
+    try:
+        for entry in sorted(os.scandir(fd), key=lambda e: e.name):
+            if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+                continue
+            sub = _open_dir(entry.name, fd)
+            try:
+                data = _read(sub, RESULT, f"{folder}/{entry.name}")
+            finally:
+                os.close(sub)
+            if data is not None:
+                where = f"{folder}/{entry.name}/{RESULT}"
+                out.append(_result(_json(data, where), where))
+    finally:
+        os.close(fd)
+    return out
+
+
 def results_of(folder: Path, benchmark: str) -> list[dict]:
     """The archived results of ``benchmark`` in ``folder`` (records/NAME), each as written."""
-    out = []
-    for d in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
-        if (d / RESULT).is_file():
-            obj = read_json(d / RESULT)
-            if isinstance(obj, dict) and obj.get("benchmark") == benchmark:
-                out.append(obj)
+    out = [r for r in read_results(folder) if r.get("benchmark") == benchmark]
     if not out:
         raise TestbedError(f"{folder}: no {benchmark} result", f"python -m benchmarks.{benchmark} --record DIR, "
                            "then python -m benchmarks.archive DIR --name NAME")
@@ -341,7 +359,7 @@ def runs_of(folder: Path) -> list[RunData]:
         return _READ[folder]
     if not folder.is_dir():
         raise TestbedError(f"{folder}: no such records folder", "archive it: python -m benchmarks.archive")
-    dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not (p / RESULT).exists())
+    dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not os.path.lexists(p / RESULT))
     runs = find_runs(dirs) if dirs else []
     if _READ is not None:
         _READ[folder] = runs
@@ -361,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"archive: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 1
     runs = len(runs_of(dest))
-    results = sum(1 for d in dest.iterdir() if (d / RESULT).is_file())
+    results = len(read_results(dest))
     what = f"{results} benchmark result{'s' * (results != 1)}" if results and not runs else \
         f"{runs} run{'s' * (runs != 1)}"
     print(f"{dest}: {what}, {size(dest) / 1e3:.0f} kB; all records: "

@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks import bounds
 from benchmarks.archive import runs_of
 from benchmarks.claims_tables import RATE_NAMES, cell, paired
-from benchmarks.paper_sweep import busiest_bytes_per_iter, steady, steady_iter_s
+from benchmarks.paper_sweep import busiest_bytes_per_iter, median_of, steady, steady_iter_s
 from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
 from testbed.runs.rundata import RunData
@@ -51,18 +51,13 @@ def _runs(folder: Path, labels: Sequence[str]) -> list[RunData]:
     return ok
 
 
-def _median(values) -> float | None:
-    xs = [x for x in values if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def _rates(runs: Sequence[RunData]) -> list[str]:
     return sorted({r.bw for r in runs if r.bw != FREE}, key=lambda b: Rate.parse(b).bps)
 
 
 def _row(bw: str, label: str, rs: Sequence[RunData], c: float | None) -> str:
     w = statistics.median(busiest_bytes_per_iter(r) for r in rs)
-    ddp = [_median(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
+    ddp = [median_of(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
     ddp_text = " / ".join("-" if x is None else f"{x:.3f}" for x in ddp)
     cells = bounds.cells([steady_iter_s(r) for r in rs], c, w, Rate.parse(bw).bps / 8)
     return f"| {RATE_NAMES.get(bw, bw)} | {label} | " + " | ".join(cells) + f" | {ddp_text} |"
@@ -70,12 +65,13 @@ def _row(bw: str, label: str, rs: Sequence[RunData], c: float | None) -> str:
 
 def _ddp(runs: Sequence[RunData], label: str) -> str:
     free = [r for r in runs if r.label == label and r.bw == FREE]
-    return " / ".join(f"{_median(steady(r, key) for r in free) or 0:.3f}" for key in ("compute_s", "comm_s"))
+    timers = (median_of(steady(r, key) for r in free) for key in ("compute_s", "comm_s"))
+    return " / ".join("-" if t is None else f"{t:.3f}" for t in timers)
 
 
 def table(runs: Sequence[RunData], labels: Sequence[str]) -> str:
     """One row per rate and scheme (``labels`` order), C from the same scheme's 10 Gbit runs."""
-    free = {lab: _median(steady_iter_s(r) for r in runs if r.label == lab and r.bw == FREE) for lab in labels}
+    free = {lab: median_of(steady_iter_s(r) for r in runs if r.label == lab and r.bw == FREE) for lab in labels}
     out = [HEADER]
     for bw in _rates(runs):
         for lab in labels:

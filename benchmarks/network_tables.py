@@ -11,34 +11,27 @@ import statistics
 from pathlib import Path
 
 from benchmarks.archive import results_of
+from benchmarks.claims_tables import spread
 from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
 
 
-def _spread(values: list[float], fmt: str) -> str:
-    mid = f"{statistics.median(values):{fmt}}"
-    return mid if len(values) == 1 else f"{mid} [{min(values):{fmt}}-{max(values):{fmt}}]"
-
-
 def link_fidelity(folder: Path) -> str:
+    results = results_of(folder, "link_fidelity")
+    rows = [m for res in results for m in res["rows"]]
     out = ["| path | rate | runs | goodput Mbit/s, median [min-max] | achieved / configured |",
            "| --- | ---: | ---: | ---: | ---: |"]
-    notes = []
-    for result in results_of(folder, "link_fidelity"):
-        paths = dict.fromkeys(str(m.get("path")) for m in result["rows"])
-        for path in paths:
-            rows = [m for m in result["rows"] if str(m.get("path")) == path]
-            for bps in sorted({m["rate_bps"] for m in rows}):
-                got = [m["goodput_bps"] for m in rows if m["rate_bps"] == bps]
-                out.append(f"| {path} | {Rate(bps)} | {len(got)} | {_spread([g / 1e6 for g in got], '.1f')} | "
-                           f"{_spread([g / bps for g in got], '.3f')} |")
-            cap = (result.get("capacity_bps") or {}).get(path)
-            if cap:
-                notes.append(f"{path}: {cap / 1e6:.0f} Mbit/s")
-        seconds = result.get("seconds")
-    out += ["", f"One TCP stream for {seconds:g} s after a 1 s warm-up per measurement, the rates taking turns. "
-                "The path's capacity with the shaping at 400 Gbit/s (CPU-bound, one measurement): "
-                + "; ".join(notes) + "."]
+    for path in dict.fromkeys(str(m.get("path")) for m in rows):
+        mine = [m for m in rows if str(m.get("path")) == path]
+        for bps in sorted({m["rate_bps"] for m in mine}):
+            got = [m["goodput_bps"] for m in mine if m["rate_bps"] == bps]
+            out.append(f"| {path} | {Rate(bps)} | {len(got)} | {spread([g / 1e6 for g in got], '.1f')} | "
+                       f"{spread([g / bps for g in got], '.3f')} |")
+    caps = "; ".join(f"{path}: {cap / 1e6:.0f} Mbit/s" for res in results
+                     for path, cap in (res.get("capacity_bps") or {}).items())
+    seconds = "/".join(sorted({f"{res.get('seconds'):g}" for res in results}))
+    out += ["", f"One TCP stream for {seconds} s after a 1 s warm-up per measurement, the rates taking turns. "
+                f"The path's capacity with the shaping at 400 Gbit/s (CPU-bound, one measurement a run): {caps}."]
     return "\n".join(out) + "\n"
 
 
@@ -49,22 +42,23 @@ def collective_efficiency(folder: Path) -> str:
     """Per congestion control: the dense all-reduce's payload goodput over the link rate
     (mean and best call of each run; median [min-max] over runs) beside iperf3 --bidir's two
     directions on the same link."""
+    results = results_of(folder, "collective_efficiency")
+    rows = [m for res in results for m in res["rows"]]
     out = ["| workers' TCP | runs | payload goodput / rate, mean call | best call | iperf3 `--bidir` on the same "
            "link, each direction |", "| --- | ---: | ---: | ---: | --- |"]
-    for result in results_of(folder, "collective_efficiency"):
-        rows = result["rows"]
-        for cc in dict.fromkeys(str(m.get("cc")) for m in rows):
-            ms = [m for m in rows if str(m.get("cc")) == cc]
-            mean = [m["payload"] * 8 / m["mean"] / m["rate_bps"] for m in ms]
-            best = [m["payload"] * 8 / m["best"] / m["rate_bps"] for m in ms]
-            tcp = "; ".join(f"{a:.3f} / {b:.3f}" for a, b in (m["tcp"] for m in ms))
-            host = " (this host's default)" if any(m.get("asked") == "host" for m in ms) else ""
-            out.append(f"| {CC_NAMES.get(cc, cc)}{host} | {len(ms)} | {_spread(mean, '.3f')} | "
-                       f"{_spread(best, '.3f')} | {tcp} |")
-        rate = Rate(int(rows[0]["rate_bps"])) if rows else "?"
-        out += ["", f"A {result.get('bytes', 0) / 1e6:g} MB float32 all-reduce between 2 ranks across a dumbbell "
-                    f"capped at {rate}, {result.get('iters')} calls a run after a warm-up, launched by "
-                    "`testbed run`'s machinery; the one-way TCP ceiling is 0.956."]
+    for cc in dict.fromkeys(str(m.get("cc")) for m in rows):
+        ms = [m for m in rows if str(m.get("cc")) == cc]
+        mean = [m["payload"] * 8 / m["mean"] / m["rate_bps"] for m in ms]
+        best = [m["payload"] * 8 / m["best"] / m["rate_bps"] for m in ms]
+        tcp = "; ".join(f"{a:.3f} / {b:.3f}" for a, b in (m["tcp"] for m in ms))
+        host = " (this host's default)" if any(m.get("asked") == "host" for m in ms) else ""
+        out.append(f"| {CC_NAMES.get(cc, cc)}{host} | {len(ms)} | {spread(mean, '.3f')} | {spread(best, '.3f')} | "
+                   f"{tcp} |")
+    sizes = "/".join(sorted({f"{res.get('bytes', 0) / 1e6:g}" for res in results}))
+    rates = "/".join(sorted({str(Rate(int(m["rate_bps"]))) for m in rows}))
+    iters = "/".join(sorted({str(res.get("iters")) for res in results}))
+    out += ["", f"A {sizes} MB float32 all-reduce between 2 ranks across a dumbbell capped at {rates}, {iters} calls "
+                "a run after a warm-up, launched by `testbed run`'s machinery; the one-way TCP ceiling is 0.956."]
     return "\n".join(out) + "\n"
 
 
@@ -94,8 +88,8 @@ def up_down(folder: Path, kind: str) -> str:
         med = {k: statistics.median(m[k] for m in ms) for k in (a, b, c, d)}
         up = med[b] / med[a] if flip else med[a] / med[b]
         dn = med[d] / med[c] if flip else med[c] / med[d]
-        out.append(f"| {n} | {len(ms)} | " + " | ".join(_spread([m[k] for m in ms], ".3f") for k in (a, b))
-                   + f" | {up:.2f} | " + " | ".join(_spread([m[k] for m in ms], ".3f") for k in (c, d))
+        out.append(f"| {n} | {len(ms)} | " + " | ".join(spread([m[k] for m in ms], ".3f") for k in (a, b))
+                   + f" | {up:.2f} | " + " | ".join(spread([m[k] for m in ms], ".3f") for k in (c, d))
                    + f" | {dn:.2f} |")
     if not rows:
         raise TestbedError(f"{folder}: no {kind} rows of benchmarks.up_down", "run it with that row's sizes")

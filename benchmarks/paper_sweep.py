@@ -246,7 +246,7 @@ def _sweeps_with(runs: list[RunData], labels: set) -> list[RunData]:
     return [r for r in runs if r.path.parent in dirs]
 
 
-def _median_of(values) -> float | None:
+def median_of(values) -> float | None:
     vs = [v for v in values if v is not None]
     return statistics.median(vs) if vs else None
 
@@ -397,7 +397,7 @@ def efficiency_section(title: str, runs: list[RunData], rates, key=lambda r: r.l
             if b != bw:
                 continue
             w = statistics.median(busiest_bytes_per_iter(r) for r in rs)
-            ddp = [_median_of(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
+            ddp = [median_of(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
             print(f"{bw:>8} {k:<{width}} " + bounds.row([steady_iter_s(r) for r in rs], free.get(k), w, rate)
                   + "".join(f" {x:7.3f}" if x is not None else f" {'-':>7}" for x in ddp))
     if not free:

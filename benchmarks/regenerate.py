@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import claims_seeds, claims_tables, efficiency_tables, network_tables, paper_scale, strong_scaling
-from benchmarks.archive import RECORDS, RESULT, reading_once, runs_of
+from benchmarks.archive import RECORDS, read_results, reading_once, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
 from testbed.runs.report import RunData
@@ -150,15 +150,20 @@ class Block:
         if "/" in self.records or self.records in (".", "..") or not folder.is_dir():
             raise TestbedError(f"{self.page}:{self.line}: no records folder {folder}",
                                f"python -m benchmarks.archive DIR... --name {self.records}")
-        return f"\n{GENERATORS[self.generator](folder)}\n{provenance(folder)}\n\n"
+        try:
+            table = GENERATORS[self.generator](folder)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # records that lack what the table needs
+            raise TestbedError(f"{self.page}:{self.line}: {self.generator} cannot read {folder}: "
+                               f"{type(e).__name__}: {e}", "archive the benchmark's own output again") from None
+        return f"\n{table}\n{provenance(folder)}\n\n"
 
 
 def provenance(folder: Path) -> str:
     """The line under a generated table: what it was made from."""
     runs = runs_of(folder)
-    results = [read_json(d / RESULT) for d in sorted(folder.iterdir()) if d.is_dir() and (d / RESULT).is_file()]
+    results = read_results(folder)
     codes = sorted({str(r.summary.get("code_version")) for r in runs if r.summary.get("code_version")}
-                   | {str(x.get("code_version")) for x in results if isinstance(x, dict) and x.get("code_version")})
+                   | {str(x.get("code_version")) for x in results if x.get("code_version")})
     try:
         info = read_json(folder / "archive.json")
     except (OSError, ValueError, InputError):

@@ -20,7 +20,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from benchmarks.paper_sweep import _group, _median_of, _spread, busiest_bytes_per_iter, steady, steady_iter_s, sweep
+from benchmarks.paper_sweep import _group, median_of, _spread, busiest_bytes_per_iter, steady, steady_iter_s, sweep
 from testbed.model.units import Rate
 from testbed.runs.report import RunData, find_runs
 
@@ -69,7 +69,7 @@ def report(runs: list[RunData], bws: list[str]) -> None:
             mid, lo, hi = _spread(steady_iter_s(r) for r in rs)
             t[label] = {r.summary.get("seed"): steady_iter_s(r) for r in rs}
             w = statistics.median(busiest_bytes_per_iter(r) for r in rs) / 1e6
-            comp, comm = (_median_of(steady(r, k) for r in rs) for k in ("compute_s", "comm_s"))
+            comp, comm = (median_of(steady(r, k) for r in rs) for k in ("compute_s", "comm_s"))
             print(f"{bw:>8} {label:<22} {len(rs):>4} {f'{mid:.3f} [{lo:.3f}-{hi:.3f}]':>21} {w:6.2f} "
                   f"{_num(comp):9.3f} {_num(comm):7.3f}")
         if len(t) == 2:

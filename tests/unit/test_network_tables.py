@@ -68,3 +68,26 @@ def test_up_down_rows_per_kind_with_ratios_of_medians(tmp_path):
     assert "| 8 | 1 | 0.500 | 0.600 | 1.20 | 0.300 | 0.450 | 1.50 |" in rootless  # user / root
     with pytest.raises(Exception, match="no docker rows"):
         network_tables.up_down(dest, "docker")
+
+
+def test_results_are_read_without_following_links_and_two_results_pool(tmp_path):
+    rows = [{"path": "local (veth)", "rate_bps": 100e6, "goodput_bps": 95.6e6, "repeat": 0}]
+    for name in ("a", "b"):
+        _fidelity(tmp_path / "records" / "two" / name, rows)
+    text = network_tables.link_fidelity(tmp_path / "records" / "two")
+    assert "| local (veth) | 100mbit | 2 | 95.6 [95.6-95.6] |" in text  # both results' rows in one row
+    (tmp_path / "records" / "two" / "c").mkdir()
+    (tmp_path / "records" / "two" / "c" / "result.json").symlink_to(tmp_path / "records" / "two" / "a" / "result.json")
+    with pytest.raises(archive.Refused, match="link"):
+        network_tables.link_fidelity(tmp_path / "records" / "two")
+
+
+def test_a_result_missing_a_field_is_a_one_line_error_of_regenerate(tmp_path, capsys):
+    records = tmp_path / "records"
+    archive.record(records / "bad" / "r", "link_fidelity", [{"path": "local (veth)", "rate_bps": 1e8}], seconds=4)
+    page = tmp_path / "docs" / "p.md"
+    page.parent.mkdir()
+    page.write_text("<!-- regenerate: link_fidelity records=bad -->\n<!-- /regenerate -->\n")
+    assert regenerate.main(["--check", "--docs", str(tmp_path / "docs"), "--records", str(records)]) == 1
+    err = capsys.readouterr().err
+    assert "link_fidelity cannot read" in err and "goodput_bps" in err and "Traceback" not in err
