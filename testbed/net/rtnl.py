@@ -143,14 +143,6 @@ class Rtnl:
                   address=address, prefixlen=prefixlen)
         self.call(f"setting {ifname} up", "link", "set", index=idx, state="up")
 
-    def add_neighbours(self, ifname: str, entries: list[tuple[str, str]]) -> None:
-        """Permanent neighbour (ARP) entries ``(IPv4 address, MAC)`` on ``ifname``."""
-        from testbed.net import tcbatch  # pyroute2's encoders: imported with the first handle, not with this module
-
-        idx = self.index(ifname)
-        tcbatch.send_messages(self.ns, [tcbatch.neighbour_message(idx, address, mac) for address, mac in entries],
-                              lambda i: f"adding the neighbour {entries[i][0]} ({entries[i][1]}) on {ifname}")
-
     def delete_link(self, ifname: str) -> bool:
         found = self.call(f"looking up {ifname}", "link_lookup", ifname=ifname)
         if not found:

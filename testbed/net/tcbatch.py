@@ -37,6 +37,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from testbed.common.errors import KernelError
 from testbed.model.topology import Link, Shape, check_shape
 from testbed.net import netns, tc
+from testbed.net.rtnl import Rtnl
 
 _COMMANDS = {"change-class": (RTM_NEWTCLASS, "change"), "replace": (RTM_NEWQDISC, "replace")}
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
@@ -101,6 +102,14 @@ def neighbour_message(index: int, address: str, mac: str) -> bytes:
     msg["attrs"] = [["NDA_DST", address], ["NDA_LLADDR", mac]]
     msg.encode()
     return bytes(msg.data)
+
+
+def add_neighbours(rtnl: Rtnl, ifname: str, entries: Sequence[tuple[str, str]]) -> None:
+    """Permanent neighbour (ARP) entries ``(IPv4 address, MAC)`` on ``ifname`` in ``rtnl``'s
+    namespace, in batched datagrams (:func:`send_messages`)."""
+    idx = rtnl.index(ifname)
+    send_messages(rtnl.ns, [neighbour_message(idx, address, mac) for address, mac in entries],
+                  lambda i: f"adding the neighbour {entries[i][0]} ({entries[i][1]}) on {ifname}")
 
 
 def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str], chunk: int = 128) -> None:
@@ -262,8 +271,6 @@ class LinkChanger:
 
     def learn(self, endpoints) -> None:
         """Read the indexes and child kinds of ``endpoints`` (objects with ns, ifname) not yet known."""
-        from testbed.net.rtnl import Rtnl
-
         by_ns: dict[str, list] = {}
         for ep in endpoints:
             if (ep.ns, ep.ifname) not in self._index:

@@ -209,8 +209,10 @@ class StaticNeighbours(Action):
         return f"[{self.ns}] {len(self.entries)} permanent neighbour entries on {self.ifname}"
 
     def apply(self, ctx: ApplyContext) -> None:
+        from testbed.net import tcbatch
+
         pairs = [str(e).split(" ", 1) for e in self.entries]
-        ctx.host.rtnl(self.ns).add_neighbours(self.ifname, [(p[0], p[-1]) for p in pairs])
+        tcbatch.add_neighbours(ctx.host.rtnl(self.ns), self.ifname, [(p[0], p[-1]) for p in pairs])
 
 
 @register
