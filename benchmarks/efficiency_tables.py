@@ -57,15 +57,15 @@ def _rates(runs: Sequence[RunData]) -> list[str]:
 
 def _row(bw: str, label: str, rs: Sequence[RunData], c: float | None) -> str:
     w = statistics.median(busiest_bytes_per_iter(r) for r in rs)
-    ddp = [median_of(steady(r, key) for r in rs) for key in ("compute_s", "comm_s", "overlap_s")]
-    ddp_text = " / ".join("-" if x is None else f"{x:.3f}" for x in ddp)
     cells = bounds.cells([steady_iter_s(r) for r in rs], c, w, Rate.parse(bw).bps / 8)
-    return f"| {RATE_NAMES.get(bw, bw)} | {label} | " + " | ".join(cells) + f" | {ddp_text} |"
+    return (f"| {RATE_NAMES.get(bw, bw)} | {label} | " + " | ".join(cells)
+            + f" | {_timers(rs, ('compute_s', 'comm_s', 'overlap_s'))} |")
 
 
-def _ddp(runs: Sequence[RunData], label: str) -> str:
-    free = [r for r in runs if r.label == label and r.bw == FREE]
-    timers = (median_of(steady(r, key) for r in free) for key in ("compute_s", "comm_s"))
+def _timers(rs: Sequence[RunData], keys: Sequence[str]) -> str:
+    """DDP's timers ``keys`` over runs ``rs``: each rank 0's steady median, then the median
+    over the runs; '-' where the records lack one."""
+    timers = (median_of(steady(r, key) for r in rs) for key in keys)
     return " / ".join("-" if t is None else f"{t:.3f}" for t in timers)
 
 
@@ -80,7 +80,9 @@ def table(runs: Sequence[RunData], labels: Sequence[str]) -> str:
                 out.append(_row(bw, lab, rs, free[lab]))
     out.append("")
     out.append(f"C, the {RATE_NAMES[FREE]} runs' T, and DDP's compute / comm timers in them (s): "
-               + "; ".join(f"{lab} {free[lab]:.3f}, {_ddp(runs, lab)}" for lab in labels if free[lab] is not None)
+               + "; ".join(f"{lab} {free[lab]:.3f}, "
+               f"{_timers([r for r in runs if r.label == lab and r.bw == FREE], ('compute_s', 'comm_s'))}"
+               for lab in labels if free[lab] is not None)
                + ".")
     return "\n".join(out) + "\n"
 

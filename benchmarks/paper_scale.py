@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks import bounds
-from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, run_sweep, testbed_argv
+from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, median_of, run_sweep, testbed_argv
 from testbed.common.files import read_jsonl
 from testbed.runs.report import RunData, find_runs
 from testbed.model.units import Rate
@@ -140,43 +140,65 @@ def run_sweeps(args, times: dict[str, float]) -> list[Path]:
     return dirs
 
 
-def analyse(runs: list[RunData]) -> None:
-    by: dict = {}
+OTHERS = ("allreduce", "fp16", "topk:0.01")
+"""The schemes every row's speed-up is taken over."""
+
+
+def _cells(runs: list[RunData]) -> dict[tuple, dict[str, list[RunData]]]:
+    """Runs by (model, rate), models in ``MODELS`` order then the others, rates by speed;
+    within a cell by scheme (its sweep variant, e.g. ``pactrain:0.5:ternary``)."""
+    by: dict[tuple, dict[str, list[RunData]]] = {}
     for r in runs:
         s = r.summary
-        by.setdefault((s.get("model"), r.bw, s.get("variant") or s.get("scheme")), []).append(r)
-    models = [m for m in MODELS if any(k[0] == m for k in by)] + sorted({k[0] for k in by} - set(MODELS))
+        by.setdefault((s.get("model"), r.bw), {}).setdefault(s.get("variant") or s.get("scheme"), []).append(r)
+    order = {m: i for i, m in enumerate(MODELS)}
+    return dict(sorted(by.items(), key=lambda kv: (order.get(kv[0][0], len(order)), str(kv[0][0]),
+                                                   Rate.parse(kv[0][1]).bps)))
+
+
+def _times(cells: dict[str, list[RunData]]) -> dict[str, float | None]:
+    """Each scheme's median steady iteration time in a cell."""
+    return {v: median_of(steady_iter_s(r) for r in rs) for v, rs in cells.items()}
+
+
+def _schemes(cells: dict) -> list[str]:
+    return [x for x in SCHEMES if x in cells] + sorted(set(cells) - set(SCHEMES))
+
+
+def _measured(rs: list[RunData]) -> tuple[float, bool, float | None, float]:
+    """A cell's W (median bytes per timed iteration), whether every run's W is from its timed
+    window alone, the stated C, and the median peak RSS per rank in GB."""
+    wires = [steady_wire(r) for r in rs]
+    rss = (median_of(r.summary.get("max_rss_bytes_per_rank") for r in rs) or 0) / 1e9
+    return (statistics.median(x for x, _ in wires), all(ok for _, ok in wires),
+            rs[0].summary.get("compute_time_s"), rss)
+
+
+def analyse(runs: list[RunData]) -> None:
     print("\nPaper-scale traffic: gloo ranks on three_switch, stated compute time, real buckets and hooks")
     print("speedup = other scheme's iteration time / this one's (medians over runs); C = the stated compute time, "
           "W = bytes per timed iteration on the busiest shaped direction")
     print(bounds.LEGEND + "\n")
     print(f"{'model':<10} {'rate':>8} {'scheme':<21} {'vs allreduce':>12} {'vs fp16':>8} {'vs topk':>8} "
           f"{'RSS/rank GB':>11} {'RSS all GB':>10} {bounds.HEADER}")
-    for model in models:
-        for bw in sorted({k[1] for k in by if k[0] == model}, key=lambda b: Rate.parse(b).bps):
-            cells = {v: rs for (m, b, v), rs in by.items() if m == model and b == bw}
-            t = {v: _median([steady_iter_s(r) for r in rs]) for v, rs in cells.items()}
-            for v in [x for x in SCHEMES if x in cells] + sorted(set(cells) - set(SCHEMES)):
-                print(f"{model:<10} {bw:>8} {v:<21} " + _row(cells[v], t, v, Rate.parse(bw).bps / 8))
-        print()
+    last = None
+    for (model, bw), cells in _cells(runs).items():
+        if last is not None and model != last:
+            print()
+        last = model
+        t = _times(cells)
+        for v in _schemes(cells):
+            print(f"{model:<10} {bw:>8} {v:<21} " + _row(cells[v], t, v, Rate.parse(bw).bps / 8))
+    print()
     print("* W over the whole run, start-up included (timed iterations shorter than 3 s: the counters are "
           "sampled each second), so no bound")
 
 
-def _median(values) -> float | None:
-    vs = [v for v in values if v is not None]
-    return statistics.median(vs) if vs else None
-
-
 def _row(rs: list[RunData], t: dict, v: str, rate: float) -> str:
     it = t[v]
-    ratio = {o: (t.get(o) / it if t.get(o) and it else float("nan")) for o in ("allreduce", "fp16", "topk:0.01")}
-    wires = [steady_wire(r) for r in rs]
-    steady = all(ok for _, ok in wires)
-    w = statistics.median(x for x, _ in wires)
-    c = rs[0].summary.get("compute_time_s")
-    rss = (_median([r.summary.get("max_rss_bytes_per_rank") for r in rs]) or 0) / 1e9
-    rss_all = (_median([r.summary.get("max_rss_bytes_all_ranks") for r in rs]) or 0) / 1e9
+    ratio = {o: (t[o] / it if t.get(o) and it else float("nan")) for o in OTHERS}
+    w, steady, c, rss = _measured(rs)
+    rss_all = (median_of(r.summary.get("max_rss_bytes_all_ranks") for r in rs) or 0) / 1e9
     eff = bounds.row([steady_iter_s(r) for r in rs], c if steady else None, w, rate)
     return (f"{ratio['allreduce']:12.2f} {ratio['fp16']:8.2f} {ratio['topk:0.01']:8.2f} {rss:11.2f} {rss_all:10.2f} "
             + eff + ("" if steady else " *"))
@@ -195,17 +217,13 @@ def markdown(runs: list[RunData], bw: str) -> str:
     out = ["| model (gradients) | scheme | runs | iteration s | vs allreduce | vs fp16 | vs topk 0.01 | W MB | "
            "no-overlap eff | overlap eff | RSS / rank GB |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    by: dict = {}
-    for r in runs:
-        if r.bw == bw:
-            by.setdefault(r.summary.get("model"), {}).setdefault(r.summary.get("variant") or r.summary.get("scheme"),
-                                                                   []).append(r)
-    for model in [m for m in MODELS if m in by] + sorted(set(by) - set(MODELS)):
-        cells = by[model]
-        t = {v: _median([steady_iter_s(r) for r in rs]) for v, rs in cells.items()}
-        grads = (_median([r.summary.get("dense_bytes") for r in next(iter(cells.values()))]) or 0) / 1e6
+    for (model, b), cells in _cells(runs).items():
+        if b != bw:
+            continue
+        t = _times(cells)
+        grads = (median_of(r.summary.get("dense_bytes") for r in next(iter(cells.values()))) or 0) / 1e6
         name = f"{MODEL_NAMES.get(model, model)} ({grads:.0f} MB)"
-        for v in [x for x in SCHEMES if x in cells] + sorted(set(cells) - set(SCHEMES)):
+        for v in _schemes(cells):
             out.append(_markdown_row(name, v, cells[v], t, rate))
             name = ""
     return "\n".join(out) + "\n"
@@ -216,33 +234,22 @@ def speedups_markdown(runs: list[RunData], scheme: str = "pactrain:0.5:ternary")
     allreduce, fp16 and topk 0.01 per model and rate (medians over each cell's runs)."""
     out = [f"| model | rate | {scheme.replace(':', ' ')}: iteration-time speed-up over allreduce | over fp16 | "
            "over topk 0.01 | runs per cell |", "| --- | --- | ---: | ---: | ---: | --- |"]
-    by: dict = {}
-    for r in runs:
-        key = (r.summary.get("model"), r.bw, r.summary.get("variant") or r.summary.get("scheme"))
-        by.setdefault(key, []).append(r)
-    models = [m for m in MODELS if any(k[0] == m for k in by)]
-    for model in models:
-        for bw in sorted({k[1] for k in by if k[0] == model}, key=lambda b: Rate.parse(b).bps):
-            t = {v: _median([steady_iter_s(r) for r in rs]) for (m, b, v), rs in by.items() if m == model and b == bw}
-            mine = t.get(scheme)
-            if not mine:
-                continue
-            ratio = [f"{t[o] / mine:.2f}x" if t.get(o) else "-" for o in ("allreduce", "fp16", "topk:0.01")]
-            n = sorted({len(rs) for (m, b, _), rs in by.items() if m == model and b == bw})
-            out.append(f"| {MODEL_NAMES.get(model, model)} | {bw} | " + " | ".join(ratio)
-                       + f" | {'/'.join(map(str, n))} |")
+    for (model, bw), cells in _cells(runs).items():
+        t = _times(cells)
+        mine = t.get(scheme)
+        if model not in MODELS or not mine:
+            continue
+        ratio = [f"{t[o] / mine:.2f}x" if t.get(o) else "-" for o in OTHERS]
+        n = sorted({len(rs) for rs in cells.values()})
+        out.append(f"| {MODEL_NAMES.get(model, model)} | {bw} | " + " | ".join(ratio) + f" | {'/'.join(map(str, n))} |")
     return "\n".join(out) + "\n"
 
 
 def _markdown_row(model: str, v: str, rs: list[RunData], t: dict, rate: float) -> str:
     it = t[v]
-    ratio = [f"{t[o] / it:.2f}" if t.get(o) and it else "-" for o in ("allreduce", "fp16", "topk:0.01")]
-    wires = [steady_wire(r) for r in rs]
-    steady = all(ok for _, ok in wires)
-    w = statistics.median(x for x, _ in wires)
-    c = rs[0].summary.get("compute_time_s")
+    ratio = [f"{t[o] / it:.2f}" if t.get(o) and it else "-" for o in OTHERS]
+    w, steady, c, rss = _measured(rs)
     eff = bounds.cells([steady_iter_s(r) for r in rs], c if steady else None, w, rate)
-    rss = (_median([r.summary.get("max_rss_bytes_per_rank") for r in rs]) or 0) / 1e9
     wire = f"{w / 1e6:.1f}" if steady else f"({w / 1e6:.1f})*"
     return (f"| {model} | {v.replace(':', ' ')} | {len(rs)} | {eff[1]} | " + " | ".join(ratio)
             + f" | {wire} | {eff[8]} | {eff[7]} | {rss:.2f} |")
