@@ -29,7 +29,7 @@ import typer
 from testbed.cli import doctor, host, images, links, monitor, reports, runs, selftest, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
-from testbed.common import hostbase, rootless
+from testbed.common import rootless
 from testbed.common.errors import TestbedError
 from testbed.common.state import check_root
 from testbed.common.version import __version__
@@ -65,9 +65,14 @@ app.add_typer(monitor.app, name="monitor")
 app.add_typer(images.app, name="image")
 
 
+def _own(argv: Sequence[str]) -> Sequence[str]:
+    """The arguments before ``--`` (what follows is a workload's)."""
+    return argv[:list(argv).index("--")] if "--" in argv else argv
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     """--json among the testbed's own arguments (not after `--`, which go to a command)."""
-    return "--json" in (argv[:list(argv).index("--")] if "--" in argv else argv)
+    return "--json" in _own(argv)
 
 
 KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor", "selftest"}
@@ -76,20 +81,17 @@ KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "moni
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    own = argv[:list(argv).index("--")] if "--" in argv else argv
-    return next((a for a in own if not a.startswith("-")), None)
+    return next((a for a in _own(argv) if not a.startswith("-")), None)
 
 
 def _needs_namespaces(argv: Sequence[str]) -> bool:
-    own = argv[:list(argv).index("--")] if "--" in argv else argv
-    return _command(argv) in KERNEL_COMMANDS and not {"--help", "-h"} & set(own)
+    return _command(argv) in KERNEL_COMMANDS and not {"--help", "-h"} & set(_own(argv))
 
 
 def _needs_state(argv: Sequence[str]) -> bool:
     """A command that reads or writes the state directory (all that work in the namespaces
     but doctor, which reports on a machine whatever its state directory)."""
-    own = argv[:list(argv).index("--")] if "--" in argv else argv
-    return _needs_namespaces(argv) and next(a for a in own if not a.startswith("-")) != "doctor"
+    return _needs_namespaces(argv) and _command(argv) != "doctor"
 
 
 def _testbeds_up() -> bool:
@@ -123,7 +125,7 @@ def _main(argv: Optional[Sequence[str]]) -> None:
     entered = False
     try:
         if rootless.needed() and _command(argv) == "down":
-            hostbase.prune(lambda base: rootless.holder_pid(base) is not None, ask_slurm=True)  # ended jobs' folders
+            rootless.prune_job_bases(ask_slurm=True)  # the folders of ended jobs, any node
         if rootless.needed() and _needs_namespaces(argv):
             try:
                 rootless.enter()  # before any thread starts; from here on, a child inside them

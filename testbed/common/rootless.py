@@ -78,6 +78,13 @@ def _runtime_base() -> Path | None:
     return None
 
 
+def prune_job_bases(ask_slurm: bool = False) -> None:
+    """Remove the ``host-NODE-jobID`` folders ended Slurm jobs left (:func:`hostbase.prune`):
+    this node's whose holder is not running, and with ``ask_slurm`` any node's whose job
+    Slurm says has ended."""
+    hostbase.prune(lambda base: holder_pid(base) is not None, ask_slurm=ask_slurm)
+
+
 def use_host_base() -> None:
     """For a host agent (``testbed _host``, another host's share): BASE is, inside a Slurm job,
     the node's and job's own (as :func:`base_dir`): each job's share lives in its own holder,

@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from testbed.common import hostbase, procs, rootless
+from testbed.common import procs, rootless
 from testbed.common.errors import StateError
 from testbed.common.signals import ignore_interrupts
 from testbed.plan.ledger import Ledger
@@ -31,7 +31,7 @@ def enter() -> bool:
         return False
     procs.die_with_parent(signal.SIGTERM)
     rootless.use_host_base()
-    hostbase.prune(lambda base: rootless.holder_pid(base) is not None)  # this node's folders of ended jobs
+    rootless.prune_job_bases()  # this node's folders of ended jobs
     rootless.enter(spawner=False)
     return True
 

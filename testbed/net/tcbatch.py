@@ -124,8 +124,7 @@ def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str]
     try:
         for start in range(0, len(messages), chunk):
             part = messages[start:start + chunk]
-            offsets = tuple(itertools.accumulate((len(m) for m in part[:-1]), initial=0))
-            batch.send({ns: Datagram(b"".join(part), offsets, tuple(range(start, start + len(part))))}, name)
+            batch.send({ns: Datagram.of(part, range(start, start + len(part)))}, name)
     finally:
         batch.close()
 
@@ -233,6 +232,12 @@ class Datagram:
     offsets: tuple[int, ...]
     owners: tuple[int, ...]
 
+    @classmethod
+    def of(cls, messages: Sequence[bytes], owners: Iterable[int]) -> Datagram:
+        """``messages`` concatenated, each owned by the matching entry of ``owners``."""
+        offsets = tuple(itertools.accumulate((len(m) for m in messages[:-1]), initial=0))
+        return cls(b"".join(messages), offsets, tuple(owners))
+
 
 @dataclass(frozen=True)
 class _Prepared:
@@ -311,8 +316,7 @@ class LinkChanger:
             after[(ep.ns, ep.ifname)] = kind
         datagrams = {}
         for ns, ms in msgs.items():
-            offsets = tuple(itertools.accumulate((len(m) for m, _ in ms[:-1]), initial=0))
-            datagrams[ns] = Datagram(b"".join(m for m, _ in ms), offsets, tuple(i for _, i in ms))
+            datagrams[ns] = Datagram.of([m for m, _ in ms], [i for _, i in ms])
         self.batch.open(datagrams)
         ready = _Prepared(datagrams, after, tuple((ep, shape) for ep, shape, _ in changes))
         if len(self._prepared) >= _PREPARED_MAX:
