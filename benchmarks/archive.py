@@ -44,6 +44,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.paper_scale import timed_window
@@ -253,7 +254,12 @@ def record(where: Path, benchmark: str, rows: list[dict], **extra) -> Path:
 def read_results(folder: Path) -> list[dict]:
     """Every benchmark result in ``folder`` (records/NAME or a --record DIR's parent): its
     folders' ``result.json``, read as archive reads its sources (no link followed, bounded,
-    a JSON object with a benchmark name and rows, or a one-line refusal)."""
+    a JSON object with a benchmark name and rows, or a one-line refusal). Within
+    :func:`reading_once`, each folder once."""
+    return _once(("results", folder), lambda: _read_results(folder))
+
+
+def _read_results(folder: Path) -> list[dict]:
     out = []
     fd = _open_dir(folder)
     try:
@@ -337,14 +343,15 @@ def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
     return dest
 
 
-_READ: dict[Path, list[RunData]] | None = None
-"""Inside :func:`reading_once`: each folder's runs, read at most once."""
+_READ: dict[tuple[str, Path], list] | None = None
+"""Inside :func:`reading_once`: each folder's runs and results, read at most once."""
 
 
 @contextlib.contextmanager
 def reading_once():
-    """Within: :func:`runs_of` reads each folder once (``benchmarks.regenerate``'s pass over the
-    pages, whose blocks and provenance lines read the same folders again and again)."""
+    """Within: :func:`runs_of` and :func:`read_results` read each folder once
+    (``benchmarks.regenerate``'s pass over the pages, whose blocks and provenance lines read
+    the same folders again and again)."""
     global _READ
     before, _READ = _READ, {}
     try:
@@ -355,15 +362,23 @@ def reading_once():
 
 def runs_of(folder: Path) -> list[RunData]:
     """The runs archived in ``folder`` (records/NAME), read as ``testbed report`` reads them."""
-    if _READ is not None and folder in _READ:
-        return _READ[folder]
     if not folder.is_dir():
         raise TestbedError(f"{folder}: no such records folder", "archive it: python -m benchmarks.archive")
+    return _once(("runs", folder), lambda: _runs_in(folder))
+
+
+def _runs_in(folder: Path) -> list[RunData]:
     dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not os.path.lexists(p / RESULT))
-    runs = find_runs(dirs) if dirs else []
-    if _READ is not None:
-        _READ[folder] = runs
-    return runs
+    return find_runs(dirs) if dirs else []
+
+
+def _once(key: tuple[str, Path], read: Callable[[], list]) -> list:
+    """``read()``, kept under ``key`` within :func:`reading_once`."""
+    if _READ is None:
+        return read()
+    if key not in _READ:
+        _READ[key] = read()
+    return _READ[key]
 
 
 def main(argv: list[str] | None = None) -> int:
