@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.tunnel import cpu_seconds
+from testbed.common import procs
 
 TOPOLOGY = """\
 name: {name}
@@ -47,7 +48,7 @@ links:
   - {{endpoints: [s1, s2], rate: 100mbit, bottleneck: true{type}}}
 """
 RATES = {"100mbit": 100e6, "500mbit": 500e6, "1gbit": 1e9}
-FORWARDER = b"testbed.net.tunnel"
+FORWARDER = "testbed.net.tunnel"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -84,19 +85,13 @@ def forwarders_here() -> dict[str, float]:
     """CPU seconds (utime + stime) of each of this user's tunnel forwarders seen here, keyed
     ``PID:STARTTIME`` (two machines' pids may be equal; with its start time, not both)."""
     out = {}
-    for e in os.scandir("/proc"):
-        if not e.name.isdigit():
-            continue
+    for pid in procs.with_arg(FORWARDER):
         try:
-            if os.stat(e.path).st_uid != os.getuid():
+            start = procs.start_time(pid)
+            if start is None or os.stat(f"/proc/{pid}").st_uid != os.getuid():
                 continue
-            with open(f"{e.path}/cmdline", "rb") as f:
-                if FORWARDER not in f.read(65536).split(b"\0"):
-                    continue
-            with open(f"{e.path}/stat", "rb") as f:
-                start = int(f.read(4096).rsplit(b")", 1)[1].split()[19])
-            out[f"{e.name}:{start}"] = cpu_seconds(int(e.name))
-        except (OSError, IndexError, ValueError):  # it ended meanwhile
+            out[f"{pid}:{start}"] = cpu_seconds(pid)
+        except (OSError, ValueError):  # it ended meanwhile
             continue
     return out
 
