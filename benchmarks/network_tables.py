@@ -94,3 +94,11 @@ def up_down(folder: Path, kind: str) -> str:
     if not rows:
         raise TestbedError(f"{folder}: no {kind} rows of benchmarks.up_down", "run it with that row's sizes")
     return "\n".join(out) + "\n"
+
+
+GENERATORS = {
+    "link_fidelity": link_fidelity,
+    "collective_efficiency": collective_efficiency,
+    **{f"up_down_{kind}": (lambda folder, kind=kind: up_down(folder, kind)) for kind in UP_DOWN},
+}
+"""This module's tables for ``benchmarks.regenerate``: name -> function(records folder) -> markdown."""

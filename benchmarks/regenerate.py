@@ -36,7 +36,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import claims_seeds, claims_tables, efficiency_tables, network_tables, paper_scale, strong_scaling
+from benchmarks import (claims_seeds, claims_tables, cli_tables, efficiency_tables, network_tables, ops_tables,
+                        paper_scale, proof_tables, strong_scaling, training_tables)
 from benchmarks.archive import RECORDS, read_results, reading_once, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
@@ -114,10 +115,11 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     **{f"paper_scale_{bw}": (lambda folder, bw=bw: paper_scale.markdown(_ok(folder), bw))
        for bw in paper_scale.BWS},
     "paper_scale_speedups": lambda folder: paper_scale.speedups_markdown(_ok(folder)),
-    "link_fidelity": network_tables.link_fidelity,
-    "collective_efficiency": network_tables.collective_efficiency,
-    **{f"up_down_{kind}": (lambda folder, kind=kind: network_tables.up_down(folder, kind))
-       for kind in network_tables.UP_DOWN},
+    **network_tables.GENERATORS,
+    **ops_tables.GENERATORS,
+    **proof_tables.GENERATORS,
+    **cli_tables.GENERATORS,
+    **training_tables.GENERATORS,
 }
 """name -> function(records folder) -> markdown."""
 
