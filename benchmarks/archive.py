@@ -23,8 +23,8 @@ archived name, any other becomes its last component. Inputs are read as hostile 
 (testbed.common.files): no link is followed (a DIR, a run folder or a file that is a link
 is refused), only regular files of bounded size are read. NAME, when it exists, is replaced
 whole: give every DIR of a table in one command. The size of NAME and of all records
-is printed: the budget for every page's records together is a few MB
-(docs/results/records/README.md).
+is printed, as files and compressed (as git stores them): the budget for every page's
+records together is a few MB compressed (docs/results/records/README.md).
 
 Records are read back by :func:`runs_of`, through ``testbed.runs.report.find_runs``, as
 ``testbed report`` reads run directories.
@@ -44,6 +44,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -288,8 +289,11 @@ def results_of(folder: Path, benchmark: str) -> list[dict]:
     return out
 
 
-def size(path: Path) -> int:
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+def size(path: Path) -> str:
+    """The files' bytes under ``path``, and compressed as git stores them (zlib, each file)."""
+    files = [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
+    raw, packed = sum(p.lstat().st_size for p in files), sum(len(zlib.compress(p.read_bytes())) for p in files)
+    return f"{raw / 1e6:.2f} MB ({packed / 1e6:.2f} MB compressed)"
 
 
 def machine() -> dict:
@@ -397,8 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     results = len(read_results(dest))
     what = f"{results} benchmark result{'s' * (results != 1)}" if results and not runs else \
         f"{runs} run{'s' * (runs != 1)}"
-    print(f"{dest}: {what}, {size(dest) / 1e3:.0f} kB; all records: "
-          f"{size(args.records) / 1e6:.2f} MB")
+    print(f"{dest}: {what}, {size(dest)}; all records: {size(args.records)}")
     return 0
 
 
