@@ -3,7 +3,7 @@ device: the figure ``--compute-time`` (paper-scale mode) asks for.
 
     python -m benchmarks.compute_time [--models resnet18,resnet152,vgg19,vit_b16]
                                       [--batch-size 32] [--classes 10] [--iters 20]
-                                      [--device auto|cuda|cpu] [--amp] [--json]
+                                      [--device auto|cuda|cpu] [--amp] [--json] [--record DIR]
 
 For each model, built as training builds it (32x32 inputs, ``workloads.models``), one
 training step is timed: zero_grad, forward, cross-entropy, backward (no optimiser step, no
@@ -14,7 +14,9 @@ the median and min-max are printed, with the line to paste into
 autocast (CUDA only).
 
 Run it on the GPU your experiments stand in for; one run's figures, because machines are
-noisy: repeat and compare before publishing.
+noisy: repeat and compare before publishing. ``--record DIR`` writes the rows, the device and
+torch's version to DIR/result.json for ``benchmarks.archive`` (docs/results/gpu.md's table,
+``benchmarks.gpu_tables``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.archive import record
 from workloads.models import MODELS, build_model
 
 
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--amp", action="store_true", help="bf16 autocast forward (CUDA)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--record", type=Path, metavar="DIR", help="write the rows to DIR/result.json")
     a = p.parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
@@ -89,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
     where = torch.cuda.get_device_name(device) if kind == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     rows = [time_model(m, device, a.batch_size, a.classes, a.iters, a.amp) for m in models]
+    if a.record:
+        print(f"recorded: {record(a.record, 'compute_time', [dict(r, amp=a.amp) for r in rows], device=where, torch=torch.__version__, iters=a.iters)}")
     if a.json:
         print(json.dumps({"device": where, "torch": torch.__version__, "amp": a.amp, "rows": rows}, indent=2))
         return 0

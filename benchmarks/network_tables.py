@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from benchmarks.archive import results_of
+from benchmarks.archive import results_of, runs_of
 from benchmarks.claims_tables import spread
 from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
@@ -96,7 +96,22 @@ def up_down(folder: Path, kind: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def quick_start(folder: Path) -> str:
+    """The README's quick start by a new user (``benchmarks.quick_start``): the install's and
+    the command's seconds beside what its run recorded, one row per archived result."""
+    runs = {r.summary.get("run_id"): r.summary for r in runs_of(folder)}
+    out = ["| tree | install s | venv GB | torch | command s | iterations | iteration ms, median | final accuracy "
+           "| bottleneck MB / iteration | status |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for m in (m for res in results_of(folder, "quick_start") for m in res["rows"]):
+        s = runs[m["run_id"]]
+        out.append(f"| {m['tree']} | {m['install_s']:.0f} | {m['venv_bytes'] / 1e9:.2f} | {m['torch']} | "
+                   f"{m['run_s']:.0f} | {s['iterations']} | {s['median_iter_s'] * 1e3:.0f} | "
+                   f"{s['final_accuracy']:.4f} | {s['bottleneck']['bytes_per_iteration'] / 1e6:.2f} | {s['status']} |")
+    return "\n".join(out) + "\n"
+
+
 GENERATORS = {
+    "quick_start": quick_start,
     "link_fidelity": link_fidelity,
     "collective_efficiency": collective_efficiency,
     **{f"up_down_{kind}": (lambda folder, kind=kind: up_down(folder, kind)) for kind in UP_DOWN},

@@ -36,8 +36,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import (claims_seeds, claims_tables, cli_tables, efficiency_tables, network_tables, ops_tables,
-                        paper_scale, proof_tables, strong_scaling, training_tables)
+from benchmarks import (claims_seeds, claims_tables, cli_tables, efficiency_tables, gpu_tables, network_tables,
+                        ops_tables, paper_scale, proof_tables, strong_scaling, training_tables)
 from benchmarks.archive import RECORDS, read_results, reading_once, runs_of
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
@@ -120,6 +120,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     **proof_tables.GENERATORS,
     **cli_tables.GENERATORS,
     **training_tables.GENERATORS,
+    **gpu_tables.GENERATORS,
 }
 """name -> function(records folder) -> markdown."""
 

@@ -91,3 +91,30 @@ def test_a_result_missing_a_field_is_a_one_line_error_of_regenerate(tmp_path, ca
     assert regenerate.main(["--check", "--docs", str(tmp_path / "docs"), "--records", str(records)]) == 1
     err = capsys.readouterr().err
     assert "link_fidelity cannot read" in err and "goodput_bps" in err and "Traceback" not in err
+
+
+def test_the_quick_start_row_joins_its_timings_and_its_archived_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "20261127-1200-pactrain", "request": {"scheme": "pactrain"}}))
+    (run / "summary.json").write_text(json.dumps({
+        "run_id": "20261127-1200-pactrain", "status": "ok", "scheme": "pactrain", "iterations": 75, "median_iter_s": 0.1354,
+        "final_accuracy": 0.96936, "bottleneck": {"bytes_per_iteration": 2.92e6}}))
+    archive.record(tmp_path / "result", "quick_start", [{
+        "install_s": 101.6, "run_s": 27.9, "venv_bytes": 1.31e9, "torch": "2.13.0+cpu", "run_id": "20261127-1200-pactrain",
+        "tree": "abc1234", "env": ["PIP_FIND_LINKS"]}])
+    dest = archive.write([tmp_path / "result", tmp_path / "run"], "qs", records=tmp_path / "records")
+    assert "| abc1234 | 102 | 1.31 | 2.13.0+cpu | 28 | 75 | 135 | 0.9694 | 2.92 | ok |" in network_tables.quick_start(dest)
+
+
+def test_compute_times_on_cpu_are_recorded_and_rendered_per_model_and_precision(tmp_path):
+    """benchmarks.compute_time --record on this machine's CPU (the GPU's run is the same
+    command), rendered by gpu_tables: a real measurement, so only its shape is checked."""
+    from benchmarks import compute_time, gpu_tables
+
+    assert compute_time.main(["--models", "resnet18", "--iters", "1", "--device", "cpu",
+                              "--record", str(tmp_path / "ct")]) == 0
+    dest = archive.write([tmp_path / "ct"], "ct", records=tmp_path / "records")
+    text = gpu_tables.compute_time(dest)
+    assert "| ResNet18 | 11.2 M | " in text and text.splitlines()[2].endswith("| - |")  # no bf16 run
+    assert "CPU (" in text and "1 timed steps" in text
