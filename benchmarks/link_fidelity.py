@@ -10,8 +10,12 @@ another host: a real sshd in its own namespace on an underlay bridge (the multi-
 tests' lab, tests/kernel/sshhosts.py), so the link is a VXLAN tunnel shaped at both ends,
 at MTU 1450 (TCP ceiling 0.955). Needs openssh-server too.
 
+With ``--containers`` they are measured with container workers (the docker backend, the
+image of ``testbed image build``) instead of namespaces; ``--no-local`` leaves the namespace
+path out (to add a path to an earlier run's record).
+
     sudo python -m benchmarks.link_fidelity [--rates 10mbit,100mbit,...] [--seconds 4] [--repeats N]
-                                            [--cross-host] [--record DIR]
+                                            [--cross-host] [--containers] [--no-local] [--record DIR]
 
 ``--repeats N`` measures every rate N times, taking turns (rate by rate, then again), so
 the table gives median [min-max] over the N; ``--record DIR`` writes every measurement to
@@ -52,10 +56,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--repeats", type=int, default=1, help="measure every rate this many times, taking turns")
     ap.add_argument("--cross-host", action="store_true", help="also measure a link between two hosts (VXLAN)")
+    ap.add_argument("--containers", action="store_true", help="also measure with container workers (docker)")
+    ap.add_argument("--no-local", action="store_true", help="leave the namespace workers' path out")
     ap.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     args = ap.parse_args()
     if args.repeats < 1:
         sys.exit("--repeats: at least 1")
+    if args.no_local and not (args.containers or args.cross_host):
+        sys.exit("--no-local: give --containers or --cross-host too, or nothing is measured")
     if os.geteuid() != 0:
         sys.exit("needs root")
     os.environ.setdefault("TESTBED_STATE_DIR", tempfile.mkdtemp(prefix="testbed-bench-"))
@@ -63,7 +71,10 @@ def main() -> None:
     # access links faster than the fastest bottleneck tested, so only the bottleneck shapes
     topo = dumbbell(name="fidelity", rate=str(rates[0]))
     topo["defaults"] = {"link": {"rate": "40gbit"}}
-    rows = {"local (veth)": measure(topo, rates, args.seconds, args.repeats)}
+    rows = {} if args.no_local else {"local (veth)": measure(topo, rates, args.seconds, args.repeats)}
+    if args.containers:
+        boxed = dict(topo, name="fidelityc", defaults={**topo["defaults"], "backend": "docker"})
+        rows["local (containers)"] = measure(boxed, rates, args.seconds, args.repeats)
     if args.cross_host:
         from tests.kernel import sshhosts
 

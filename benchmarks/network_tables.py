@@ -96,22 +96,65 @@ def up_down(folder: Path, kind: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def up_down_vm(folder: Path) -> str:
+    """VM workers (``benchmarks.up_down --vm-sizes``): `up` of N VMs booting in parallel to a
+    ready agent in each guest, beside one guest kernel alone booting to its initramfs, and
+    `down`; median [min-max] over the repeats."""
+    rows = [m for res in results_of(folder, "up_down") for m in res["rows"] if m.get("kind") == "vm"]
+    if not rows:
+        raise TestbedError(f"{folder}: no vm rows of benchmarks.up_down", "run it with --vm-sizes")
+    out = ["| VMs | runs | accelerator | up (s) | per VM (s) | one guest kernel alone (s) | down (s) |",
+           "| ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for n in sorted({m["workers"] for m in rows}):
+        ms = [m for m in rows if m["workers"] == n]
+        accel = "/".join(sorted({str(m.get("accel")) for m in ms}))
+        out.append(f"| {n} | {len(ms)} | {accel} | {spread([m['up_s'] for m in ms], '.1f')} | "
+                   f"{spread([m['up_s'] / n for m in ms], '.1f')} | {spread([m['floor_up_s'] for m in ms], '.1f')} | "
+                   f"{spread([m['down_s'] for m in ms], '.2f')} |")
+    return "\n".join(out) + "\n"
+
+
+def trace_run(folder: Path) -> str:
+    """Runs that followed a bandwidth trace (``testbed run --bw-trace``), from their summaries:
+    per rate, the iterations that ran wholly at it and their mean time; the steps applied and
+    how late they came into force; the run's status and proof."""
+    runs = [r.summary for r in runs_of(folder) if isinstance(r.summary.get("bw_trace"), dict)]
+    if not runs:
+        raise TestbedError(f"{folder}: no run with a bandwidth trace", "archive a run of testbed run --bw-trace")
+    out = ["| run | rate | iterations wholly at it | mean iteration (s) |", "| --- | ---: | ---: | ---: |"]
+    notes = []
+    for s in runs:
+        t = s["bw_trace"]
+        out += [f"| {s['run_id']} | {Rate(int(x['rate_bps']))} | {x['iterations']} | {x['mean_iter_s']:.3f} |"
+                for x in t["iterations_by_rate"]]
+        late = t.get("late_s") or {}
+        notes.append(f"{s['run_id']}: {s.get('iterations')} iterations, status {s.get('status')}, proof "
+                     f"{s.get('proof')}; {t['steps_applied']} trace steps applied, in force a median "
+                     f"{late.get('median', float('nan')) * 1e3:.1f} ms (at most {late.get('max', float('nan')) * 1e3:.1f}"
+                     " ms) after their time.")
+    return "\n".join(out + [""] + notes) + "\n"
+
+
 def quick_start(folder: Path) -> str:
     """The README's quick start by a new user (``benchmarks.quick_start``): the install's and
     the command's seconds beside what its run recorded, one row per archived result."""
     runs = {r.summary.get("run_id"): r.summary for r in runs_of(folder)}
     out = ["| tree | install s | venv GB | torch | command s | iterations | iteration ms, median | final accuracy "
-           "| bottleneck MB / iteration | status |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| bottleneck MB / iteration | status | user's processes after |",
+           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for m in (m for res in results_of(folder, "quick_start") for m in res["rows"]):
         s = runs[m["run_id"]]
         out.append(f"| {m['tree']} | {m['install_s']:.0f} | {m['venv_bytes'] / 1e9:.2f} | {m['torch']} | "
                    f"{m['run_s']:.0f} | {s['iterations']} | {s['median_iter_s'] * 1e3:.0f} | "
-                   f"{s['final_accuracy']:.4f} | {s['bottleneck']['bytes_per_iteration'] / 1e6:.2f} | {s['status']} |")
+                   f"{s['final_accuracy']:.4f} | {s['bottleneck']['bytes_per_iteration'] / 1e6:.2f} | {s['status']} | "
+                   f"{m.get('user_processes_after', '-')} |")
     return "\n".join(out) + "\n"
 
 
 GENERATORS = {
     "quick_start": quick_start,
+    "up_down_vm": up_down_vm,
+    "trace_run": trace_run,
     "link_fidelity": link_fidelity,
     "collective_efficiency": collective_efficiency,
     **{f"up_down_{kind}": (lambda folder, kind=kind: up_down(folder, kind)) for kind in UP_DOWN},

@@ -12,7 +12,7 @@ takes torch from a local folder (``PIP_FIND_LINKS``), that setting is passed on,
 ``PIP_RETRIES=0`` so that an extra index that does not resolve is given up at once.
 
 ``--record DIR`` writes DIR/result/result.json (``quick_start``: the install's and the run's seconds,
-the venv's size, torch's version, the commit) and copies the run's directory to DIR/run/, for
+the venv's size, torch's version, the commit, how many processes the user had left after it) and copies the run's directory to DIR/run/, for
 ``python -m benchmarks.archive DIR/result DIR/run --name NAME`` (docs/results/network.md's
 quick start, ``benchmarks.ops_tables``). The folder in NAME's home is removed unless ``--keep``.
 """
@@ -93,6 +93,8 @@ def main() -> int:
         install_s = as_user(args.user, folder, install, env)
         run_s = as_user(args.user, folder, ".venv/bin/testbed " + run, env)
         row = measured(folder, install_s, run_s, commit, env)
+        left = subprocess.run(["pgrep", "-u", args.user], capture_output=True, text=True).stdout.split()
+        row["user_processes_after"] = len(left)  # the rootless holder stops with the user's last testbed
         print(f"install {install_s:.1f} s, venv {row['venv_bytes'] / 1e9:.2f} GB, torch {row['torch']}; "
               f"run {run_s:.1f} s ({row['run_id']})")
         if args.record:
@@ -109,7 +111,7 @@ def measured(folder: Path, install_s: float, run_s: float, commit: str, env: dic
                   key=lambda p: p.stat().st_mtime)
     venv = folder / ".venv"
     size = sum(p.lstat().st_size for p in venv.rglob("*") if p.is_file() and not p.is_symlink())
-    torch = next((p.name.split("-")[1] for p in venv.glob("lib/python*/site-packages/torch-*.dist-info")), "?")
+    torch = next((p.name[len("torch-"):-len(".dist-info")] for p in venv.glob("lib/python*/site-packages/torch-*.dist-info")), "?")
     return {"install_s": round(install_s, 2), "run_s": round(run_s, 2), "venv_bytes": size, "torch": torch,
             "run_id": runs[-1].name, "tree": commit, "env": sorted(env)}
 

@@ -102,9 +102,9 @@ def test_the_quick_start_row_joins_its_timings_and_its_archived_run(tmp_path):
         "final_accuracy": 0.96936, "bottleneck": {"bytes_per_iteration": 2.92e6}}))
     archive.record(tmp_path / "result", "quick_start", [{
         "install_s": 101.6, "run_s": 27.9, "venv_bytes": 1.31e9, "torch": "2.13.0+cpu", "run_id": "20261127-1200-pactrain",
-        "tree": "abc1234", "env": ["PIP_FIND_LINKS"]}])
+        "tree": "abc1234", "env": ["PIP_FIND_LINKS"], "user_processes_after": 0}])
     dest = archive.write([tmp_path / "result", tmp_path / "run"], "qs", records=tmp_path / "records")
-    assert "| abc1234 | 102 | 1.31 | 2.13.0+cpu | 28 | 75 | 135 | 0.9694 | 2.92 | ok |" in network_tables.quick_start(dest)
+    assert "| abc1234 | 102 | 1.31 | 2.13.0+cpu | 28 | 75 | 135 | 0.9694 | 2.92 | ok | 0 |" in network_tables.quick_start(dest)
 
 
 def test_compute_times_on_cpu_are_recorded_and_rendered_per_model_and_precision(tmp_path):
@@ -118,3 +118,27 @@ def test_compute_times_on_cpu_are_recorded_and_rendered_per_model_and_precision(
     text = gpu_tables.compute_time(dest)
     assert "| ResNet18 | 11.2 M | " in text and text.splitlines()[2].endswith("| - |")  # no bf16 run
     assert "CPU (" in text and "1 timed steps" in text
+
+
+def test_vm_rows_give_boot_per_vm_and_the_guest_kernel_alone(tmp_path):
+    rows = [{"kind": "vm", "workers": 4, "up_s": u, "floor_up_s": 5.0, "down_s": 0.2, "accel": "tcg", "repeat": k}
+            for k, u in enumerate((22.0, 24.0))]
+    archive.record(tmp_path / "ud", "up_down", rows + [{"kind": "star", "workers": 8, "up_s": 0.1}])
+    dest = archive.write([tmp_path / "ud"], "ud", records=tmp_path / "records")
+    assert "| 4 | 2 | tcg | 23.0 [22.0-24.0] | 5.8 [5.5-6.0] | 5.0 [5.0-5.0] | 0.20 [0.20-0.20] |" in \
+        network_tables.up_down_vm(dest)
+
+
+def test_a_trace_run_gives_the_mean_iteration_at_each_rate(tmp_path):
+    run = tmp_path / "tr"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "t1", "request": {"scheme": "allreduce"}}))
+    (run / "summary.json").write_text(json.dumps({
+        "run_id": "t1", "status": "ok", "proof": "passed", "iterations": 120, "bw_trace": {
+            "file": "/x/uplink.csv", "steps_applied": 4, "late_s": {"median": 0.0021, "max": 0.0035},
+            "iterations_by_rate": [{"rate_bps": 1e7, "iterations": 5, "mean_iter_s": 0.6612},
+                                   {"rate_bps": 1e8, "iterations": 83, "mean_iter_s": 0.0631}]}}))
+    dest = archive.write([run], "tr", records=tmp_path / "records")
+    text = network_tables.trace_run(dest)
+    assert "| t1 | 10mbit | 5 | 0.661 |" in text and "| t1 | 100mbit | 83 | 0.063 |" in text
+    assert "4 trace steps applied, in force a median 2.1 ms (at most 3.5 ms)" in text
