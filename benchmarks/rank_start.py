@@ -2,7 +2,7 @@
 of short ``testbed run`` commands whose cost is mostly their ranks' start.
 
     sudo python -m benchmarks.rank_start [--ranks 8,16] [--repeats 2] [--iters 3]
-                                         [--compute-time 0.05] [--json]
+                                         [--compute-time 0.05] [--json] [--record DIR]
 
 For each rank count N, a testbed of N workers on two leaf switches (the leaves' uplinks are
 the bottleneck the proof needs) is brought up once; then ``testbed run allreduce -t NAME
@@ -12,7 +12,10 @@ load. Each run's wall time, and its CPU time (user + system of the command and o
 process it waited for: the ranks, their clients, the zygote, from wait4), are printed as
 medians with the ratio with / without, and the summaries' peak memory fields
 (``max_rss_bytes_per_rank``; ``pss_bytes_all_ranks``: with the zygote, the pages it
-imported are shared by the ranks, so the sum of proportional sizes drops).
+imported are shared by the ranks, so the sum of proportional sizes drops). ``--record DIR``
+writes every run (ranks, zygote or not, repeat, wall, CPU and the two memory fields) to
+DIR/result.json for ``benchmarks.archive`` (docs/results/cli.md's tables:
+``benchmarks.cli_tables``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,27 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.archive import record
+
+
+FIELDS = ("wall_s", "cpu_s", "max_rss", "pss_all")
+RECORDED = {"wall_s": "wall_s", "cpu_s": "cpu_s", "max_rss": "max_rss_bytes_per_rank",
+            "pss_all": "pss_bytes_all_ranks", "status": "status"}
+"""A run's fields as a record names them (the memory fields as the run's summary does)."""
+
+
+def records(results: list[dict]) -> list[dict]:
+    """One record row per run: ranks, zygote or not, repeat and the RECORDED fields."""
+    return [{"ranks": r["ranks"], "zygote": kind == "zygote", "repeat": k,
+             **{RECORDED[f]: v for f, v in run.items() if f in RECORDED}}
+            for r in results for kind, runs in r["runs"].items() for k, run in enumerate(runs)]
+
 
 def topology(n: int, name: str) -> dict:
     half = n // 2
     nodes = {"core": {"kind": "switch"}, "leaf0": {"kind": "switch"}, "leaf1": {"kind": "switch"}}
     nodes.update({f"w{i}": {"kind": "worker"} for i in range(n)})
-    links = [{"endpoints": [f"w{i}", f"leaf{int(i >= half)}"]} for i in range(n)]
+    links: list[dict] = [{"endpoints": [f"w{i}", f"leaf{int(i >= half)}"]} for i in range(n)]
     links += [{"endpoints": [f"leaf{j}", "core"], "bottleneck": True} for j in (0, 1)]
     return {"name": name, "defaults": {"link": {"rate": "1gbit"}}, "nodes": nodes, "links": links}
 
@@ -74,11 +92,11 @@ def measure(n: int, repeats: int, iters: int, compute: float, out: Path) -> dict
                 used = (Path(s["run_dir"]) / "zygote.log").exists()
                 assert used == (kind == "zygote"), f"{kind} run {s['run_dir']}: zygote used: {used}"
                 rows[kind].append({"wall_s": wall, "cpu_s": cpu, "max_rss": s.get("max_rss_bytes_per_rank"),
-                                   "pss_all": s.get("pss_bytes_all_ranks")})
+                                   "pss_all": s.get("pss_bytes_all_ranks"), "status": s.get("status")})
                 print(f"  {n} ranks, {kind}: wall {wall:.1f} s, CPU {cpu:.1f} s", flush=True)
     finally:
         subprocess.run(testbed("down", name), stdout=subprocess.DEVNULL)
-    med = {k: {f: statistics.median(r[f] for r in v if r[f] is not None) for f in v[0]} for k, v in rows.items()}
+    med = {k: {f: statistics.median(r[f] for r in v if r[f] is not None) for f in FIELDS} for k, v in rows.items()}
     return {"ranks": n, "runs": rows, "median": med,
             "wall_ratio": med["zygote"]["wall_s"] / med["plain"]["wall_s"],
             "cpu_ratio": med["zygote"]["cpu_s"] / med["plain"]["cpu_s"]}
@@ -91,12 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--compute-time", type=float, default=0.05)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--record", type=Path, metavar="DIR", help="write every run to DIR/result.json")
     a = p.parse_args(argv)
     counts = [int(x) for x in a.ranks.split(",") if x.strip()]
     if any(c < 2 or c % 2 for c in counts):
         raise SystemExit("--ranks: even counts of at least 2")
+    if a.repeats < 1:
+        raise SystemExit("--repeats: at least 1")
     with tempfile.TemporaryDirectory(prefix="rank_start-") as d:
         results = [measure(n, a.repeats, a.iters, a.compute_time, Path(d)) for n in counts]
+    if a.record:
+        print("recorded:", record(a.record, "rank_start", records(results), scheme="allreduce", iters=a.iters,
+                                  compute_time=a.compute_time, repeats=a.repeats, cpus=os.cpu_count()),
+              file=sys.stderr if a.json else sys.stdout)
     if a.json:
         print(json.dumps(results, indent=1))
         return 0

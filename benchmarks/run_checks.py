@@ -9,9 +9,12 @@ temporary one, and the refusal comes before anything is built.
 
 ``--tree DIR`` (repeatable) times another checkout as well (``git archive COMMIT | tar -x -C
 DIR``; its packages first on PYTHONPATH, with this venv); the trees take turns in every
-repetition. Prints the median and the spread (min-max) of ``--runs``.
+repetition. Prints the median and the spread (min-max) of ``--runs``. ``--record DIR``
+writes every measurement (case, tree, the tree's commit, repeat, seconds) to DIR/result.json
+for ``benchmarks.archive`` (docs/results/cli.md's table: ``benchmarks.cli_tables``); a
+record names each tree's commit (``--tree-commit``, one per ``--tree`` in the same order).
 
-    python -m benchmarks.run_checks [--runs 5] [--tree /tmp/base]
+    python -m benchmarks.run_checks [--runs 5] [--tree /tmp/base] [--tree-commit 1521cc1] [--record DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.archive import record
+from benchmarks.cli_start import trees_of
 
 CASES = {
     "digits (allreduce)": ["allreduce", "--max-iters", "1"],
@@ -66,7 +72,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--tree", type=Path, action="append", default=[])
+    ap.add_argument("--tree-commit", action="append", default=[], metavar="COMMIT",
+                    help="the commit of each --tree, in the same order (needed with --record)")
+    ap.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     a = ap.parse_args()
+    if a.runs < 1:
+        raise SystemExit("--runs: at least 1")
+    named = trees_of(a.tree, a.tree_commit, bool(a.record))
     trees: list[Path | None] = [None, *(t.resolve() for t in a.tree)]
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -84,6 +96,11 @@ def main() -> None:
         cells = [times[(name, t)] for t in trees]
         print(f"| {name} | " + " | ".join(f"{statistics.median(c):.2f} s ({min(c):.2f}-{max(c):.2f})"
                                            for c in cells) + " |")
+    if a.record:
+        rows = [{"case": name, "tree": i, "commit": named[i]["commit"], "repeat": k, "s": v}
+                for name in CASES for i, t in enumerate(trees) for k, v in enumerate(times[(name, t)])]
+        print("recorded:", record(a.record, "run_checks", rows, runs=a.runs, cpus=os.cpu_count(), trees=named,
+                                  cases=CASES))
 
 
 if __name__ == "__main__":
