@@ -31,8 +31,13 @@ makes, over the iteration's time.
     python -m benchmarks.proof_overhead [--schemes allreduce,spardl] [--ranks 4] [--pairs 4]
                                         [--together] [--max-iters 40] [--skip 2] [--micro-calls 500]
                                         [--micro-rounds 12] [--train-args "..."] [--json] [--keep DIR]
+                                        [--record DIR]
 
-About 5 minutes at its defaults on a 2-core machine (--together: about 6); no root, no testbed.
+``--record DIR`` writes every training run's and every per-call round's figures to
+DIR/result.json, which ``python -m benchmarks.archive DIR --name NAME`` archives and
+``benchmarks.proof_tables`` makes docs/results/proof.md's tables of (the tables printed here).
+
+2.5 to 8 minutes at its defaults on a 2-core machine, as loaded as the machine is; no root, no testbed.
 """
 
 from __future__ import annotations
@@ -270,12 +275,15 @@ def micro_run(a, tmp: Path) -> dict:
 
 # -- report ------------------------------------------------------------------------------
 
-def spread(xs) -> tuple[float, float, float]:
-    xs = list(xs)
-    return statistics.median(xs), min(xs), max(xs)
+def call_rows(micro: dict, rounds: int) -> list[dict]:
+    """The per-call benchmark's figures as records: one row per op, clock and round, each
+    setting's figure in µs (the settings took their turns of a round back to back)."""
+    return [{"kind": "call", "op": op, "clock": clock, "round": i,
+             **{s: micro[s][op if clock == "wall" else op + "_cpu"][i] for s in MICRO}}
+            for op in OPS for clock in ("wall", "thread") for i in range(rounds)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schemes", default="allreduce,spardl", help="comma-separated train --scheme values "
                    "(allreduce's all_reduce goes through the recorder, spardl's isends through the wrapper)")
@@ -291,88 +299,82 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-rounds", type=int, default=12, help="turns of each setting (0: no micro-benchmark)")
     p.add_argument("--json", action="store_true", help="print every run's figures as JSON too")
     p.add_argument("--keep", type=Path, default=None, help="a new folder to keep the runs' records and logs in")
+    p.add_argument("--record", type=Path, metavar="DIR", default=None,
+                   help="write every run's and every round's figures to DIR/result.json (for benchmarks.archive)")
     p.add_argument("--micro-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.micro_worker:
-        micro_worker(a.micro_calls, a.micro_rounds)
-        return 0
-    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     if a.ranks < 2 or a.pairs < 0 or a.max_iters <= a.skip or a.micro_calls < 2 or a.micro_rounds < 0:
         raise SystemExit("need --ranks >= 2, --pairs >= 0, --max-iters > --skip, --micro-calls >= 2, "
                          "--micro-rounds >= 0")
+    return a
 
+
+def measure(a, schemes: list[str], tmp: Path) -> tuple[list[dict], dict]:
+    """The per-call benchmark, then the training pairs: (training rows, per-call results)."""
+    runs, micro = [], {}
+    if a.micro_rounds:
+        t0 = time.perf_counter()
+        micro = micro_run(a, tmp)
+        print(f"  micro-benchmark: {time.perf_counter() - t0:.0f} s", flush=True)
+    for scheme in schemes if a.pairs else []:
+        for n in range(a.pairs):
+            order = [True, False] if n % 2 == 0 else [False, True]
+            for rows in ([train_runs(scheme, order, a, tmp, n)] if a.together else
+                         [train_runs(scheme, [on], a, tmp, n) for on in order]):
+                for r in rows:
+                    runs.append({"kind": "train", "pair": n, **r})
+                    print(f"  {scheme} pair {n} {'on ' if r['on'] else 'off'}: median iter "
+                          f"{r['iter_s'] * 1e3:.1f} ms ({r['wall_s']:.0f} s)", flush=True)
+    return runs, micro
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.micro_worker:
+        micro_worker(a.micro_calls, a.micro_rounds)
+        return 0
+    from benchmarks import proof_tables  # the tables, as the page shows them
+
+    schemes = [s.strip() for s in a.schemes.split(",") if s.strip()]
     import torch
     started = time.perf_counter()
     print(f"torch {torch.__version__}, gloo on loopback, {os.cpu_count()} CPUs; counting on: "
           f"TORCH_FR_BUFFER_SIZE={RECORDER} + TESTBED_COLLECTIVES; off: TORCH_FR_BUFFER_SIZE=0", flush=True)
-    runs, micro = [], {}
     with tempfile.TemporaryDirectory(prefix="proof-overhead-") as d:
         tmp = Path(d)
         if a.keep:
             tmp = a.keep
             tmp.mkdir(parents=True, exist_ok=False)
-        if a.micro_rounds:
-            t0 = time.perf_counter()
-            micro = micro_run(a, tmp)
-            print(f"  micro-benchmark: {time.perf_counter() - t0:.0f} s", flush=True)
-        for scheme in schemes if a.pairs else []:
-            for n in range(a.pairs):
-                order = [True, False] if n % 2 == 0 else [False, True]
-                for rows in ([train_runs(scheme, order, a, tmp, n)] if a.together else
-                             [train_runs(scheme, [on], a, tmp, n) for on in order]):
-                    for r in rows:
-                        runs.append({"pair": n, **r})
-                        print(f"  {scheme} pair {n} {'on ' if r['on'] else 'off'}: median iter "
-                              f"{r['iter_s'] * 1e3:.1f} ms ({r['wall_s']:.0f} s)", flush=True)
-
-    added = {}
+        runs, micro = measure(a, schemes, tmp)
+    rows = runs + (call_rows(micro, a.micro_rounds) if micro else [])
     if micro:
         print(f"\nper call: 2 processes per setting, the 3 settings' pairs running at once and taking turns "
               f"(order rotating), {a.micro_rounds} turns each of {a.micro_calls} calls; 'added' is on - off "
-              f"within a round, median [min-max] over the rounds")
-        print(f"{'op':<22} {'clock':<6} {'off us':>7} {'default':>7} {'on us':>7} "
-              f"{'added us: median [min-max]':>28} {'on-default':>10} {'on/off':>7}")
-        for op, what in (("all_reduce", "all_reduce of 1 float"), ("isend", "isend+irecv message")):
-            for clock, key in (("wall", op), ("thread", op + "_cpu")):
-                on, off, dflt = (micro[s][key] for s in ("on", "off", "default"))
-                d_mid, d_lo, d_hi = spread(x - y for x, y in zip(on, off))
-                vs_default = statistics.median(x - y for x, y in zip(on, dflt))
-                added[key] = d_mid
-                o, f, df = (statistics.median(v) for v in (on, off, dflt))
-                print(f"{what if clock == 'wall' else '':<22} {clock:<6} {f:7.1f} {df:7.1f} {o:7.1f} "
-                      f"{f'{d_mid:+.1f} [{d_lo:+.1f} to {d_hi:+.1f}]':>28} {vs_default:+10.1f} {o / f:7.3f}")
-        print("default: no TORCH_FR_BUFFER_SIZE (torch's own recorder, 2000 entries). Recorder entries at the end "
-              "(rank 0): " + ", ".join(f"{s} {micro[s]['recorded']}" for s in MICRO)
+              f"within a round; default: no TORCH_FR_BUFFER_SIZE (torch's own recorder, 2000 entries)\n")
+        print(proof_tables.call_markdown(rows))
+        print("Recorder entries at the end (rank 0): " + ", ".join(f"{s} {micro[s]['recorded']}" for s in MICRO)
               + f"; isends counted by the wrapper (on): {micro['on']['isends_counted']}")
-
-    if not a.pairs:
-        return 0
-    print(f"\ntraining: {a.ranks} ranks, CNN on digits, {a.max_iters} iterations, rank 0's median iter_s "
-          f"without the first {a.skip}; {a.pairs} on/off pairs per scheme, "
-          + ("each pair's runs at the same time" if a.together else "one run at a time, order alternating"))
-    print(f"{'scheme':<12} {'off ms':>7} {'on ms':>7} {'on/off per pair: median [min-max]':>34} "
-          f"{'coll/it':>7} {'isend/it':>8} {'expected':>9}")
-    table = []
-    for scheme in schemes:
-        rs = [r for r in runs if r["scheme"] == scheme]
-        off = {r["pair"]: r for r in rs if not r["on"]}
-        on = {r["pair"]: r for r in rs if r["on"]}
-        mid, lo, hi = spread(on[i]["iter_s"] / off[i]["iter_s"] for i in off)
-        coll = statistics.median(r["recorded_per_iter"] for r in on.values())
-        isends = statistics.median(r["isends_per_iter"] for r in on.values())
-        t_off = statistics.median(r["iter_s"] for r in off.values())
-        t_on = statistics.median(r["iter_s"] for r in on.values())
-        expected = ((coll * added["all_reduce_cpu"] + isends * added["isend_cpu"]) * 1e-6 / t_off) if added else None
-        table.append({"scheme": scheme, "off_s": t_off, "on_s": t_on, "ratio": mid, "ratio_min": lo, "ratio_max": hi,
-                      "collectives_per_iter": coll, "isends_per_iter": isends, "expected": expected})
-        exp = f"{expected * 100:+.3f}%" if expected is not None else "-"
-        print(f"{scheme:<12} {t_off * 1e3:7.1f} {t_on * 1e3:7.1f} {f'{mid:.3f} [{lo:.3f}-{hi:.3f}]':>34} "
-              f"{coll:7.2f} {isends:8.2f} {exp:>9}")
-    uncounted = sum(r.get("uncounted", 0) for r in runs)
-    print(f"(on/off - 1 is the overhead; goal < 2 %. off/on ms: the median of the runs' medians; expected: the micro-benchmark's added thread CPU us x the calls per "
-          f"iteration / the off median. uncounted entries: {uncounted}. {time.perf_counter() - started:.0f} s)")
+    if a.pairs:
+        print(f"\ntraining: {a.ranks} ranks, CNN on digits, {a.max_iters} iterations, rank 0's median iter_s "
+              f"without the first {a.skip}; {a.pairs} on/off pairs per scheme, "
+              + ("each pair's runs at the same time" if a.together else "one run at a time, order alternating")
+              + "; on/off - 1 is the overhead (goal < 2 %); expected: the per-call added thread CPU x the calls "
+              "per iteration / the off median\n")
+        print(proof_tables.iteration_markdown(rows))
+        print(f"uncounted entries: {sum(r.get('uncounted', 0) for r in runs)}")
+    seconds = time.perf_counter() - started
+    print(f"({seconds:.0f} s)")
+    if a.record:
+        extra = {k: getattr(a, k) for k in ("schemes", "ranks", "pairs", "together", "max_iters", "skip",
+                                            "train_args", "micro_calls", "micro_rounds")}
+        extra |= {"torch": torch.__version__, "seconds": round(seconds, 1)}
+        if micro:
+            extra |= {"recorded": {s: micro[s]["recorded"] for s in MICRO},
+                      "isends_counted": micro["on"]["isends_counted"]}
+        from benchmarks.archive import record
+        print(f"recorded: {record(a.record, proof_tables.BENCHMARK, rows, **extra)}")
     if a.json:
-        print(json.dumps({"micro": micro, "runs": runs, "table": table}))
+        print(json.dumps({"micro": micro, "runs": runs}))
     return 0
 
 

@@ -117,7 +117,7 @@ NEEDS_ON = ("recorded_per_iter", "isends_per_iter")
 def check(rows: list[dict]) -> list[dict]:
     """``rows``, or a one-line error naming the first row without a field its table needs."""
     for i, r in enumerate(rows):
-        need = NEEDS.get(r.get("kind") if isinstance(r, dict) else None)
+        need = NEEDS.get(str(r.get("kind"))) if isinstance(r, dict) else None
         if need is None:
             raise TestbedError(f"row {i}: kind is not one of {', '.join(NEEDS)}",
                                "records of benchmarks.proof_overhead --record")
