@@ -17,7 +17,7 @@ next to nothing and what remains is the scheme's own work):
   its real buckets), timed directly, relative to backward.
 
     python -m benchmarks.schemes [--model resnet18] [--batch-size 32] [--reps 5] [--ranks 4]
-                                 [--device cpu|cuda]
+                                 [--device cpu|cuda] [--record DIR]
 
 ``--device cuda`` times the single-process part on the GPU (a NCCL group of one; the
 times are taken after a device synchronise); the grouped part below stays on CPU (gloo).
@@ -26,9 +26,10 @@ Then the schemes that need other ranks to mean anything (SparDL's rounds, PruneX
 hier-allreduce's leaders) in a gloo group of ``--ranks`` processes on this machine, in two
 "switch" domains as testbed run places them, next to allreduce and topk in the same
 group: payload per rank and what leaders send between domains, relative to allreduce's
-payload, and the iteration time (forward, backward with the hooks, step) relative to
-allreduce's. All ranks share this machine's cores, so the times say what the schemes'
-own work costs, not what a network would.
+payload, and the iteration time (forward, backward with the hooks, step; an iteration
+lasts until its slowest rank is done; the median over --reps) relative to allreduce's.
+All ranks share this machine's cores, so the times say what the schemes' own work costs,
+not what a network would.
 
 SparDL is run once per ``--spardl-d`` value (its d teams, the paper's latency-bandwidth
 knob): payload and what crosses domains per rank, messages (latency-bound rounds) per rank
@@ -42,14 +43,21 @@ how much of the dense average each result holds, time and messages.
 
 Targets (issue 3): PacTrain's pack/scatter <= 5 % of backward; payload within 1 % of
 (1 - prune ratio) x dense.
+
+``--record DIR`` writes both parts' measurements (every timed rep, the payloads, PacTrain's
+pack/scatter) to DIR/result.json, which ``python -m benchmarks.archive DIR --name NAME``
+archives for docs/results/training.md's tables (``benchmarks.training_tables``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,6 +65,7 @@ import torch.nn as nn
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from benchmarks.archive import record
 from workloads import compat, placement, pruning, schemes
 from workloads.models import build_model
 from workloads.schemes.pactrain import _scatter
@@ -129,12 +138,13 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
                 state.after_step(opt)
             times.append(time.perf_counter() - t0)
             payload.append(state.take_payload_bytes())  # once per iteration, as the train loop does
-        mine = torch.tensor([statistics.median(times[args.warmup:]), statistics.fmean(payload[args.warmup:]),
-                             (getattr(state, "inter_payload_bytes", 0) - inter0) / args.reps], dtype=torch.float64)
+        between = (getattr(state, "inter_payload_bytes", 0) - inter0) / args.reps
+        mine = torch.tensor([statistics.fmean(payload[args.warmup:]), between, *times[args.warmup:]], dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        rows[label] = (max(float(t[0]) for t in every), sum(float(t[1]) for t in every) / world,
-                       sum(float(t[2]) for t in every) if name in ("prunex", "hier-allreduce", "spardl") else None)
+        reps = [max(float(t[2 + i]) for t in every) for i in range(args.reps)]  # each iteration's slowest rank
+        rows[label] = (statistics.median(reps), sum(float(t[0]) for t in every) / world,
+                       sum(float(t[1]) for t in every) if name in ("prunex", "hier-allreduce", "spardl") else None, reps)
         if name == "spardl":
             messages[label] = (getattr(state, "messages", 0) - msg0) / args.reps
         del ddp, state, opt
@@ -145,16 +155,20 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
         print(f"\n{world} ranks in two domains {[list(d) for d in where.groups]}, {args.model}, batch "
               f"{args.batch_size}/rank, 1 thread per rank; allreduce iteration {base_t * 1000:.0f} ms")
         print(f"{'scheme':<22}{'payload/allreduce':>18}{'between domains/allreduce':>27}{'iter/allreduce':>16}")
-        for label, (t, pay, inter) in rows.items():
+        for label, (t, pay, inter, _) in rows.items():
             between = "-" if inter is None else f"{inter / base_p:.4f}"
             print(f"{label:<22}{pay / base_p:>18.4f}{between:>27}{t / base_t:>16.3f}")
         print("(between domains: bytes all leaders hand to the leaders' all-reduce per iteration, for SparDL "
               "the bytes all ranks send to other domains; a flat all-reduce's share depends on gloo's "
               "algorithm, so it is measured on the wire by `testbed run`, not here)")
         for label, n in messages.items():
-            t, pay, inter = rows[label]
+            t, pay, inter, _ = rows[label]
             print(f"{label}: {pay / 1e3:.1f} kB sent per rank and iteration, {inter / 1e3:.1f} kB between domains "
                   f"(all ranks), {n:.0f} messages per rank (rank 0), iteration {t * 1000:.0f} ms")
+        if args.rows_file:  # for --record, read back by the parent
+            Path(args.rows_file).write_text(json.dumps([
+                {"part": "grouped", "scheme": label, "ranks": world, "payload_bytes": pay, "between_bytes": inter,
+                 "messages": messages.get(label), "iter_s": reps} for label, (_, pay, inter, reps) in rows.items()]))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -211,10 +225,14 @@ def _spardl_buckets(args: argparse.Namespace, where, x: torch.Tensor, y: torch.T
               f"{float(oracle.square().sum() / dense.square().sum()):.4f} of its squared norm")
 
 
-def grouped(args: argparse.Namespace) -> None:
+def grouped(args: argparse.Namespace) -> list[dict]:
+    """The grouped part's rows (for --record; empty without it)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_grouped_rank, args=(args.ranks, _free_port(), args), nprocs=args.ranks, join=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        args.rows_file = str(Path(tmp) / "rows.json") if args.record else None
+        mp.spawn(_grouped_rank, args=(args.ranks, _free_port(), args), nprocs=args.ranks, join=True)
+        return json.loads(Path(args.rows_file).read_text()) if args.rows_file else []
 
 
 def _parse() -> argparse.Namespace:
@@ -232,6 +250,7 @@ def _parse() -> argparse.Namespace:
                    help="also SparDL per DDP bucket vs over the whole model, on the same gradients")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the single-process part runs (cuda: a NCCL group of one)")
+    p.add_argument("--record", type=Path, metavar="DIR", help="write every measurement to DIR/result.json")
     args = p.parse_args()
     if args.ranks and (args.ranks < 2 or args.ranks % 2):
         p.error("--ranks must be an even number >= 2, or 0")
@@ -290,10 +309,10 @@ def _timed(sync, fn) -> float:
     return time.perf_counter() - t0
 
 
-def _warm_and_time(args: argparse.Namespace, runs: dict, x, y, sync) -> float:
+def _warm_and_time(args: argparse.Namespace, runs: dict, x, y, sync) -> list[float]:
     """Warm every variant up (PacTrain's tracker settles, PowerSGD starts, buckets rebuild),
     recording payloads and backward times, then time each hook over its captured buckets;
-    the median backward after the rebuild."""
+    the backward times after the rebuild (the last two of each variant)."""
     backward = []
     for _ in range(args.warmup):
         for ddp, state, *_rest in runs.values():
@@ -305,13 +324,13 @@ def _warm_and_time(args: argparse.Namespace, runs: dict, x, y, sync) -> float:
         for _ddp, _state, hook, hook_state, captured, times, _ in runs.values():
             times.append(_timed(sync, lambda hook=hook, hs=hook_state, c=captured:
                                 [hook(hs, c[b]).wait() for b in sorted(c)]))
-    return statistics.median(backward[-len(runs) * 2:])
+    return backward[-len(runs) * 2:]
 
 
 def _pack_scatter(args: argparse.Namespace, runs: dict, base: nn.Module, masks: dict, backward: float,
-                  dev: torch.device, sync) -> None:
+                  dev: torch.device, sync) -> dict:
     """PacTrain's pack/scatter alone, on its real (rebuilt, stable) buckets, and its payload
-    against (1 - prune ratio) x dense."""
+    against (1 - prune ratio) x dense; the times and the kept fraction, for --record."""
     state = runs["pactrain 0.5 exact"][1]
     buckets = [b for b in state._buckets.values() if b.kept is not None]
     bufs = [torch.randn(b.size, device=dev) for b in buckets]
@@ -319,7 +338,8 @@ def _pack_scatter(args: argparse.Namespace, runs: dict, base: nn.Module, masks: 
     def pack():
         for buf, b in zip(bufs, buckets):
             _scatter(buf, b.kept, buf.index_select(0, b.kept))
-    took = statistics.median(_timed(sync, pack) for _ in range(args.reps))
+    pack_s = [_timed(sync, pack) for _ in range(args.reps)]
+    took = statistics.median(pack_s)
     kept = sum(int(m.sum()) for m in masks.values()) + sum(
         q.numel() for n, q in base.named_parameters() if n not in masks)
     expected = kept / sum(q.numel() for q in base.parameters())
@@ -329,13 +349,16 @@ def _pack_scatter(args: argparse.Namespace, runs: dict, base: nn.Module, masks: 
     print(f"pactrain payload/dense {measured:.4f}; (1 - prune ratio) = {1 - args.prune_ratio:.4f}, "
           f"off by {abs(measured / (1 - args.prune_ratio) - 1):.2%} (target <= 1 %; biases and "
           f"batch-norm parameters are not pruned: kept/all = {expected:.4f})")
+    return {"pack_s": pack_s, "buckets": len(buckets), "kept_fraction": expected}
 
 
 def main() -> None:
     args = _parse()
+    extra = {"model": args.model, "batch_size": args.batch_size, "reps": args.reps, "warmup": args.warmup,
+             "load_before": os.getloadavg()[0]}
     if args.grouped_only:
-        if args.ranks:
-            grouped(args)
+        if args.ranks and (rows := grouped(args)):
+            print("recorded:", record(args.record, "schemes", rows, **extra, load_after=os.getloadavg()[0]))
         return
     dev = _group_of_one(args.device)
     cuda = dev.type == "cuda"
@@ -350,7 +373,8 @@ def main() -> None:
     x = torch.randn(args.batch_size, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch_size,), device=dev)
     runs = _attach_all(args, dev, base, masks)
-    backward = _warm_and_time(args, runs, x, y, sync)
+    backwards = _warm_and_time(args, runs, x, y, sync)
+    backward = statistics.median(backwards)
 
     dense = runs["allreduce"][-1][-1]
     floor = statistics.median(runs["allreduce"][5])
@@ -362,10 +386,14 @@ def main() -> None:
         times, payloads = runs[label][5], runs[label][6]
         h = statistics.median(times)
         print(f"{label:<22}{payloads[-1] / dense:>18.4f}{h / backward:>15.3f}{(h - floor) / backward:>27.3f}")
-    _pack_scatter(args, runs, base, masks, backward, dev, sync)
+    pack = _pack_scatter(args, runs, base, masks, backward, dev, sync)
     dist.destroy_process_group()
-    if args.ranks:
-        grouped(args)
+    rows = [{"part": "one process", "scheme": label, "payload_bytes": runs[label][6][-1], "hook_s": runs[label][5]}
+            for label in VARIANTS]
+    rows += grouped(args) if args.ranks else []
+    if args.record:
+        print("recorded:", record(args.record, "schemes", rows, **extra, load_after=os.getloadavg()[0], device=where,
+                                  torch=torch.__version__, prune_ratio=args.prune_ratio, backward_s=backwards, **pack))
 
 
 if __name__ == "__main__":
