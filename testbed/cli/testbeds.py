@@ -68,6 +68,12 @@ def up(
             _print_plan(_preflight(topo, exporter_listen if exporter else None), as_json)
             return
         tb = _build(topo, exporter_listen if exporter else None, as_json)
+        if hosts is not None:
+            from testbed.hosts.slurmjob import guard_here
+            from testbed.model.hosts import LOCAL_HOST
+
+            if any(n.host == LOCAL_HOST for n in topo.nodes):
+                guard_here(tb.name)  # as root, the job's end removes this node's part too
         if as_json:
             emit(tb.to_dict())
             return

@@ -15,7 +15,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
                removes itself (PR_SET_PDEATHSIG makes that a SIGTERM). ``--hold``: then
                stay until the share is removed (a Slurm step's processes end with it);
                on SIGTERM/SIGHUP (the job's end) remove the share, as ``down NAME``.
-``down NAME``  / ``down-all``: as ``testbed down`` here.
+``down NAME``  / ``down-all``: as ``testbed down`` here. ``guard NAME``: stay, as ``--hold``
+               does, for a testbed built here by a controller on a node of a Slurm job.
 ``counters NAME``: egress counters of this host's link ends.
 ``shape NAME`` {changes: [{link, direction, shape}]}: change this host's link ends.
 ``exec NAME NODE -- ARGV``: run ARGV in the node, killed if the connection dies.
@@ -367,6 +368,10 @@ def main(op: str, args: list[str]) -> int:
                 return 1
         if controller is not None:
             _same_version(controller, op)
+        if op == "guard" and len(args) == 1:  # the controller's own part on its node (slurmjob.guard_here)
+            from testbed.hosts.agentns import hold
+
+            return hold(args[0], on_end=lambda: down(args[0]))
         if op == "serve" and len(args) == 1:
             from testbed.engine.hostserve import serve
 

@@ -7,7 +7,9 @@ The order, documented in ``docs/slurm.md``: the topology's host names (those lis
 the job's nodes in the order of ``SLURM_JOB_NODELIST`` expanded as ``scontrol show
 hostnames`` does (:func:`expand_hostlist`). Nodes left over stay unused. A host that falls
 on the node this process runs on (a batch script runs on the job's first node) is this
-machine, ``local``: its nodes are built here, as the controller's own.
+machine, ``local``: its nodes are built here, as the controller's own; as root a step on this
+node (:func:`guard_here`) removes them at the job's end, as the steps holding the other
+nodes' shares remove theirs.
 
 Each node's tunnel address is its ``NodeAddr`` (``scontrol show node``), resolved to IPv4.
 """
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from testbed.common.errors import StateError, TopologyError
-from testbed.model.hosts import LOCAL_HOST, SLURM_NODE_RE
+from testbed.hosts import slurmstep
+from testbed.model.hosts import LOCAL_HOST, SLURM_NODE_RE, Host
 
 HOSTS_SLURM = "slurm"
 """``--hosts slurm``: the topology's hosts are the nodes of this job."""
@@ -142,6 +145,27 @@ def from_job(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> d
         raise StateError(f"--hosts slurm: SLURM_JOB_NODELIST: {e}") from None
     used = nodes[:len(host_names(data))]
     return assign(data, int(job), nodes, node_addresses(used), env.get("SLURMD_NODENAME"), own_program())
+
+
+def guard_here(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """As root, on a node of the job this process runs in (a batch script on the job's first
+    node): start a step on this node that removes testbed ``name``'s part here when the job
+    ends (``testbed _host guard NAME``: on the SIGTERM Slurm sends every step at ``scancel``
+    or the time limit, what ``testbed down NAME`` does here), as the step that holds each other
+    node's share removes that share. It ends by itself once ``down`` removed the testbed. An
+    ordinary user's part here lives in their holder, which the job's end ends anyway: False,
+    nothing started; so outside a job's node."""
+    env = os.environ if env is None else env
+    node, job = env.get("SLURMD_NODENAME", ""), env.get("SLURM_JOB_ID", "")
+    if os.geteuid() != 0 or not SLURM_NODE_RE.fullmatch(node) or not job.isdigit():
+        return False
+    here = Host(name=node, address="127.0.0.1", underlay="127.0.0.1", testbed=own_program(), slurm=node,
+                slurm_job=int(job))
+    argv = slurmstep.host_argv(here, "guard", name)
+    if env.get("TESTBED_STATE_DIR"):  # the step works in this process's state directory
+        argv = [f"{a},TESTBED_STATE_DIR" if a.startswith("--export=") else a for a in argv]
+    slurmstep.start(argv, detach=True, stdin=subprocess.DEVNULL)
+    return True
 
 
 def own_program() -> str:

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from testbed.common.errors import StateError, TopologyError
-from testbed.hosts import kinds, slurmfiles
-from testbed.hosts.slurmjob import assign, expand_hostlist, from_job, host_names
+from testbed.hosts import kinds, slurmfiles, slurmjob, slurmstep
+from testbed.hosts.slurmjob import assign, expand_hostlist, from_job, guard_here, host_names
 from testbed.hosts.slurmstep import step_argv
 from testbed.model.hosts import host_from_json, parse_hosts
 from testbed.model.topology import load_topology_dict
@@ -118,6 +118,25 @@ def test_a_step_is_srun_overlap_on_its_node_with_few_variables(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID")
     with pytest.raises(StateError, match="no job is known"):
         step_argv(anyjob, ["true"])
+
+
+def test_the_guard_of_the_controllers_own_node_is_a_step_there_in_its_state_dir(monkeypatch):
+    """As root on a node of a job, `up --hosts slurm` starts `_host guard NAME` on this node,
+    with this process's TESTBED_STATE_DIR; as an ordinary user or outside a job, nothing."""
+    started: list[list[str]] = []
+    monkeypatch.setattr(slurmstep, "start", lambda argv, **kw: started.append(argv))
+    monkeypatch.setattr(slurmjob, "own_program", lambda: "/opt/tb/bin/testbed")
+    job = {"SLURMD_NODENAME": "gpu08", "SLURM_JOB_ID": "42", "TESTBED_STATE_DIR": "/tmp/st"}
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert not guard_here("slm", job) and started == []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert not guard_here("slm", {}) and not guard_here("slm", {**job, "SLURMD_NODENAME": "-x"})
+    assert guard_here("slm", job)
+    [argv] = started
+    assert argv[:6] == ["srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu08"]
+    assert f"--export={slurmstep.EXPORT},TESTBED_STATE_DIR" in argv
+    assert argv[-2:] == ["guard", "slm"]
+    assert argv[argv.index("--") + 1:argv.index("--") + 3] == ["/opt/tb/bin/testbed", "_host"]
 
 
 def test_the_file_step_serves_what_the_run_copies(tmp_path):
