@@ -8,9 +8,13 @@ After each phase (and every so often within it) it prints what a leak would grow
 host's namespaces, links and qdiscs (counted with iproute2), the processes whose command
 line names this soak's state directory, this process's open file descriptors, and the
 exporter's resident memory. Growth is printed as the difference between the first and the
-last sample; nothing is asserted (the figures go to the README).
+last sample; nothing is asserted (the figures go to docs/results/network.md).
 
-    sudo python -m benchmarks.soak [--cycles 200] [--runs 50] [--scrapes 10000]
+    sudo python -m benchmarks.soak [--cycles 200] [--runs 50] [--scrapes 10000] [--record DIR]
+
+``--record DIR`` writes one row per phase (its name, count, seconds, every sample, and the
+host's 1-minute load average at its start and end) to DIR/result.json, for
+``python -m benchmarks.archive DIR --name NAME``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.archive import record  # noqa: E402
+from benchmarks.ops_tables import argv_of  # noqa: E402
 from tests.helpers import dumbbell, star  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,11 +62,19 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True)
 
 
-def report(phase: str, samples: list[dict], seconds: float) -> None:
+def report(phase: str, samples: list[dict], seconds: float, rows: list[dict], count: int, load: float) -> None:
+    """Print the phase's growth and keep its row for ``--record``."""
     first, last = samples[0], samples[-1]
     growth = {k: last[k] - first[k] for k in first}
-    print(f"{phase}: {seconds:.0f} s; first {json.dumps(first)}; last {json.dumps(last)}; growth {json.dumps(growth)}",
+    label = PHASES[phase].format(n=count)
+    print(f"{label}: {seconds:.0f} s; first {json.dumps(first)}; last {json.dumps(last)}; growth {json.dumps(growth)}",
           flush=True)
+    rows.append({"phase": phase, "count": count, "seconds": seconds, "load_start": load,
+                 "load_end": os.getloadavg()[0], "samples": samples})
+
+
+PHASES = {"cycles": "{n} up/down cycles of three_switch", "runs": "{n} short runs on one testbed",
+          "scrapes": "{n} scrapes of a 256-link exporter"}
 
 
 def main() -> None:
@@ -68,16 +82,20 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--scrapes", type=int, default=10000)
+    ap.add_argument("--record", type=Path, metavar="DIR", help="write every phase's samples to DIR/result.json")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
+    if min(args.cycles, args.runs, args.scrapes) < 0:
+        sys.exit("--cycles, --runs, --scrapes: 0 or more")
+    rows: list[dict] = []
     state = tempfile.mkdtemp(prefix="testbed-soak-")
     os.environ["TESTBED_STATE_DIR"] = state
     work = Path(tempfile.mkdtemp(prefix="testbed-soak-work-"))
     three = str(ROOT / "topologies" / "three_switch.yaml")
 
     if args.cycles:
-        samples, t0 = [snapshot(state)], time.monotonic()
+        load, samples, t0 = os.getloadavg()[0], [snapshot(state)], time.monotonic()
         for i in range(args.cycles):
             for argv in (("up", three), ("down", "three_switch")):
                 r = cli(*argv)
@@ -85,14 +103,14 @@ def main() -> None:
                     sys.exit(f"cycle {i}: {' '.join(argv)} failed: {r.stderr}")
             if (i + 1) % max(1, args.cycles // 4) == 0:
                 samples.append(snapshot(state))
-        report(f"{args.cycles} up/down cycles of three_switch", samples, time.monotonic() - t0)
+        report("cycles", samples, time.monotonic() - t0, rows, args.cycles, load)
 
     if args.runs:
         topo = work / "soak.yaml"
         topo.write_text(json.dumps(dumbbell("soak", rate="1gbit")))
         if cli("up", str(topo)).returncode:
             sys.exit("up of the run testbed failed")
-        samples, t0 = [snapshot(state)], time.monotonic()
+        load, samples, t0 = os.getloadavg()[0], [snapshot(state)], time.monotonic()
         try:
             for i in range(args.runs):
                 r = cli("run", "allreduce", "-t", "soak", "--out", str(work / "runs"), "--max-iters", "2",
@@ -103,7 +121,7 @@ def main() -> None:
                     samples.append(snapshot(state))
         finally:
             cli("down", "soak")
-        report(f"{args.runs} short runs on one testbed", samples, time.monotonic() - t0)
+        report("runs", samples, time.monotonic() - t0, rows, args.runs, load)
 
     if args.scrapes:
         topo = work / "scrape.yaml"
@@ -115,7 +133,7 @@ def main() -> None:
         pid = next(int(e.name) for e in os.scandir("/proc") if e.name.isdigit()
                    and f"--sd-file={state}".encode() in open(f"/proc/{e.name}/cmdline", "rb").read())
         try:
-            samples, t0 = [], time.monotonic()
+            load, samples, t0 = os.getloadavg()[0], [], time.monotonic()
             for i in range(args.scrapes):
                 with urllib.request.urlopen(url, timeout=30) as resp:
                     resp.read()
@@ -124,7 +142,10 @@ def main() -> None:
                     print(f"  after {i + 1} scrapes: exporter RSS {samples[-1]['exporter_rss_kb']} kB", flush=True)
         finally:
             cli("down", "scrape")
-        report(f"{args.scrapes} scrapes of a 256-link exporter", samples, time.monotonic() - t0)
+        report("scrapes", samples, time.monotonic() - t0, rows, args.scrapes, load)
+    if args.record:
+        where = record(args.record, "soak", rows, argv=argv_of(sys.argv[1:]))
+        print(f"recorded: {where}")
 
 
 if __name__ == "__main__":
