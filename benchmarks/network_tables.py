@@ -135,19 +135,23 @@ def trace_run(folder: Path) -> str:
     return "\n".join(out + [""] + notes) + "\n"
 
 
+def _gone(seconds) -> str:
+    return "not within 10 s" if seconds is None else str(seconds)
+
+
 def quick_start(folder: Path) -> str:
     """The README's quick start by a new user (``benchmarks.quick_start``): the install's and
     the command's seconds beside what its run recorded, one row per archived result."""
     runs = {r.summary.get("run_id"): r.summary for r in runs_of(folder)}
     out = ["| tree | install s | venv GB | torch | command s | iterations | iteration ms, median | final accuracy "
-           "| bottleneck MB / iteration | status | user's processes after |",
+           "| bottleneck MB / iteration | status | user's processes gone after (s) |",
            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for m in (m for res in results_of(folder, "quick_start") for m in res["rows"]):
         s = runs[m["run_id"]]
         out.append(f"| {m['tree']} | {m['install_s']:.0f} | {m['venv_bytes'] / 1e9:.2f} | {m['torch']} | "
                    f"{m['run_s']:.0f} | {s['iterations']} | {s['median_iter_s'] * 1e3:.0f} | "
                    f"{s['final_accuracy']:.4f} | {s['bottleneck']['bytes_per_iteration'] / 1e6:.2f} | {s['status']} | "
-                   f"{m.get('user_processes_after', '-')} |")
+                   f"{_gone(m.get('user_processes_gone_s', '-'))} |")
     return "\n".join(out) + "\n"
 
 

@@ -12,7 +12,7 @@ takes torch from a local folder (``PIP_FIND_LINKS``), that setting is passed on,
 ``PIP_RETRIES=0`` so that an extra index that does not resolve is given up at once.
 
 ``--record DIR`` writes DIR/result/result.json (``quick_start``: the install's and the run's seconds,
-the venv's size, torch's version, the commit, how many processes the user had left after it) and copies the run's directory to DIR/run/, for
+the venv's size, torch's version, the commit, and how long after it the user had no process left) and copies the run's directory to DIR/run/, for
 ``python -m benchmarks.archive DIR/result DIR/run --name NAME`` (docs/results/network.md's
 quick start, ``benchmarks.ops_tables``). The folder in NAME's home is removed unless ``--keep``.
 """
@@ -93,8 +93,7 @@ def main() -> int:
         install_s = as_user(args.user, folder, install, env)
         run_s = as_user(args.user, folder, ".venv/bin/testbed " + run, env)
         row = measured(folder, install_s, run_s, commit, env)
-        left = subprocess.run(["pgrep", "-u", args.user], capture_output=True, text=True).stdout.split()
-        row["user_processes_after"] = len(left)  # the rootless holder stops with the user's last testbed
+        row["user_processes_gone_s"] = gone_after(args.user)  # the rootless holder stops after the last testbed
         print(f"install {install_s:.1f} s, venv {row['venv_bytes'] / 1e9:.2f} GB, torch {row['torch']}; "
               f"run {run_s:.1f} s ({row['run_id']})")
         if args.record:
@@ -104,6 +103,16 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(folder)
     return 0
+
+
+def gone_after(user: str, limit_s: float = 10.0) -> float | None:
+    """Seconds until ``user`` had no process left (looked at every 0.1 s), None after ``limit_s``."""
+    t0 = time.monotonic()
+    while (waited := time.monotonic() - t0) < limit_s:
+        if not subprocess.run(["pgrep", "-u", user], capture_output=True, text=True).stdout.split():
+            return round(waited, 1)
+        time.sleep(0.1)
+    return None
 
 
 def measured(folder: Path, install_s: float, run_s: float, commit: str, env: dict[str, str]) -> dict:

@@ -102,9 +102,9 @@ def test_the_quick_start_row_joins_its_timings_and_its_archived_run(tmp_path):
         "final_accuracy": 0.96936, "bottleneck": {"bytes_per_iteration": 2.92e6}}))
     archive.record(tmp_path / "result", "quick_start", [{
         "install_s": 101.6, "run_s": 27.9, "venv_bytes": 1.31e9, "torch": "2.13.0+cpu", "run_id": "20261127-1200-pactrain",
-        "tree": "abc1234", "env": ["PIP_FIND_LINKS"], "user_processes_after": 0}])
+        "tree": "abc1234", "env": ["PIP_FIND_LINKS"], "user_processes_gone_s": 0.4}])
     dest = archive.write([tmp_path / "result", tmp_path / "run"], "qs", records=tmp_path / "records")
-    assert "| abc1234 | 102 | 1.31 | 2.13.0+cpu | 28 | 75 | 135 | 0.9694 | 2.92 | ok | 0 |" in network_tables.quick_start(dest)
+    assert "| abc1234 | 102 | 1.31 | 2.13.0+cpu | 28 | 75 | 135 | 0.9694 | 2.92 | ok | 0.4 |" in network_tables.quick_start(dest)
 
 
 def test_compute_times_on_cpu_are_recorded_and_rendered_per_model_and_precision(tmp_path):
