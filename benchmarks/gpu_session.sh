@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything docs/results/gpu.md shows, measured again as records, in one call on a lent GPU
 # machine (the device tool's `run`, whose $OUT comes back). Prepared on a machine without a
-# GPU: the CPU parts were tried here, the GPU ones have not run yet.
+# GPU and never run as a whole: its compute_time and schemes steps have run here on the CPU
+# (--device cpu), selftest --gpu and the NCCL sweep only on the GPU session of 2026-11-23.
 #
 #   OUT=/some/dir benchmarks/gpu_session.sh        # as root, from the checkout, testbed installed
 #
