@@ -30,7 +30,9 @@ def link_fidelity(folder: Path) -> str:
     caps = "; ".join(f"{path}: {cap / 1e6:.0f} Mbit/s" for res in results
                      for path, cap in (res.get("capacity_bps") or {}).items())
     seconds = "/".join(sorted({f"{res.get('seconds'):g}" for res in results}))
-    out += ["", f"One TCP stream for {seconds} s after a 1 s warm-up per measurement, the rates taking turns. "
+    least = "/".join(sorted({f"{res['min_bits'] / 1e6:g}" for res in results if res.get("min_bits")}))
+    longer = f", and at least long enough to carry {least} Mbit at the rate" if least else ""
+    out += ["", f"One TCP stream for {seconds} s{longer} after a 1 s warm-up per measurement, the rates taking turns. "
                 f"The path's capacity with the shaping at 400 Gbit/s (CPU-bound, one measurement a run): {caps}."]
     return "\n".join(out) + "\n"
 

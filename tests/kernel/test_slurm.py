@@ -178,6 +178,52 @@ def test_scancel_removes_everything_on_the_nodes_and_a_new_job_the_record(lab, t
             node.in_mounts("env", "-u", "TESTBED_STATE_DIR", TESTBED, "down", "--all")
 
 
+def test_a_node_set_down_ends_the_job_and_both_shares_go(lab, tmp_path):
+    """A node of the job fails as Slurm sees it (`scontrol update State=DOWN`, what slurmctld
+    does to a node that stops answering): the job is ended, every step of it gets Slurm's
+    SIGTERM, and the steps holding the shares remove them on both nodes, the failed one's too
+    while its slurmd can still act. (A node that really dies takes its processes with it; its
+    kernel state goes with its reboot, and the surviving node's share goes as here.)"""
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"))
+    job = subprocess.Popen(["salloc", "-N", "2", "sh", "-c", '"$TB" up "$TOPO" --hosts slurm > /dev/null && '
+                            'exec "$TB" exec w1 -- sleep 44""44'], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _pids("^sleep 4444") and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        assert _pids("^sleep 4444"), job.stdout.read() if job.poll() is not None else "the command never started"
+        assert set(lab.leftovers()) == {"sn1", "sn2"}
+        subprocess.run(["scontrol", "update", "NodeName=sn2", "State=DOWN", "Reason=testbed-node-failure"],
+                       env=lab.env(), check=True)
+        deadline = time.monotonic() + 60
+        while (lab.leftovers() or _stray_steps() or _pids("^sleep 4444")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lab.leftovers() == {} and _stray_steps() == [] and _pids("^sleep 4444") == []
+        job.wait(30)
+        _resume(lab, "sn2")
+        r = subprocess.run(["salloc", "-N", "2", TESTBED, "down", "slm"], capture_output=True, text=True,
+                           env=lab.env(), timeout=300)  # the record stays, as after scancel
+        assert r.returncode == 0 and "removed: slm" in r.stdout, r.stdout + r.stderr
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        _resume(lab, "sn2")
+        for node in lab.nodes:  # on a failure above: what the shares left on the nodes
+            node.in_mounts("env", "-u", "TESTBED_STATE_DIR", TESTBED, "down", "--all")
+
+
+def _resume(lab, node: str) -> None:
+    """The node back in service and the lab idle again (the next test needs both nodes)."""
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=lab.env(), check=False,
+                   capture_output=True)
+    deadline = time.monotonic() + 60
+    while not slurm_lab._idle(lab) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _pids(pattern: str) -> list[int]:
     r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in r.stdout.split() if int(p) != os.getpid()]

@@ -142,3 +142,14 @@ def test_a_trace_run_gives_the_mean_iteration_at_each_rate(tmp_path):
     text = network_tables.trace_run(dest)
     assert "| t1 | 10mbit | 5 | 0.661 |" in text and "| t1 | 100mbit | 83 | 0.063 |" in text
     assert "4 trace steps applied, in force a median 2.1 ms (at most 3.5 ms)" in text
+
+
+def test_a_low_rate_stream_lasts_long_enough_to_carry_its_minimum_and_the_table_says_so(tmp_path):
+    from benchmarks import link_fidelity
+
+    assert link_fidelity.stream_seconds(4, 10e6) == 12.0 and link_fidelity.stream_seconds(4, 100e6) == 4
+    _fidelity(tmp_path / "fid", [{"path": "local (veth)", "rate_bps": 10e6, "goodput_bps": 9.55e6, "repeat": 0}],
+              min_bits=120e6)
+    dest = archive.write([tmp_path / "fid"], "f", records=tmp_path / "records")
+    assert "One TCP stream for 4 s, and at least long enough to carry 120 Mbit at the rate" in \
+        network_tables.link_fidelity(dest)
