@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.archive import record
+from testbed.runs.rundir import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_AT = " && .venv/bin/testbed "
@@ -87,8 +88,7 @@ def main() -> int:
     install, run = readme_command().split(RUN_AT, 1)
     env = {"PIP_FIND_LINKS": os.environ["PIP_FIND_LINKS"], "PIP_RETRIES": "0"} if "PIP_FIND_LINKS" in os.environ else {}
     folder = fresh_tree(args.user)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = code_version()  # the tree git archive gave the user
     try:
         install_s = as_user(args.user, folder, install, env)
         run_s = as_user(args.user, folder, ".venv/bin/testbed " + run, env)

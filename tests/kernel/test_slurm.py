@@ -117,15 +117,11 @@ def test_scancel_of_a_batch_job_removes_the_part_its_script_built_too(lab, tmp_p
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     try:
-        deadline = time.monotonic() + 240
-        while not _pids("^sleep 4343") and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _until(lambda: bool(_pids("^sleep 4343")), 240)
         assert _pids("^sleep 4343"), log.read_text() if log.exists() else "the job never started"
         assert set(lab.leftovers()) == {"sn1", "sn2"}  # w0 and s1 on the script's node sn1
         subprocess.run(["scancel", job], env=lab.env(), check=True)
-        deadline = time.monotonic() + 30
-        while (lab.leftovers() or _stray_steps() or lab.jobs()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _until(lambda: not (lab.leftovers() or _stray_steps() or lab.jobs()), 30)
         assert lab.leftovers() == {}, log.read_text()
         assert _stray_steps() == [] and _pids("^sleep 4343") == []
         r = subprocess.run(["salloc", "-N", "2", TESTBED, "down", "slm"], capture_output=True, text=True,
@@ -144,23 +140,13 @@ def test_scancel_removes_everything_on_the_nodes_and_a_new_job_the_record(lab, t
     SIGTERM (its namespaces and ledger: as root they are no process). The controller's own
     record stays (it is not on a node): `testbed down` outside a job says why it cannot reach
     the nodes, and inside a new allocation of the same nodes removes the record."""
-    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
-    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"))
-    job = subprocess.Popen(["salloc", "-N", "2", "sh", "-c", '"$TB" up "$TOPO" --hosts slurm > /dev/null && '
-                            'exec "$TB" exec w1 -- sleep 42""42'], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    job = _sleeping_job(lab, tmp_path, "4242")
     try:
-        deadline = time.monotonic() + 240
-        while not _pids("^sleep 4242") and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.5)
-        assert _pids("^sleep 4242"), job.stdout.read() if job.poll() is not None else "the command never started"
         assert _stray_steps(), "no step of testbed on the nodes"
         assert set(lab.leftovers()) == {"sn1", "sn2"}
         ids = [line.split()[0] for line in lab.jobs()]
         subprocess.run(["scancel", *ids], env=lab.env(), check=True)
-        deadline = time.monotonic() + 30
-        while (_pids("^sleep 4242") or _stray_steps()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _until(lambda: not (_pids("^sleep 4242") or _stray_steps()), 30)
         assert _pids("^sleep 4242") == [] and _stray_steps() == [], "processes survived scancel"
         job.wait(30)
         assert lab.leftovers() == {}  # removed by each share's holding step before it exited
@@ -184,22 +170,12 @@ def test_a_node_set_down_ends_the_job_and_both_shares_go(lab, tmp_path):
     SIGTERM, and the steps holding the shares remove them on both nodes, the failed one's too
     while its slurmd can still act. (A node that really dies takes its processes with it; its
     kernel state goes with its reboot, and the surviving node's share goes as here.)"""
-    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
-    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"))
-    job = subprocess.Popen(["salloc", "-N", "2", "sh", "-c", '"$TB" up "$TOPO" --hosts slurm > /dev/null && '
-                            'exec "$TB" exec w1 -- sleep 44""44'], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    job = _sleeping_job(lab, tmp_path, "4444")
     try:
-        deadline = time.monotonic() + 240
-        while not _pids("^sleep 4444") and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.5)
-        assert _pids("^sleep 4444"), job.stdout.read() if job.poll() is not None else "the command never started"
         assert set(lab.leftovers()) == {"sn1", "sn2"}
         subprocess.run(["scontrol", "update", "NodeName=sn2", "State=DOWN", "Reason=testbed-node-failure"],
                        env=lab.env(), check=True)
-        deadline = time.monotonic() + 60
-        while (lab.leftovers() or _stray_steps() or _pids("^sleep 4444")) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _until(lambda: not (lab.leftovers() or _stray_steps() or _pids("^sleep 4444")), 60)
         assert lab.leftovers() == {} and _stray_steps() == [] and _pids("^sleep 4444") == []
         job.wait(30)
         _resume(lab, "sn2")
@@ -219,8 +195,31 @@ def _resume(lab, node: str) -> None:
     """The node back in service and the lab idle again (the next test needs both nodes)."""
     subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=lab.env(), check=False,
                    capture_output=True)
-    deadline = time.monotonic() + 60
-    while not slurm_lab._idle(lab) and time.monotonic() < deadline:
+    _until(lambda: slurm_lab._idle(lab), 60)
+
+
+def _sleeping_job(lab, tmp_path: Path, tag: str) -> subprocess.Popen:
+    """``salloc -N 2``: up the topology across both nodes, then `sleep TAG` in w1 (on sn2);
+    returned once that sleep runs (the test fails with the job's output if it never does)."""
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    env = lab.env(TB=TESTBED, TOPO=str(tmp_path / "topo.yaml"), TAG=tag)
+    job = subprocess.Popen(["salloc", "-N", "2", "sh", "-c", '"$TB" up "$TOPO" --hosts slurm > /dev/null && '
+                            'exec "$TB" exec w1 -- sleep "$TAG"'], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    _until(lambda: bool(_pids(f"^sleep {tag}")) or job.poll() is not None, 240)
+    if not _pids(f"^sleep {tag}"):
+        ended = job.poll() is not None
+        if not ended:
+            job.kill()
+        job.wait()
+        pytest.fail(job.stdout.read() if ended else "the command never started")
+    return job
+
+
+def _until(done, seconds: float) -> None:
+    """Look at ``done()`` every 0.5 s until it holds or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
