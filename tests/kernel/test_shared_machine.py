@@ -185,8 +185,17 @@ def test_a_users_exporters_prometheus_and_runs_answer_that_user_only(users):
         r = subprocess.run(["runuser", "-u", ATTACKER, "--", "cat", str(Path(run["run_dir"]) / "summary.json")],
                            capture_output=True, text=True)
         assert r.returncode != 0 and "Permission denied" in r.stderr
-        st = json.loads(_ok(as_user(owner, "monitor", "status", "--json")).stdout)
-        assert st["targets"] and all(t["health"] == "up" for t in st["targets"]), st["targets"]  # it scrapes
+        # it scrapes with the token: a target found by file discovery is "unknown" until its first scrape,
+        # which Prometheus spreads over the interval and a loaded machine delays, so wait for it
+        deadline = time.monotonic() + 60
+        while True:
+            targets = json.loads(_ok(as_user(owner, "monitor", "status", "--json")).stdout)["targets"]
+            links = [t for t in targets if t["exporter"] == "links"]
+            if (links and all(t["health"] == "up" for t in links)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert links and all(t["health"] == "up" for t in links), targets
+        assert not any("401" in t["last_error"] for t in targets), targets
     finally:
         as_user(owner, "down", "priv")
         _ok(as_user(owner, "monitor", "down"))
