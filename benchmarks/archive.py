@@ -42,7 +42,6 @@ import platform
 import re
 import shutil
 import stat
-import subprocess
 import sys
 import zlib
 from collections.abc import Callable
@@ -309,15 +308,6 @@ def machine() -> dict:
             "kernel": platform.release()}
 
 
-def _commit() -> str | None:
-    try:
-        p = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() or None
-
-
 def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
     """Archive ``sources`` into ``records/name``; the folder."""
     if not NAME.match(name):
@@ -341,7 +331,7 @@ def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
     runs = sum(1 for files in folders.values() if "run.json" in files)
     info = {"name": name, "sources": sorted({f.split("/")[0] for f in folders}), "runs": runs,
             "command": f"python -m benchmarks.archive {' '.join(s.name for s in sources)} --name {name}",
-            "archived": datetime.date.today().isoformat(), "commit": _commit(), "machine": machine()}
+            "archived": datetime.date.today().isoformat(), "commit": code_version(), "machine": machine()}
     with OutDir(dest, "--records", mode=0o755) as d:
         d.write_text("archive.json", _dump(info))
     return dest

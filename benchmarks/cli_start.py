@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks.archive import record
+from testbed.runs.rundir import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 ELSEWHERE = tempfile.gettempdir()
@@ -113,7 +114,7 @@ def this_commit() -> dict:
         r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
         return r.stdout if r.returncode == 0 else ""
     changed = sorted(line[3:] for line in git("status", "--porcelain").splitlines() if len(line) > 3)
-    return {"commit": git("rev-parse", "--short", "HEAD").strip() or "unknown", "uncommitted": changed}
+    return {"commit": code_version(), "uncommitted": changed}
 
 
 def trees_of(trees: list, commits: list[str], recording: bool) -> list[dict]:
