@@ -43,6 +43,7 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     try:
         with Signals() as signals:
             ctx.check = signals.check
+            start = exporter_started(name, ledger, exporter, ctx)  # its start overlaps the build
             for i, action in enumerate(plan.actions):
                 signals.check()
                 if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
@@ -55,12 +56,9 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                     progress(i + 1, total, action.describe())
             state["ready"] = True
             ledger.write_state(state)
-            if exporter is not None:
+            if start is not None:
                 signals.check()
-                target = testbed_target(name)
-                start = StartExporter(f"--sd-file={target}", str(target), exporter, str(ledger.dir / "exporter.log"))
-                ledger.record(start.to_dict())
-                start.apply(ctx)
+                start[0].wait(start[1], ctx)
                 state["exporter"] = ctx.results["exporter"]
                 ledger.write_state(state)
             for link in plan.topology.links:  # schedules: a background replay per link, from now on
@@ -84,3 +82,14 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     finally:
         ctx.close()
         ledger.close()
+
+
+def exporter_started(name: str, ledger: Ledger, listen: str | None, ctx: ApplyContext):
+    """The link exporter (recorded, then started, not yet waited for) and its process; None
+    when ``listen`` is None."""
+    if listen is None:
+        return None
+    target = testbed_target(name)
+    start = StartExporter(f"--sd-file={target}", str(target), listen, str(ledger.dir / "exporter.log"))
+    ledger.record(start.to_dict())
+    return start, start.spawn(ctx)

@@ -250,24 +250,30 @@ class StartExporter(Action):
         return f"link exporter on {self.listen} (file-SD target {self.target})"
 
     def apply(self, ctx: ApplyContext) -> None:
-        from testbed.monitor.sd import read_target
+        self.wait(self.spawn(ctx), ctx)
 
-        target = Path(self.target)
-        target.unlink(missing_ok=True)
+    def spawn(self, ctx: ApplyContext) -> subprocess.Popen:
+        """Start the exporter and return at once: `up` starts it before building the network
+        (it attaches to the testbed on each scrape) and waits for it at the end (:meth:`wait`)."""
+        Path(self.target).unlink(missing_ok=True)
         argv = procs.python_argv("collectors", "--testbed", ctx.testbed, "--listen", self.listen, self.marker,
                                  "--sd-label", "exporter=links", *auth.exporter_args())
-        log = Path(self.log)
-        with open(log, "ab") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        with open(self.log, "ab") as f:
+            return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)  # Ctrl-C in the terminal is ours to handle
+
+    def wait(self, proc: subprocess.Popen, ctx: ApplyContext) -> None:
+        """Until the exporter announces its address in the target file (``ctx.results["exporter"]``)."""
+        from testbed.monitor.sd import read_target
+
         if ctx.fault_after_exporter:  # test hook: die with the exporter running, recorded only in the ledger
             os.kill(os.getpid(), signal.SIGKILL)
         deadline = time.monotonic() + 30.0
         pause = 0.005  # it announces itself within tens of ms (collectors.__main__): look often, then every 50 ms
-        while (addr := read_target(target)) is None:
+        while (addr := read_target(Path(self.target))) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = tail_text(log).strip()[-600:]
-                raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {log}")
+                tail = tail_text(Path(self.log)).strip()[-600:]
+                raise TestbedError(f"the link exporter did not start: {tail or 'no output'}", f"see {self.log}")
             time.sleep(pause)
             pause = min(pause * 1.5, 0.05)
         ctx.results["exporter"] = f"http://{addr}/metrics"

@@ -168,8 +168,9 @@ def test_a_half_built_share_after_the_controller_and_the_hosts_agent_died(clean_
     h1.cut()
     p.kill()  # the controller dies while h1 builds, unheard
     p.communicate()
-    time.sleep(2)  # h1's agent killed itself at its step 3: a half-built share and its ledger
-    assert h1.ledgers() == ["fh"] and h1.namespaces(), h1.ledgers()
+    time.sleep(2)  # h1's agent killed itself at its step 3: a half-built share, its ledger and the link
+    # exporter it started before its first step (and announced in its target file)
+    assert h1.ledgers() == ["fh", "targets/testbed-fh.json"] and h1.namespaces(), h1.ledgers()
     r = cli("down", "--all", "--json", env=QUICK, timeout=120)
     assert r.returncode == 1 and "host h1" in json.loads(r.stdout)["error"], r.stdout + r.stderr
     assert "h2" not in lab.leftovers()
@@ -177,6 +178,8 @@ def test_a_half_built_share_after_the_controller_and_the_hosts_agent_died(clean_
     r = cli("down", "--all", "--json", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert lab.leftovers() == {}
+    exporters = subprocess.run(["pgrep", "-f", "-m collectors --testbed fh "], capture_output=True, text=True)
+    assert exporters.stdout == "", "an exporter of fh (the controller's or h1's) survived down --all"
 
 
 def _why_is_asked_where_the_node_lives() -> None:
