@@ -100,30 +100,37 @@ def test_a_batch_script_builds_its_own_nodes_share_itself(lab, tmp_path):
     assert lab.leftovers() == {}
 
 
-def test_scancel_of_a_batch_job_removes_the_part_its_script_built_too(lab, tmp_path):
-    """sbatch as root, cancelled while the script runs a command in a node: the part the
-    script built itself on its own node (`local`: no step holds it) is removed by the step
-    `up` started on that node (`_host guard`) on Slurm's SIGTERM, as the other node's share
-    is by the step holding it: nothing is left on either node, no step survives. The
-    testbed's record stays, as after `scancel` of an allocation (the other node's share cannot
-    be asked once the job ended), and `testbed down` in a new allocation removes it."""
+@pytest.mark.parametrize("ended_by", ["scancel", "time limit"])
+def test_a_batch_job_ended_by_slurm_removes_the_part_its_script_built_too(lab, tmp_path, ended_by):
+    """sbatch as root, ended while the script runs a command in a node, by `scancel` or by
+    its time limit (`--time 1`: slurmctld ends it within its 30 s check after the minute,
+    SIGTERM to every step, SIGKILL KillWait later; its log says "DUE TO TIME LIMIT"): the
+    part the script built itself on its own node (`local`: no step holds it) is removed by
+    the step `up` started on that node (`_host guard`) on Slurm's SIGTERM, as the other
+    node's share is by the step holding it: nothing is left on either node, no step
+    survives. The testbed's record stays, as after `scancel` of an allocation (the other
+    node's share cannot be asked once the job ended), and `testbed down` in a new
+    allocation removes it."""
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/sh\nset -e\n{TESTBED} up {tmp_path}/topo.yaml --hosts slurm > /dev/null\n"
                       f"exec {TESTBED} exec w0 -- sleep 43" "43\n")
     log = tmp_path / "job.out"
-    r = subprocess.run(["sbatch", "--parsable", "-N", "2", "-o", str(log), str(script)], capture_output=True,
-                       text=True, env=lab.env(), timeout=60)
+    limit = ["--time", "1"] if ended_by == "time limit" else []
+    r = subprocess.run(["sbatch", "--parsable", *limit, "-N", "2", "-o", str(log), str(script)],
+                       capture_output=True, text=True, env=lab.env(), timeout=60)
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     try:
         _until(lambda: bool(_pids("^sleep 4343")), 240)
         assert _pids("^sleep 4343"), log.read_text() if log.exists() else "the job never started"
         assert set(lab.leftovers()) == {"sn1", "sn2"}  # w0 and s1 on the script's node sn1
-        subprocess.run(["scancel", job], env=lab.env(), check=True)
-        _until(lambda: not (lab.leftovers() or _stray_steps() or lab.jobs()), 30)
+        if ended_by == "scancel":
+            subprocess.run(["scancel", job], env=lab.env(), check=True)
+        _until(lambda: not (lab.leftovers() or _stray_steps() or lab.jobs()), 30 if ended_by == "scancel" else 150)
         assert lab.leftovers() == {}, log.read_text()
         assert _stray_steps() == [] and _pids("^sleep 4343") == []
+        assert ("DUE TO TIME LIMIT" in log.read_text()) == (ended_by == "time limit"), log.read_text()
         r = subprocess.run(["salloc", "-N", "2", TESTBED, "down", "slm"], capture_output=True, text=True,
                            env=lab.env(), timeout=300)
         assert r.returncode == 0 and "removed: slm" in r.stdout, r.stdout + r.stderr
