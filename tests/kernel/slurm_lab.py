@@ -85,7 +85,7 @@ def _conf(d: Path, nodes: list[SlurmNode]) -> str:
         "ProctrackType=proctrack/cgroup", "TaskPlugin=task/none", "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU", "ReturnToService=2", "MailProg=/bin/true", "MpiDefault=none",
         "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none", "KillWait=5",
-        "SlurmctldTimeout=30", "SlurmdTimeout=60", "InactiveLimit=0", "MinJobAge=2",
+        "SlurmctldTimeout=30", "SlurmdTimeout=20", "InactiveLimit=0", "MinJobAge=2",
         "SlurmctldDebug=info", "SlurmdDebug=info",
     ]
     for i, n in enumerate(nodes, 1):
@@ -135,16 +135,53 @@ def build(root: Path, n: int = 2) -> SlurmLab:
     _wait(lambda: (root / "munge.sock").exists(), "munged", root / "munged.out")
     lab.procs.append(_start(["slurmctld", "-D", "-f", str(lab.conf)], root / "slurmctld.out"))
     for node in nodes:
-        inner = ("mkdir -p /run/netns /run/testbed && mount -t tmpfs -o mode=755 tbnetns /run/netns && "
-                 f"mount -t tmpfs -o mode=700 tbstate /run/testbed && hostname {node.name} && "
-                 f"exec slurmd -D -N {node.name} -f {lab.conf}")
-        (root / f"spool-{node.name}").mkdir(exist_ok=True)
-        # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup hierarchies slurmd tracks steps in
-        node.proc = _start(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts", "--propagation",
-                            "private", "sh", "-c", inner], root / f"slurmd-{node.name}.out")
+        boot(lab, node)
     _wait(lambda: _idle(lab), "the nodes to be idle", root / "slurmctld.log",
           procs=lab.procs + [n.proc for n in nodes if n.proc is not None])
     return lab
+
+
+def boot(lab: SlurmLab, node: SlurmNode) -> None:
+    """Start ``node``'s slurmd in a fresh mount (and UTS) namespace, with an empty /run/netns
+    and state directory of its own: a node as a boot leaves it."""
+    inner = ("mkdir -p /run/netns /run/testbed && mount -t tmpfs -o mode=755 tbnetns /run/netns && "
+             f"mount -t tmpfs -o mode=700 tbstate /run/testbed && hostname {node.name} && "
+             f"exec slurmd -D -N {node.name} -f {lab.conf}")
+    (lab.dir / f"spool-{node.name}").mkdir(exist_ok=True)
+    # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup hierarchies slurmd tracks steps in
+    node.proc = _start(["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--mount", "--uts", "--propagation",
+                        "private", "sh", "-c", inner], lab.dir / f"slurmd-{node.name}.out")
+
+
+def crash(node: SlurmNode) -> int:
+    """``node`` dies as a machine does: SIGKILL to every process in its mount namespace
+    (slurmd, its steps and all they started, whatever network namespace they run in), none
+    of which can act; with the last of them the namespace goes, and with it the node's
+    /run/netns mounts and state directory, so its namespaces are freed as a reboot frees
+    them. Returns how many processes were killed."""
+    assert node.proc is not None
+    mnt = os.readlink(f"/proc/{node.proc.pid}/ns/mnt")
+    killed = 0
+    for _ in range(20):  # a process may fork while we look: until none is left
+        pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _mnt_of(int(e.name)) == mnt]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    node.proc.wait(10)
+    return killed
+
+
+def _mnt_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
 
 
 def _idle(lab: SlurmLab) -> bool:

@@ -198,6 +198,39 @@ def test_a_node_set_down_ends_the_job_and_both_shares_go(lab, tmp_path):
             node.in_mounts("env", "-u", "TESTBED_STATE_DIR", TESTBED, "down", "--all")
 
 
+def test_a_node_that_dies_ends_the_job_and_the_other_nodes_share_goes(lab, tmp_path):
+    """A node of the job dies outright (:func:`slurm_lab.crash`: every process of it killed
+    at once, none can act; its namespaces go with it, as with a reboot): Slurm finds it
+    silent (the lab's SlurmdTimeout), revokes the job, and the surviving node's share is
+    removed by the step holding it; once the dead node is back (a fresh slurmd) it has nothing of the testbed, and
+    `testbed down` in a new allocation removes the controller's record."""
+    job = _sleeping_job(lab, tmp_path, "4646")
+    sn2 = lab.nodes[1]
+    try:
+        assert set(lab.leftovers()) == {"sn1", "sn2"}
+        assert slurm_lab.crash(sn2) > 0
+        out, _ = job.communicate(timeout=120)  # Slurm finds sn2 silent after SlurmdTimeout and revokes the job
+        assert "Node failure on sn2" in out, out
+        _until(lambda: not (lab.nodes[0].namespaces() or lab.nodes[0].ledgers() or _stray_steps()), 60)
+        assert lab.nodes[0].namespaces() == [] and lab.nodes[0].ledgers() == [], out
+        assert _stray_steps() == [] and _pids("^sleep 4646") == []
+        slurm_lab.boot(lab, sn2)
+        _resume(lab, "sn2")
+        assert lab.leftovers() == {}
+        r = subprocess.run(["salloc", "-N", "2", TESTBED, "down", "slm"], capture_output=True, text=True,
+                           env=lab.env(), timeout=300)
+        assert r.returncode == 0 and "removed: slm" in r.stdout, r.stdout + r.stderr
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if sn2.proc is None or sn2.proc.poll() is not None:
+            slurm_lab.boot(lab, sn2)
+        _resume(lab, "sn2")
+        for node in lab.nodes:  # on a failure above: what the shares left on the nodes
+            node.in_mounts("env", "-u", "TESTBED_STATE_DIR", TESTBED, "down", "--all")
+
+
 def _resume(lab, node: str) -> None:
     """The node back in service and the lab idle again (the next test needs both nodes)."""
     subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=lab.env(), check=False,
