@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from typing import Callable
 
 from testbed.common.errors import TestbedError
@@ -43,7 +44,7 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
     try:
         with Signals() as signals:
             ctx.check = signals.check
-            start = exporter_started(name, ledger, exporter, ctx)  # its start overlaps the build
+            started = exporter_started(name, ledger, exporter, ctx)  # its start overlaps the build
             for i, action in enumerate(plan.actions):
                 signals.check()
                 if i >= recorded:  # write ahead in chunks: one fsync per LEDGER_CHUNK actions
@@ -56,9 +57,10 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                     progress(i + 1, total, action.describe())
             state["ready"] = True
             ledger.write_state(state)
-            if start is not None:
+            if started is not None:
                 signals.check()
-                start[0].wait(start[1], ctx)
+                action, proc = started
+                action.wait(proc, ctx)
                 state["exporter"] = ctx.results["exporter"]
                 ledger.write_state(state)
             for link in plan.topology.links:  # schedules: a background replay per link, from now on
@@ -84,7 +86,8 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
         ledger.close()
 
 
-def exporter_started(name: str, ledger: Ledger, listen: str | None, ctx: ApplyContext):
+def exporter_started(name: str, ledger: Ledger, listen: str | None,
+                     ctx: ApplyContext) -> tuple[StartExporter, subprocess.Popen] | None:
     """The link exporter (recorded, then started, not yet waited for) and its process; None
     when ``listen`` is None."""
     if listen is None:
