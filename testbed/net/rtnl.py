@@ -8,25 +8,19 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
-
 
 from testbed.common.errors import KernelError
 from testbed.net import netns
+from testbed.net.nlbatch import HINTS, ShapeBatch, send_messages
 
 if TYPE_CHECKING:
     from pyroute2.netlink.exceptions import NetlinkError
 
-_HINTS = {
-    errno.EPERM: "run as root (or with CAP_NET_ADMIN)",
-    errno.EEXIST: "a stale object from an earlier run? `testbed down --all` removes testbed leftovers",
-    errno.EOPNOTSUPP: "this kernel lacks the feature; `testbed doctor` lists what is available",
-}
-
-
 def translate(e: NetlinkError, what: str, ns: str) -> KernelError:
     code = e.code if isinstance(e.code, int) else errno.EIO
-    return KernelError(f"[{ns}] {what} failed: {os.strerror(code)} (errno {code})", _HINTS.get(code))
+    return KernelError(f"[{ns}] {what} failed: {os.strerror(code)} (errno {code})", HINTS.get(code))
 
 
 class Rtnl:
@@ -38,6 +32,7 @@ class Rtnl:
         self.ns = ns
         self.ipr = IPRoute(fileno=fd)
         self._index: dict[str, int] = {}
+        self._batch: ShapeBatch | None = None
 
     @classmethod
     def create_netns(cls, ns: str) -> "Rtnl":
@@ -48,6 +43,8 @@ class Rtnl:
         return cls(ns, netns.open_netlink(ns))
 
     def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
         try:
             self.ipr.close()
         except Exception:
@@ -66,6 +63,14 @@ class Rtnl:
             return getattr(self.ipr, method)(*args, **kwargs)
         except NetlinkError as e:
             raise translate(e, what, self.ns) from None
+
+    def send(self, messages: Sequence[bytes], name: Callable[[int], str]) -> None:
+        """Encoded requests (:mod:`testbed.net.nlbatch`) sent in one datagram, not one round
+        trip each through pyroute2, on a second socket in this namespace kept with the handle;
+        the first refusal raised, named by ``name`` of the message's index."""
+        if self._batch is None:
+            self._batch = ShapeBatch()
+        send_messages(self.ns, messages, name, batch=self._batch)
 
     def index(self, ifname: str) -> int:
         idx = self._index.get(ifname)

@@ -12,60 +12,26 @@ once (:class:`Derived`): rebuilding 128 requests and shapes per step cost about 
 as sending them.
 
 The way running links are changed (HTB ``change-class``, child qdisc ``replace``);
-building uses :mod:`testbed.net.tc`.
+building uses :mod:`testbed.net.tc`; both send through :mod:`testbed.net.nlbatch`.
 """
 
 from __future__ import annotations
 
-import errno
-import itertools
-import os
-import resource
 import socket
-import struct
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
-from pyroute2.netlink import NLMSG_ERROR
 from pyroute2.netlink.nlsocket import NetlinkRequest
-from pyroute2.netlink.rtnl import RTM_NEWNEIGH, RTM_NEWQDISC, RTM_NEWTCLASS
+from pyroute2.netlink.rtnl import RTM_NEWNEIGH
 from pyroute2.netlink.rtnl.ndmsg import ndmsg
-from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from testbed.common.errors import KernelError
 from testbed.model.topology import Link, Shape, check_shape
-from testbed.net import netns, tc
+from testbed.net import tc
+from testbed.net.nlbatch import Datagram, Refused, ShapeBatch
 from testbed.net.rtnl import Rtnl
 
-_COMMANDS = {"change-class": (RTM_NEWTCLASS, "change"), "replace": (RTM_NEWQDISC, "replace")}
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, pid
-_SEQ_OFFSET = 8
 NUD_PERMANENT = 0x80
 """A neighbour entry the kernel never expires nor counts toward its table's garbage collection."""
-
-
-def encode(command: str, kind: str, **kwargs) -> bytes:
-    """One tc request as pyroute2's ``IPRoute.tc(command, kind, **kwargs)`` would encode it
-    (sequence number 0: :meth:`ShapeBatch.send` stamps it)."""
-    msg_type, mode = _COMMANDS[command]
-    kwargs = dict(kwargs, kind=kind)
-    _, kwargs = get_dump_filter("tc", command, kwargs)
-    args = get_arguments_processor("tc", command, kwargs)
-    msg = tcmsg()
-    msg["header"]["type"] = msg_type
-    msg["header"]["flags"] = NetlinkRequest.flags[mode]  # request + ack (+ replace, + create)
-    msg["header"]["sequence_number"] = 0
-    msg["header"]["pid"] = 0
-    for f in msg.fields:
-        msg[f[0]] = args.get_value(f[0], default=0, mode="field")
-    for key, value in args.items():
-        nla = type(msg).name2nla(key)
-        if msg.valid_nla(nla) and value is not None:
-            msg["attrs"].append([nla, value])
-    msg.encode()
-    return bytes(msg.data)
 
 
 def change_requests(index: int, shape: Shape, kind: str | None) -> tuple[list[tuple[str, str, dict]], str | None]:
@@ -84,7 +50,7 @@ def change_requests(index: int, shape: Shape, kind: str | None) -> tuple[list[tu
 def change_messages(index: int, shape: Shape, kind: str | None) -> tuple[list[bytes], str | None]:
     """:func:`change_requests`, encoded."""
     reqs, kind = change_requests(index, shape, kind)
-    return [encode(command, k, **kw) for command, k, kw in reqs], kind
+    return [tc.encode(command, k, **kw) for command, k, kw in reqs], kind
 
 
 def neighbour_message(index: int, address: str, mac: str) -> bytes:
@@ -108,135 +74,9 @@ def add_neighbours(rtnl: Rtnl, ifname: str, entries: Sequence[tuple[str, str]]) 
     """Permanent neighbour (ARP) entries ``(IPv4 address, MAC)`` on ``ifname`` in ``rtnl``'s
     namespace, in batched datagrams (:func:`send_messages`)."""
     idx = rtnl.index(ifname)
-    send_messages(rtnl.ns, [neighbour_message(idx, address, mac) for address, mac in entries],
+    rtnl.send([neighbour_message(idx, address, mac) for address, mac in entries],
                   lambda i: f"adding the neighbour {entries[i][0]} ({entries[i][1]}) on {ifname}")
 
-
-def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str], chunk: int = 128) -> None:
-    """Encoded requests to namespace ``ns``, ``chunk`` to a datagram, every answer read;
-    the first refusal raised naming what it was for (``name`` of the message's index).
-    A worker's permanent neighbour entries, one per other worker, were one netlink round
-    trip each through pyroute2: 16 s of a 256-worker ``up`` (65,280 entries). The kernel
-    queues one acknowledgement per message while the datagram is processed, before any is
-    read: with the default receive buffer (``net.core.rmem_default`` 212992) 256 fit and the
-    257th is lost (ENOBUFS), so a datagram carries at most ``chunk`` (128)."""
-    batch = ShapeBatch()
-    try:
-        for start in range(0, len(messages), chunk):
-            part = messages[start:start + chunk]
-            batch.send({ns: Datagram.of(part, range(start, start + len(part)))}, name)
-    finally:
-        batch.close()
-
-
-class ShapeBatch:
-    """Netlink sockets kept open per namespace; :meth:`send` applies encoded requests."""
-
-    def __init__(self, timeout: float = 5.0):
-        self.timeout = timeout
-        self._socks: dict[str, socket.socket] = {}
-        self._seq = itertools.count(1)
-        self.timing: tuple[float, float] = (0.0, 0.0)
-        """The last :meth:`send`'s seconds: sending its datagrams, then waiting for the acks."""
-
-    def open(self, namespaces) -> None:
-        """Open a socket in each namespace now (not at the first step)."""
-        namespaces = [ns for ns in dict.fromkeys(namespaces) if ns not in self._socks]
-        if not namespaces:
-            return
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        need = len(self._socks) + len(namespaces) + 256
-        if soft != resource.RLIM_INFINITY and need > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard),
-                                                        hard))
-        for ns in namespaces:
-            s = socket.socket(fileno=netns.open_netlink(ns))
-            s.settimeout(self.timeout)
-            self._socks[ns] = s
-
-    def send(self, datagrams: dict[str, Datagram], name: Callable[[int], str]) -> None:
-        """Send every namespace's datagram, then wait for all acknowledgements (``timing``:
-        the seconds the sends took, then the kernel's answers after them). The first
-        refusal is raised as a :class:`Refused` naming what it was for (``name`` of the
-        message's owner), after every answer has been read (the others did apply); its
-        ``owners`` lists the owner of every refused message."""
-        self.open(datagrams)
-        start = time.monotonic()
-        waiting: dict[str, dict[int, int]] = {}
-        for ns, dg in datagrams.items():
-            buf = bytearray(dg.data)
-            seqs: dict[int, int] = {}
-            for off, owner in zip(dg.offsets, dg.owners):
-                seq = next(self._seq) & 0xFFFFFFFF or next(self._seq)
-                struct.pack_into("=I", buf, off + _SEQ_OFFSET, seq)
-                seqs[seq] = owner
-            try:
-                self._socks[ns].send(buf)
-            except OSError as e:
-                raise KernelError(f"[{ns}] sending {len(seqs)} netlink request(s) failed: {e.strerror or e}") from None
-            waiting[ns] = seqs
-        sent = time.monotonic()
-        first: Refused | None = None
-        owners: list[int] = []
-        for ns, seqs in waiting.items():
-            s = self._socks[ns]
-            while seqs:
-                try:
-                    data = s.recv(1 << 16)
-                except OSError as e:  # a timeout included
-                    raise KernelError(f"[{ns}] no answer to {len(seqs)} netlink request(s): {e.strerror or e}") from None
-                off = 0
-                while off + _HEADER.size <= len(data):
-                    length, mtype, _, seq, _ = _HEADER.unpack_from(data, off)
-                    if length < _HEADER.size:
-                        break
-                    if mtype == NLMSG_ERROR and seq in seqs:
-                        owner = seqs.pop(seq)
-                        code = -struct.unpack_from("=i", data, off + _HEADER.size)[0]
-                        if code:
-                            owners.append(owner)
-                            first = first or _error(ns, name(owner), code)
-                    off += (length + 3) & ~3
-        self.timing = (sent - start, time.monotonic() - sent)
-        if first is not None:
-            first.owners = owners
-            raise first
-
-    def close(self) -> None:
-        for s in self._socks.values():
-            s.close()
-        self._socks.clear()
-
-
-class Refused(KernelError):
-    failed: list[str] = []
-    """What every refused change was for (:meth:`LinkChanger.apply`)."""
-    owners: list[int] = []
-    """The owners of the refused messages (:meth:`ShapeBatch.send`)."""
-
-
-def _error(ns: str, what: str, code: int) -> Refused:
-    if "netem" in what and code in (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL):
-        return Refused(f"[{ns}] {what}: this kernel has no netem qdisc (sch_netem)", tc.NETEM_MISSING_HINT)
-    return Refused(f"[{ns}] {what} failed: {os.strerror(code)} (errno {code})",
-                       "run as root (or with CAP_NET_ADMIN)" if code == errno.EPERM else None)
-
-
-@dataclass(frozen=True)
-class Datagram:
-    """A namespace's encoded requests, concatenated: what one ``send`` carries. ``offsets``:
-    where each message starts (its sequence number is stamped at send); ``owners``: the
-    index of the change each message belongs to."""
-
-    data: bytes
-    offsets: tuple[int, ...]
-    owners: tuple[int, ...]
-
-    @classmethod
-    def of(cls, messages: Sequence[bytes], owners: Iterable[int]) -> Datagram:
-        """``messages`` concatenated, each owned by the matching entry of ``owners``."""
-        offsets = tuple(itertools.accumulate((len(m) for m in messages[:-1]), initial=0))
-        return cls(b"".join(messages), offsets, tuple(owners))
 
 
 @dataclass(frozen=True)

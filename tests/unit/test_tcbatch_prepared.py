@@ -14,8 +14,9 @@ import pytest
 from testbed.common.errors import TestbedError
 from testbed.model.topology import load_topology_dict
 from testbed.model.units import Duration, Rate
-from testbed.net import tcbatch
-from testbed.net.tcbatch import Datagram, Derived, LinkChanger, Refused, ShapeBatch
+from testbed.net import nlbatch, tcbatch
+from testbed.net.nlbatch import Datagram, Refused, ShapeBatch
+from testbed.net.tcbatch import Derived, LinkChanger
 from testbed.plan.plan import Endpoint
 from tests.helpers import dumbbell
 
@@ -114,7 +115,7 @@ def _answering(peer: socket.socket, refuse: set[int]):
     for pos, off in enumerate(range(0, len(data), 16)):
         seq = struct.unpack_from("=I", data, off + 8)[0]
         code = -22 if pos in refuse else 0
-        peer.send(struct.pack("=IHHII", 36, tcbatch.NLMSG_ERROR, 0, seq, 0) + struct.pack("=i", code) + bytes(16))
+        peer.send(struct.pack("=IHHII", 36, nlbatch.NLMSG_ERROR, 0, seq, 0) + struct.pack("=i", code) + bytes(16))
 
 
 def test_send_stamps_sequence_numbers_and_names_every_refusal():
