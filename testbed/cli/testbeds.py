@@ -42,12 +42,17 @@ def _topology(file: Optional[str], testbed: Optional[str], hosts: Optional[str] 
         raise usage("give the topology once: FILE, or -t FILE")
     if hosts is None:
         return load_topology(file or testbed)
-    from testbed.hosts.slurmjob import HOSTS_SLURM, from_job
-
-    if hosts != HOSTS_SLURM:
-        raise usage(f"--hosts takes {HOSTS_SLURM} (the nodes of this Slurm job), not {hosts!r}")
     data, source = read_topology_file(file or testbed)
-    return load_topology_dict(from_job(data) if isinstance(data, dict) else data, source=source)
+    return load_topology_dict(_host_source(hosts).assign_hosts(data), source=source)
+
+
+def _host_source(hosts: str):
+    from testbed.hosts import sources
+
+    found = sources.source(hosts)
+    if found is None:
+        raise usage(f"--hosts takes {' or '.join(sources.names())} (docs/slurm.md), not {hosts!r}")
+    return found
 
 
 def up(
@@ -69,11 +74,7 @@ def up(
             return
         tb = _build(topo, exporter_listen if exporter else None, as_json)
         if hosts is not None:
-            from testbed.hosts.slurmjob import guard_here
-            from testbed.model.hosts import LOCAL_HOST
-
-            if any(n.host == LOCAL_HOST for n in topo.nodes):
-                guard_here(tb.name)  # as root, the job's end removes this node's part too
+            _host_source(hosts).after_up(tb.name, topo)
         if as_json:
             emit(tb.to_dict())
             return

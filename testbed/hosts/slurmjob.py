@@ -29,8 +29,6 @@ from testbed.common.errors import StateError, TopologyError
 from testbed.hosts import slurmstep
 from testbed.model.hosts import LOCAL_HOST, SLURM_NODE_RE, Host
 
-HOSTS_SLURM = "slurm"
-"""``--hosts slurm``: the topology's hosts are the nodes of this job."""
 MAX_NODES = 65536
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -145,6 +143,20 @@ def from_job(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> d
         raise StateError(f"--hosts slurm: SLURM_JOB_NODELIST: {e}") from None
     used = nodes[:len(host_names(data))]
     return assign(data, int(job), nodes, node_addresses(used), env.get("SLURMD_NODENAME"), own_program())
+
+
+def assign_hosts(data: Any) -> Any:
+    """``--hosts slurm`` (:mod:`testbed.hosts.sources`): the topology document with its hosts
+    the nodes of this job (:func:`from_job`); a document that is no mapping is left for the
+    loader to refuse."""
+    return from_job(data) if isinstance(data, dict) else data
+
+
+def after_up(name: str, topology) -> None:
+    """``--hosts slurm`` once testbed ``name`` is up: when part of it is on this node, the
+    step that removes that part at the job's end (:func:`guard_here`)."""
+    if any(n.host == LOCAL_HOST for n in topology.nodes):
+        guard_here(name)
 
 
 def guard_here(name: str, env: Mapping[str, str] | None = None) -> bool:

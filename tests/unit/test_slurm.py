@@ -175,3 +175,21 @@ def test_the_cli_outside_a_job_says_so_in_one_line(tmp_path):
                                         "(no SLURM_JOB_ID / SLURM_JOB_NODELIST)")
     r = _cli("up", str(f), "--hosts", "ssh", env={})
     assert r.returncode == 2 and "--hosts takes slurm" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hosts_sources_are_a_registry_and_slurms_guards_only_a_part_on_this_node(monkeypatch):
+    """`up --hosts SOURCE` asks :mod:`testbed.hosts.sources`, never which source it is: slurm's
+    module fills the hosts and, once up, guards this node's part only when the topology has one
+    (a topology whose nodes are all on other nodes of the job leaves nothing here)."""
+    from testbed.hosts import sources
+    from testbed.model.topology import load_topology_dict
+
+    assert sources.names() == ["slurm"] and sources.source("ssh") is None
+    slurm = sources.source("slurm")
+    assert slurm is slurmjob and slurm.assign_hosts(["not", "a", "mapping"]) == ["not", "a", "mapping"]
+    guarded: list[str] = []
+    monkeypatch.setattr(slurmjob, "guard_here", lambda name, env=None: guarded.append(name) or True)
+    slurm.after_up("slm", load_topology_dict(assign(TOPO, 42, ["n1", "n2"], ADDRS, None, "testbed")))
+    assert guarded == []  # every node of the topology on a node of the job other than this one
+    slurm.after_up("slm", load_topology_dict(assign(TOPO, 42, ["n1", "n2"], ADDRS, "n1", "testbed")))
+    assert guarded == ["slm"]  # a batch script on n1: s1 and w0 are built here
