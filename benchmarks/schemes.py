@@ -65,6 +65,7 @@ import torch.nn as nn
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from benchmarks import spardl_buckets
 from benchmarks.archive import record
 from workloads import compat, placement, pruning, schemes
 from workloads.models import build_model
@@ -148,8 +149,7 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
         if name == "spardl":
             messages[label] = (getattr(state, "messages", 0) - msg0) / args.reps
         del ddp, state, opt
-    if args.spardl_buckets:
-        _spardl_buckets(args, where, x, y)
+    buckets = spardl_buckets.compare(args.model, where, x, y) if args.spardl_buckets else []
     if rank == 0:
         base_t, base_p = rows["allreduce"][0], rows["allreduce"][1]
         print(f"\n{world} ranks in two domains {[list(d) for d in where.groups]}, {args.model}, batch "
@@ -168,61 +168,10 @@ def _grouped_rank(rank: int, world: int, port: int, args: argparse.Namespace) ->
         if args.rows_file:  # for --record, read back by the parent
             Path(args.rows_file).write_text(json.dumps([
                 {"part": "grouped", "scheme": label, "ranks": world, "payload_bytes": pay, "between_bytes": inter,
-                 "messages": messages.get(label), "iter_s": reps} for label, (_, pay, inter, reps) in rows.items()]))
+                 "messages": messages.get(label), "iter_s": reps} for label, (_, pay, inter, reps) in rows.items()]
+                + buckets))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _spardl_buckets(args: argparse.Namespace, where, x: torch.Tensor, y: torch.Tensor) -> None:
-    """SparDL once per DDP bucket (as the hook runs) against once over the whole model (as
-    the paper does), on the same gradients (this model's, after DDP's rebuild, no residuals):
-    k per bucket, how close each result is to the dense average, time and messages."""
-    from workloads.schemes import spardl
-
-    torch.manual_seed(0)
-    ddp = compat.ddp(build_model(args.model, 10), forward_sync_buffers=False)
-    state = schemes.get("spardl").attach(ddp, schemes.SchemeOptions(placement=where, spardl_density=0.01), None)
-    for _ in range(2):  # DDP rebuilds its buckets after iteration 1
-        ddp.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(ddp(x), y).backward()
-    local = build_model(args.model, 10)
-    local.load_state_dict(ddp.module.state_dict())
-    nn.functional.cross_entropy(local(x), y).backward()
-    grads = {id(p): q.grad.reshape(-1) for p, q in zip(ddp.module.parameters(), local.parameters())}
-    vecs = []
-    for key, res in state.residuals.items():  # the rebuilt buckets, in the order DDP ran them
-        v = torch.zeros_like(res)
-        for pid in key:
-            _, off, n = state.where[pid]
-            v[off:off + n] = grads[pid]
-        vecs.append(v)
-    dense = torch.cat(vecs)
-    dist.all_reduce(dense)
-    dense /= dist.get_world_size()
-    out = {}
-    for label, parts in (("per bucket", vecs), ("whole model", [torch.cat(vecs)])):
-        st = spardl.SparDLState(density=0.01, teams=state.teams, world=state.world, rank=state.rank)
-        dist.barrier()
-        t0 = time.perf_counter()
-        res = torch.cat([spardl.sparse_allreduce(st, v.clone())[0] for v in parts])
-        took = time.perf_counter() - t0
-        p = len(st.team)
-        ks = [spardl.geometry(v.numel(), p, 0.01)[1] for v in parts]
-        err = float((res - dense).norm() / dense.norm())
-        kept = float((res * dense).sum() / dense.norm() ** 2)
-        out[label] = (len(parts), ks, int(res.count_nonzero()), err, kept, took, st.messages)
-    # the whole model's k largest of the dense average, for scale: what an oracle would keep
-    k_all = sum(out["whole model"][1]) * p
-    oracle = dense.abs().topk(k_all).values
-    if dist.get_rank() == 0:
-        print(f"\nSparDL per bucket vs whole model ({args.model}, {dense.numel()} entries, density 0.01, "
-              f"d = {len(state.teams)}, same gradients, no residuals):")
-        for label, (nb, ks, nnz, err, kept, took, msgs) in out.items():
-            print(f"  {label:<12} {nb} bucket(s), k per block {ks}, {nnz} entries in the result, "
-                  f"|result - dense| / |dense| = {err:.4f}, <result, dense> / |dense|^2 = {kept:.4f}, "
-                  f"{took * 1000:.0f} ms, {msgs} messages")
-        print(f"  oracle: the {k_all} largest entries of the dense average hold "
-              f"{float(oracle.square().sum() / dense.square().sum()):.4f} of its squared norm")
 
 
 def grouped(args: argparse.Namespace) -> list[dict]:

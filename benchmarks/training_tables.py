@@ -144,9 +144,31 @@ def scheme_costs_grouped(folder: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def spardl_buckets(folder: Path) -> str:
+    """SparDL per DDP bucket against once over the whole model, on the same gradients
+    (``benchmarks.schemes --spardl-buckets``, :mod:`benchmarks.spardl_buckets`)."""
+    results = [res for res in results_of(folder, "schemes")
+               if any(m.get("part") == "spardl buckets" for m in res["rows"])]
+    if len(results) != 1:
+        raise TestbedError(f"{folder}: {len(results)} results of benchmarks.schemes with SparDL's per-bucket rows",
+                           "python -m benchmarks.schemes --grouped-only --spardl-buckets --record DIR measures one")
+    rows = [m for m in results[0]["rows"] if m.get("part") == "spardl buckets"]
+    out = ["| | buckets | k per block | <result, dense> / \\|dense\\|^2 | \\|result - dense\\| / \\|dense\\| | "
+           "messages per rank |", "|---|---|---|---|---|---|"]
+    for m in rows:
+        out.append(f"| {m['scheme']} | {m['buckets']} | {', '.join(map(str, m['k']))} | {m['kept']:.3f} | "
+                   f"{m['error']:.3f} | {m['messages']} |")
+    m = rows[0]
+    out += ["", f"{_one(results, 'model')} ({m['entries']} entries), density {m['density']:g}, {m['ranks']} ranks in "
+                f"d = {m['teams']} teams, one run; messages: rank 0's. The {m['oracle_k']} largest entries of the "
+                f"dense average hold {m['oracle_kept']:.3f} of its squared norm." + _load(results)]
+    return "\n".join(out) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "scale_exchange": scale_exchange,
     "scheme_costs": scheme_costs,
     "scheme_costs_grouped": scheme_costs_grouped,
+    "spardl_buckets": spardl_buckets,
 }
 """This module's tables for ``benchmarks.regenerate``: name -> function(records folder) -> markdown."""
