@@ -33,8 +33,10 @@ def client():
 def any_labelled(label: str) -> bool | None:
     """Whether the local engine has a container (running or not) labelled ``label``
     (KEY=VALUE), asked over its socket without the SDK (whose import alone takes 0.2 s):
-    False also when no engine listens; None when this cannot tell (``DOCKER_HOST`` names
-    another engine, or the answer is not understood): ask the SDK then."""
+    False also when no engine listens, and when the engine's socket refuses this user (not
+    in the ``docker`` group: the SDK would be refused too, and no container can have been
+    made through it by this user); None when this cannot tell (``DOCKER_HOST`` names another
+    engine, or the answer is not understood): ask the SDK then."""
     import http.client
     import json
     import os
@@ -65,6 +67,8 @@ def any_labelled(label: str) -> bool | None:
         return bool(found) if isinstance(found, list) else None
     except ConnectionRefusedError:
         return False  # a socket file with no engine behind it
+    except PermissionError:
+        return False  # an engine this user may not use (an ordinary user's `down` paid 0.2 s for the SDK to learn it)
     except (OSError, ValueError, http.client.HTTPException):
         return None
     finally:
