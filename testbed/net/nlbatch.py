@@ -17,7 +17,7 @@ import resource
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from testbed.common.errors import KernelError
@@ -38,25 +38,31 @@ HINTS = {
 """What to do about a refused netlink request, by its errno."""
 
 
-def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str], chunk: int = 128,
+def send_messages(ns: str, messages: Sequence[bytes], name: Callable[[int], str],
                   batch: ShapeBatch | None = None) -> None:
-    """Encoded requests to namespace ``ns``, ``chunk`` to a datagram, every answer read;
+    """Encoded requests to namespace ``ns``, every answer read (:meth:`ShapeBatch.send`);
     the first refusal raised naming what it was for (``name`` of the message's index).
     A worker's permanent neighbour entries, one per other worker, were one netlink round
-    trip each through pyroute2: 16 s of a 256-worker ``up`` (65,280 entries). The kernel
-    queues one acknowledgement per message while the datagram is processed, before any is
-    read: with the default receive buffer (``net.core.rmem_default`` 212992) 256 fit and the
-    257th is lost (ENOBUFS), so a datagram carries at most ``chunk`` (128). ``batch``: one
-    whose socket in ``ns`` stays open for the next call (else one is opened and closed)."""
+    trip each through pyroute2: 16 s of a 256-worker ``up`` (65,280 entries). ``batch``:
+    one whose socket in ``ns`` stays open for the next call (else one is opened and closed)."""
     own = batch is None
     batch = batch or ShapeBatch()
     try:
-        for start in range(0, len(messages), chunk):
-            part = messages[start:start + chunk]
-            batch.send({ns: Datagram.of(part, range(start, start + len(part)))}, name)
+        batch.send({ns: Datagram.of(messages, range(len(messages)))}, name)
     finally:
         if own:
             batch.close()
+
+
+CHUNK = 128
+"""Requests to a datagram. The kernel queues one acknowledgement per request while it
+processes a datagram, before any is read: with the default receive buffer
+(``net.core.rmem_default`` 212992) 256 fit and the 257th is lost (ENOBUFS)."""
+CHUNK_BYTES = 128 * 1024
+"""Bytes to a datagram: the kernel refuses one longer than the socket's send buffer
+(``net.core.wmem_default`` 212992) with EMSGSIZE. An HTB class change is about 2.1 kB (its
+rate tables), so 128 of them would not fit; 300 changes in one namespace did not, in one
+datagram (``tests/kernel/test_tcbatch.py``)."""
 
 
 class ShapeBatch:
@@ -85,52 +91,61 @@ class ShapeBatch:
             self._socks[ns] = s
 
     def send(self, datagrams: dict[str, Datagram], name: Callable[[int], str]) -> None:
-        """Send every namespace's datagram, then wait for all acknowledgements (``timing``:
-        the seconds the sends took, then the kernel's answers after them). The first
-        refusal is raised as a :class:`Refused` naming what it was for (``name`` of the
-        message's owner), after every answer has been read (the others did apply); its
+        """Send every namespace's requests and read their acknowledgements, at most
+        :data:`CHUNK` requests and :data:`CHUNK_BYTES` to a datagram, each datagram's answers read before the next is
+        sent (``timing``: the seconds the sends took, then the seconds waiting for answers).
+        The first refusal is raised as a :class:`Refused` naming what it was for (``name`` of
+        the message's owner), after every answer has been read (the others did apply); its
         ``owners`` lists the owner of every refused message."""
         self.open(datagrams)
-        start = time.monotonic()
-        waiting: dict[str, dict[int, int]] = {}
+        refused: list[tuple[str, int, int]] = []  # (namespace, owner, errno)
+        sending = waiting = 0.0
         for ns, dg in datagrams.items():
-            buf = bytearray(dg.data)
-            seqs: dict[int, int] = {}
-            for off, owner in zip(dg.offsets, dg.owners):
-                seq = next(self._seq) & 0xFFFFFFFF or next(self._seq)
-                struct.pack_into("=I", buf, off + _SEQ_OFFSET, seq)
-                seqs[seq] = owner
-            try:
-                self._socks[ns].send(buf)
-            except OSError as e:
-                raise KernelError(f"[{ns}] sending {len(seqs)} netlink request(s) failed: {e.strerror or e}") from None
-            waiting[ns] = seqs
-        sent = time.monotonic()
-        first: Refused | None = None
-        owners: list[int] = []
-        for ns, seqs in waiting.items():
-            s = self._socks[ns]
-            while seqs:
-                try:
-                    data = s.recv(1 << 16)
-                except OSError as e:  # a timeout included
-                    raise KernelError(f"[{ns}] no answer to {len(seqs)} netlink request(s): {e.strerror or e}") from None
-                off = 0
-                while off + _HEADER.size <= len(data):
-                    length, mtype, _, seq, _ = _HEADER.unpack_from(data, off)
-                    if length < _HEADER.size:
-                        break
-                    if mtype == NLMSG_ERROR and seq in seqs:
-                        owner = seqs.pop(seq)
-                        code = -struct.unpack_from("=i", data, off + _HEADER.size)[0]
-                        if code:
-                            owners.append(owner)
-                            first = first or _error(ns, name(owner), code)
-                    off += (length + 3) & ~3
-        self.timing = (sent - start, time.monotonic() - sent)
-        if first is not None:
-            first.owners = owners
+            for part in dg.parts(CHUNK, CHUNK_BYTES):
+                start = time.monotonic()
+                seqs = self._send(ns, part)
+                sent = time.monotonic()
+                self._answers(ns, seqs, refused)
+                sending, waiting = sending + sent - start, waiting + time.monotonic() - sent
+        self.timing = (sending, waiting)
+        if refused:
+            first = _error(refused[0][0], name(refused[0][1]), refused[0][2])
+            first.owners = [owner for _, owner, _ in refused]
             raise first
+
+    def _send(self, ns: str, dg: Datagram) -> dict[int, int]:
+        """``dg`` with fresh sequence numbers stamped, sent; sequence number -> owner."""
+        buf = bytearray(dg.data)
+        seqs: dict[int, int] = {}
+        for off, owner in zip(dg.offsets, dg.owners):
+            seq = next(self._seq) & 0xFFFFFFFF or next(self._seq)
+            struct.pack_into("=I", buf, off + _SEQ_OFFSET, seq)
+            seqs[seq] = owner
+        try:
+            self._socks[ns].send(buf)
+        except OSError as e:
+            raise KernelError(f"[{ns}] sending {len(seqs)} netlink request(s) failed: {e.strerror or e}") from None
+        return seqs
+
+    def _answers(self, ns: str, seqs: dict[int, int], refused: list[tuple[str, int, int]]) -> None:
+        """Read until every request of ``seqs`` is answered; each refusal added to ``refused``."""
+        s = self._socks[ns]
+        while seqs:
+            try:
+                data = s.recv(1 << 16)
+            except OSError as e:  # a timeout included
+                raise KernelError(f"[{ns}] no answer to {len(seqs)} netlink request(s): {e.strerror or e}") from None
+            off = 0
+            while off + _HEADER.size <= len(data):
+                length, mtype, _, seq, _ = _HEADER.unpack_from(data, off)
+                if length < _HEADER.size:
+                    break
+                if mtype == NLMSG_ERROR and seq in seqs:
+                    owner = seqs.pop(seq)
+                    code = -struct.unpack_from("=i", data, off + _HEADER.size)[0]
+                    if code:
+                        refused.append((ns, owner, code))
+                off += (length + 3) & ~3
 
     def close(self) -> None:
         for s in self._socks.values():
@@ -166,4 +181,19 @@ class Datagram:
         """``messages`` concatenated, each owned by the matching entry of ``owners``."""
         offsets = tuple(itertools.accumulate((len(m) for m in messages[:-1]), initial=0))
         return cls(b"".join(messages), offsets, tuple(owners))
+
+    def parts(self, n: int, size: int) -> Iterator[Datagram]:
+        """This datagram as datagrams of at most ``n`` requests and ``size`` bytes each (a
+        request longer than ``size`` alone); itself when it is within both."""
+        if len(self.offsets) <= n and len(self.data) <= size:
+            yield self
+            return
+        ends = (*self.offsets[1:], len(self.data))
+        first = 0
+        for i in range(1, len(self.offsets) + 1):
+            if i == len(self.offsets) or i - first == n or ends[i] - self.offsets[first] > size:
+                start, stop = self.offsets[first], ends[i - 1]
+                yield Datagram(self.data[start:stop], tuple(o - start for o in self.offsets[first:i]),
+                               self.owners[first:i])
+                first = i
 

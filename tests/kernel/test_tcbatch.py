@@ -55,3 +55,31 @@ def test_batched_changes_equal_tc_change_and_refusals_are_named(clean_kernel):
             assert "rate 5Mbit" in _tc_view(fwd.ns, fwd.ifname)
         finally:
             changer.close()
+
+
+def test_one_call_changing_more_interfaces_of_a_namespace_than_acknowledgements_fit(clean_kernel):
+    """300 egress changes in one namespace in one call (a switch namespace's links in one trace
+    step): more than the 256 acknowledgements the kernel's default receive buffer holds for
+    one datagram, so they go in several; every class gets its new rate."""
+    from testbed.model.shapes import shape_from_dict
+    from testbed.net import tc
+    from testbed.plan.plan import Endpoint
+
+    ns, n = "tbcbig", 150
+    run(["ip", "netns", "add", ns])
+    changer = LinkChanger()
+    try:
+        run(["ip", "-n", ns, "-batch", "-"], check=True,
+            input="".join(f"link add a{i} type veth peer name b{i}\n" for i in range(n)))
+        eps = [Endpoint(ns, f"{side}{i}") for i in range(n) for side in "ab"]
+        with Rtnl.open(ns) as rt:
+            rt.load_indexes()
+            for ep in eps:
+                tc.apply(rt, ep.ifname, shape_from_dict({"rate": "100mbit"}))
+        changer.apply([(ep, shape_from_dict({"rate": "37mbit"}), ep.ifname) for ep in eps])
+        classes = run(["tc", "-n", ns, "-batch", "-"],
+                      input="".join(f"class show dev {ep.ifname}\n" for ep in eps)).stdout.splitlines()
+        assert len(classes) == 2 * n and all("rate 37Mbit" in c for c in classes), classes[:3]
+    finally:
+        changer.close()
+        run(["ip", "netns", "del", ns])

@@ -138,3 +138,18 @@ def test_send_stamps_sequence_numbers_and_names_every_refusal():
     finally:
         batch.close()
         peer.close()
+
+
+@pytest.mark.parametrize("n,size", [(128, 10**6), (7, 10**6), (128, 40), (3, 25), (128, 5)])
+def test_a_datagram_splits_into_parts_within_both_limits_and_keeps_every_request(n, size):
+    """Split by count and by bytes (a request longer than the limit goes alone): the parts
+    together are the datagram, each request still starts where its offset says and keeps
+    its owner."""
+    msgs = [bytes([i]) * (10 + i % 7) for i in range(50)]
+    dg = Datagram.of(msgs, range(50))
+    parts = list(dg.parts(n, size))
+    assert b"".join(p.data for p in parts) == dg.data and sum((p.owners for p in parts), ()) == dg.owners
+    for p in parts:
+        assert len(p.offsets) <= n and (len(p.data) <= size or len(p.offsets) == 1)
+        assert [p.data[o:o + 1] for o in p.offsets] == [bytes([x]) for x in p.owners]
+    assert (len(parts) == 1) == (len(msgs) <= n and len(dg.data) <= size)
