@@ -1,9 +1,10 @@
-"""Encoded netlink requests sent in one datagram per namespace, every answer read.
+"""Encoded netlink requests sent in few datagrams per namespace, every answer read.
 
 Through pyroute2's request path each request is a round trip through its asyncio loop,
 about 1 ms; here already encoded requests (pyroute2's own encoders, :func:`testbed.net.tc.encode`,
 :func:`testbed.net.tcbatch.neighbour_message`) go to the kernel in one ``send``, and one
-acknowledgement per request is read back. Used to build links' shaping
+acknowledgement per request is read back (at most :data:`CHUNK` requests and
+:data:`CHUNK_BYTES` to a datagram). Used to build links' shaping
 (:func:`testbed.net.tc.apply`), to change it (:mod:`testbed.net.tcbatch`) and for
 neighbour entries.
 """
@@ -92,8 +93,9 @@ class ShapeBatch:
 
     def send(self, datagrams: dict[str, Datagram], name: Callable[[int], str]) -> None:
         """Send every namespace's requests and read their acknowledgements, at most
-        :data:`CHUNK` requests and :data:`CHUNK_BYTES` to a datagram, each datagram's answers read before the next is
-        sent (``timing``: the seconds the sends took, then the seconds waiting for answers).
+        :data:`CHUNK` requests and :data:`CHUNK_BYTES` to a datagram, each datagram's
+        answers read before the next is sent (``timing``: the seconds the sends took, then
+        the seconds waiting for answers).
         The first refusal is raised as a :class:`Refused` naming what it was for (``name`` of
         the message's owner), after every answer has been read (the others did apply); its
         ``owners`` lists the owner of every refused message."""
