@@ -75,10 +75,15 @@ def scale_exchange(folder: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def _rows(folder: Path, part: str) -> tuple[list[dict], list[dict]]:
+    """``benchmarks.schemes``' results with rows of ``part``, and those rows."""
+    results = [res for res in results_of(folder, "schemes") if any(m.get("part") == part for m in res["rows"])]
+    return results, [m for res in results for m in res["rows"] if m.get("part") == part]
+
+
 def _part(folder: Path, part: str) -> tuple[list[dict], list[dict], dict]:
     """``benchmarks.schemes``' results with rows of ``part``, those rows, and allreduce's row."""
-    results = [res for res in results_of(folder, "schemes") if any(m.get("part") == part for m in res["rows"])]
-    rows = [m for res in results for m in res["rows"] if m.get("part") == part]
+    results, rows = _rows(folder, part)
     base = next((m for m in rows if m["scheme"] == "allreduce"), None)
     if base is None:
         raise TestbedError(f"{folder}: no {part} allreduce row of benchmarks.schemes",
@@ -147,12 +152,10 @@ def scheme_costs_grouped(folder: Path) -> str:
 def spardl_buckets(folder: Path) -> str:
     """SparDL per DDP bucket against once over the whole model, on the same gradients
     (``benchmarks.schemes --spardl-buckets``, :mod:`benchmarks.spardl_buckets`)."""
-    results = [res for res in results_of(folder, "schemes")
-               if any(m.get("part") == "spardl buckets" for m in res["rows"])]
+    results, rows = _rows(folder, "spardl buckets")
     if len(results) != 1:
         raise TestbedError(f"{folder}: {len(results)} results of benchmarks.schemes with SparDL's per-bucket rows",
                            "python -m benchmarks.schemes --grouped-only --spardl-buckets --record DIR measures one")
-    rows = [m for m in results[0]["rows"] if m.get("part") == "spardl buckets"]
     out = ["| | buckets | k per block | <result, dense> / \\|dense\\|^2 | \\|result - dense\\| / \\|dense\\| | "
            "messages per rank |", "|---|---|---|---|---|---|"]
     for m in rows:

@@ -65,7 +65,7 @@ class Rtnl:
             raise translate(e, what, self.ns) from None
 
     def send(self, messages: Sequence[bytes], name: Callable[[int], str]) -> None:
-        """Encoded requests (:mod:`testbed.net.nlbatch`) sent in one datagram, not one round
+        """Encoded requests (:mod:`testbed.net.nlbatch`) sent in few datagrams, not one round
         trip each through pyroute2, on a second socket in this namespace kept with the handle;
         the first refusal raised, named by ``name`` of the message's index."""
         if self._batch is None:
