@@ -32,6 +32,7 @@ from testbed.runs import grid
 from testbed.runs.dilation import check as check_dilation
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
+from testbed.runs.interrupts import RunInterrupted
 from testbed.runs.preflight import check_target
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven
 from testbed.runs.request import UserCode
@@ -174,6 +175,11 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
                 run(_request(req, scheme, point, rep, init, tb.name, bw, sweep_dir, run_id),
                     on_status=on_status, on_message=say)
                 entry["status"] = "ok"
+            except RunInterrupted as e:  # Ctrl-C or SIGTERM ends the sweep, not only its run
+                entry.update(status="interrupted", error=e.message)
+                index["runs"].append(entry)
+                write_json(sweep_dir / "sweep.json", index)
+                raise
             except TrafficBypassed as e:
                 entry.update(status="bypassed", error=e.message)
                 say(f"run {run_id} bypassed the links: {e.message.splitlines()[0]}")

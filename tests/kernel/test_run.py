@@ -144,6 +144,31 @@ def test_ctrl_c_stops_everything(tmp_path, clean_kernel):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
+def test_ctrl_c_stops_a_sweep_not_only_its_run(tmp_path, clean_kernel):
+    """Ctrl-C in a sweep ends the sweep: before, the interrupted run was counted as failed
+    and the next one started (seen on the GPU machine, where `timeout -s INT` then had to
+    kill it); the index says which run was interrupted, and the sweep's testbed is gone
+    (clean_kernel checks that nothing is left)."""
+    topo = _topology(tmp_path, dumbbell("rswi", rate="1gbit"))
+    out = tmp_path / "runs"
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "sweep", "--schemes", "allreduce,fp16", "--bw", "200mbit",
+                          "--topology", str(topo), "--out", str(out), "--max-iters", "100000", "--pretrain-epochs", "0.2",
+                          "--pretrain-dataset", "synthetic"],
+                         cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(out.glob("sweep-*/*/rank1.jsonl")) or \
+            len(next(out.glob("sweep-*/*/rank1.jsonl")).read_text().splitlines()) < 3:
+        assert time.time() < deadline and p.poll() is None, "the first run never started iterating"
+        time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    outs, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "interrupted" in err, err
+    assert "[2/2]" not in outs + err, "the next run must not start"
+    index = json.loads(next(out.glob("sweep-*/sweep.json")).read_text())
+    assert [(r["scheme"], r["status"]) for r in index["runs"]] == [("allreduce", "interrupted")]
+    assert [d.name for d in next(out.glob("sweep-*")).iterdir() if d.is_dir()] == ["allreduce-200mbit-r0"]
+
+
 def test_a_hung_rank_ends_the_run_after_timeout(tmp_path, clean_kernel):
     p = _start_run(tmp_path, "rhang", "--timeout", "4")
     _wait_for_records(tmp_path)
