@@ -1,6 +1,6 @@
 """Copy what a results table needs from run and sweep directories into the repository.
 
-    python -m benchmarks.archive DIR... --name NAME [--records docs/results/records]
+    python -m benchmarks.archive DIR... --name NAME [--records docs/results/records] [--machine FILE]
 
 Each DIR is a run directory (``runs/<id>``, with run.json) or a sweep directory (with
 sweep.json and its runs one level below); anything else is refused in one line, before
@@ -18,8 +18,9 @@ name (a sweep's keeps its runs below it), and per run, in miniature:
     sweep.json     a sweep's index
 
 and ``archive.json``: the sources' names, the command, the commit of this checkout and the
-machine it ran on. Absolute paths never reach the records: a source's own path becomes its
-archived name, any other becomes its last component. Inputs are read as hostile ones are
+machine: this one, or the one the DIRs were measured on (``--machine FILE``, written there by
+``python -m benchmarks.machine``). Absolute paths never reach the records: a source's own
+path becomes its archived name, any other becomes its last component. Inputs are read as hostile ones are
 (testbed.common.files): no link is followed (a DIR, a run folder or a file that is a link
 is refused), only regular files of bounded size are read. NAME, when it exists, is replaced
 whole: give every DIR of a table in one command. The size of NAME and of all records
@@ -38,7 +39,6 @@ import datetime
 import errno
 import json
 import os
-import platform
 import re
 import shutil
 import stat
@@ -47,6 +47,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import machine
 from benchmarks.paper_scale import timed_window
 from testbed.common.errors import TestbedError
 from testbed.common.files import LIMITS
@@ -295,21 +296,9 @@ def size(path: Path) -> str:
     return f"{raw / 1e6:.2f} MB ({packed / 1e6:.2f} MB compressed)"
 
 
-def machine() -> dict:
-    """What a results page names as the machine: CPUs, memory, kernel (no host name)."""
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gb": round(mem / 1e9, 1),
-            "kernel": platform.release()}
-
-
-def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
-    """Archive ``sources`` into ``records/name``; the folder."""
+def write(sources: list[Path], name: str, records: Path = RECORDS, where: dict | None = None) -> Path:
+    """Archive ``sources`` into ``records/name``; the folder. ``where``: the machine they were
+    measured on (:mod:`benchmarks.machine`), this one by default."""
     if not NAME.match(name):
         raise Refused(f"--name {name!r} is not a plain folder name", "letters, digits, '.', '_' and '-'")
     folders: dict[str, dict[str, str]] = {}
@@ -330,8 +319,9 @@ def write(sources: list[Path], name: str, records: Path = RECORDS) -> Path:
                 d.write_text(fname, text)
     runs = sum(1 for files in folders.values() if "run.json" in files)
     info = {"name": name, "sources": sorted({f.split("/")[0] for f in folders}), "runs": runs,
-            "command": f"python -m benchmarks.archive {' '.join(s.name for s in sources)} --name {name}",
-            "archived": datetime.date.today().isoformat(), "commit": code_version(), "machine": machine()}
+            "command": f"python -m benchmarks.archive {' '.join(s.name for s in sources)} --name {name}"
+                       + (" --machine machine.json" if where else ""),
+            "archived": datetime.date.today().isoformat(), "commit": code_version(), "machine": where or machine.describe()}
     with OutDir(dest, "--records", mode=0o755) as d:
         d.write_text("archive.json", _dump(info))
     return dest
@@ -381,9 +371,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="run or sweep directories, or a benchmark's --record directory")
     p.add_argument("--name", required=True, help="the records folder's name, e.g. strong-scaling-2026-11-27")
     p.add_argument("--records", type=Path, default=RECORDS, help="where records folders live")
+    p.add_argument("--machine", type=Path, metavar="FILE",
+                   help="the machine the DIRs were measured on: what `python -m benchmarks.machine` printed there "
+                        "(default: this machine)")
     args = p.parse_args(argv)
     try:
-        dest = write(args.dirs, args.name, args.records)
+        where = machine.load(args.machine) if args.machine else None
+        dest = write(args.dirs, args.name, args.records, where)
     except TestbedError as e:
         print(f"archive: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 1
