@@ -9,14 +9,14 @@ import sys
 import threading
 from pathlib import Path
 
-from collectors.serve import serve
+from collectors.listen import listen
 from testbed.common.errors import TestbedError
-from testbed.monitor.auth import read_token
 from testbed.monitor.sd import parse_listen, write_target
 
-# The collectors (netlink, the engine: most of this process's start) are imported once the
-# address is announced: `testbed up` waits for that announcement (its --sd-file), and a
-# scrape that comes before they are ready waits in the listening socket's backlog.
+# The HTTP server (wsgiref, prometheus_client) and the collectors (netlink, the engine: most
+# of this process's start) are imported once the address is announced: `testbed up` waits
+# for that announcement (its --sd-file), and a scrape that comes before they are ready
+# waits in the listening socket's backlog.
 
 
 def _listen_arg(value: str) -> tuple[str, int]:
@@ -74,34 +74,44 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
         pass
-    try:
-        token = read_token(args.token_file) if args.token_file else None
-    except (OSError, TestbedError) as e:
-        print(f"error: --token-file {args.token_file}: {getattr(e, 'message', None) or e}", file=sys.stderr)
-        return 1
-    from prometheus_client import CollectorRegistry
+    token = None
+    if args.token_file:  # an ordinary user's exporter
+        from testbed.monitor.auth import read_token
 
-    reg = CollectorRegistry(auto_describe=False)
+        try:
+            token = read_token(args.token_file)
+        except (OSError, TestbedError) as e:
+            print(f"error: --token-file {args.token_file}: {getattr(e, 'message', None) or e}", file=sys.stderr)
+            return 1
     host, port = args.listen
     try:
-        server, thread = serve(reg, host, port, token, start=False)  # bound: the port is known
+        sock = listen(host, port)  # bound: the port is known
     except OSError as e:
         print(f"error: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
         return 1
+    port = sock.getsockname()[1]
     stop = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda *_: stop.set())
-    print(f"serving http://{host}:{server.server_port}/metrics", flush=True)
+    print(f"serving http://{host}:{port}/metrics", flush=True)
+    server = None
     try:
         if args.sd_file:
-            write_target(args.sd_file, host, server.server_port, labels)
+            write_target(args.sd_file, host, port, labels)
+        from prometheus_client import CollectorRegistry
+
+        from collectors.serve import serve
+
+        reg = CollectorRegistry(auto_describe=False)
+        server, thread = serve(reg, host, port, token, start=False, sock=sock)
         registry(args.testbed, args.runs, args.keep, args.all_testbeds, reg)
         thread.start()
         stop.wait()
     finally:
         if args.sd_file:
             args.sd_file.unlink(missing_ok=True)
-        server.server_close()  # not shutdown(): that waits out serve_forever's 0.5 s poll; the thread is a daemon
+        # not shutdown(): that waits out serve_forever's 0.5 s poll; the thread is a daemon
+        server.server_close() if server is not None else sock.close()
     return 0
 
 

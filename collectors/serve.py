@@ -9,10 +9,12 @@ from __future__ import annotations
 import hmac
 import socket
 import threading
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from collectors.listen import listen
 
 
 class _Quiet(WSGIRequestHandler):
@@ -34,20 +36,26 @@ def _guarded(app, token: str):
     return guarded
 
 
-def serve(registry, host: str, port: int, token: str | None = None, start: bool = True):
+def serve(registry, host: str, port: int, token: str | None = None, start: bool = True,
+          sock: socket.socket | None = None):
     """(server, thread) serving ``registry`` on ``host:port`` (0: any free port) in a daemon thread.
 
     ``start=False``: bound and listening (the port is known, connections wait in the
-    backlog), not yet answering; ``thread.start()`` begins."""
+    backlog), not yet answering; ``thread.start()`` begins. ``sock``: a socket
+    :func:`collectors.listen.listen` bound and listening already (host and port are then its)."""
 
     class Server(ThreadingWSGIServer):
         pass
 
-    family, _, _, _, sockaddr = next(iter(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)))
-    Server.address_family = family
+    sock = sock or listen(host, port)
+    Server.address_family = sock.family
+    httpd = Server(sock.getsockname()[:2], _Quiet, bind_and_activate=False)
+    httpd.socket.close()  # the one it made unbound; it serves ours, as server_bind would have left it
+    httpd.socket, httpd.server_address = sock, sock.getsockname()
+    httpd.server_name, httpd.server_port = socket.getfqdn(httpd.server_address[0]), httpd.server_address[1]
+    httpd.setup_environ()
     app = make_wsgi_app(registry)
-    httpd = make_server(sockaddr[0], port, _guarded(app, token) if token else app, Server, handler_class=_Quiet)
+    httpd.set_app(_guarded(app, token) if token else app)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     if start:
         thread.start()

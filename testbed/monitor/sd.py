@@ -17,7 +17,6 @@ from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_json
-from testbed.common.state import state_root
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -45,6 +44,8 @@ def bind_error(host: str, port: int) -> str | None:
 
 
 def targets_dir() -> Path:
+    from testbed.common.state import state_root  # here: the link exporter announces itself without it
+
     return state_root() / "targets"
 
 
