@@ -252,3 +252,18 @@ def user_processes_left(user: str, timeout: float = 15.0) -> list[str]:
     while (left := user_processes(user)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+# The second kernel lane: under ``--dist loadgroup`` the VM tests are a work unit of their
+# own, run by another pytest-xdist worker beside the other kernel tests (tests/conftest.py).
+# What they make on the host is only namespaces of testbeds named ``vm...`` (a VM worker's
+# bridge and tap are inside its node's namespace), so each lane's kernel snapshot leaves
+# the other's out (tests/kernel/conftest.py).
+VM_LANE_FILES = "tests/kernel/test_vm"
+"""Node ids starting so are the VM lane's (test_vm.py, test_vm_faults.py)."""
+VM_LANE_NETNS = "vm"
+"""Every testbed of the VM lane is named so (its namespaces: NAME, NAME.NODE); no other kernel test's is."""
+
+
+def in_vm_lane(nodeid: str) -> bool:
+    return nodeid.startswith(VM_LANE_FILES)
