@@ -22,14 +22,30 @@ from testbed.runs.launch import placement
 from testbed.runs.request import RunRequest
 
 
-def code_version() -> str:
-    here = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parents[1]
+"""This package's folder, testbed/."""
+
+
+def code_version(package: Path = PACKAGE) -> str:
+    """The commit of the code running (7 hex digits), or "unknown": an installed package's
+    COMMIT file (written by the build, setup.py), else the git checkout whose top holds
+    this package (an editable install), never an enclosing repository's (a venv inside
+    some other checkout would name that one's HEAD)."""
     try:
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=5)
-        return r.stdout.strip() if r.returncode == 0 else "unknown"
+        written = (package / "COMMIT").read_text(encoding="ascii", errors="replace")[:100].strip()
+    except OSError:
+        written = ""
+    if written:
+        return written[:7] if written.isalnum() else "unknown"
+    try:
+        r = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
+    lines = r.stdout.split()
+    if r.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != package.parent:
+        return "unknown"
+    return lines[1]
 
 
 def bottleneck_shapes(bottlenecks: list[Link]) -> dict:

@@ -3,6 +3,7 @@ working directory, names that are not paths (issue: hardening a root tool)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -89,6 +90,10 @@ def test_first_run_after_a_non_editable_install_from_another_directory(clean_ker
              "--eval-every", "3", "--no-exporter", "--json"], cwd=elsewhere, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     assert (elsewhere / "runs").is_dir()
+    # the copy names the commit it was built from (setup.py), not "unknown" (no git there)
+    head = run(["git", "-C", str(root), "rev-parse", "HEAD"]).stdout.strip()
+    assert (site / "testbed" / "COMMIT").read_text().strip() == head
+    assert json.loads(r.stdout)["code_version"] == head[:7]
 
 
 def _rates(ns: str, dev: str) -> list[str]:
