@@ -32,7 +32,7 @@ from testbed.runs import grid
 from testbed.runs.dilation import check as check_dilation
 from testbed.runs.checks import discard_out
 from testbed.runs.experiment import RunRequest, Status, check_out, obtain_testbed, run, variant_slug
-from testbed.runs.interrupts import RunInterrupted
+from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
 from testbed.runs.preflight import check_target
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven
 from testbed.runs.request import UserCode
@@ -158,6 +158,7 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
     # machine's load at that moment as well as its seed and checkpoint.
     plan = [(bw, scheme, point, rep) for bw in req.bws for rep in range(req.repeats) for scheme in req.schemes
             for point in grid.for_scheme(req.params, None if req.code else scheme)]
+    restore_signals = install_signals()  # SIGTERM and SIGHUP unwind like Ctrl-C, between runs too
     try:
         req.check()  # every run's options, then the testbed's names: before anything is built
         check_target(req.testbed, req.topology)
@@ -196,8 +197,12 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
             sweep_dir.rmdir()  # when no run got as far as its directory
         raise
     finally:
-        if created and tb is not None:
-            tb.down()
+        ignore_interrupts()  # the cleanup runs to the end
+        try:
+            if created and tb is not None:
+                tb.down()
+        finally:
+            restore_signals()
     index["dir"] = str(sweep_dir)
     return index
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.helpers import dumbbell, three_switch
-from tests.kernel.conftest import cli, cli_json, run
+from tests.kernel.conftest import cli, cli_json, pids_of_this_session, run
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,29 +144,55 @@ def test_ctrl_c_stops_everything(tmp_path, clean_kernel):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
 
 
+def _sweep(tmp_path, name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+    topo = _topology(tmp_path, dumbbell(name, rate="1gbit"))
+    out = tmp_path / "runs"
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "sweep", "--schemes", "allreduce,fp16", "--bw",
+                             "200mbit", "--topology", str(topo), "--out", str(out), "--max-iters", "100000",
+                             "--pretrain-dataset", "synthetic", *extra],
+                            cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True), out
+
+
 def test_ctrl_c_stops_a_sweep_not_only_its_run(tmp_path, clean_kernel):
     """Ctrl-C in a sweep ends the sweep: before, the interrupted run was counted as failed
     and the next one started (seen on the GPU machine, where `timeout -s INT` then had to
     kill it); the index says which run was interrupted, and the sweep's testbed is gone
     (clean_kernel checks that nothing is left)."""
-    topo = _topology(tmp_path, dumbbell("rswi", rate="1gbit"))
-    out = tmp_path / "runs"
-    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "sweep", "--schemes", "allreduce,fp16", "--bw", "200mbit",
-                          "--topology", str(topo), "--out", str(out), "--max-iters", "100000", "--pretrain-epochs", "0.2",
-                          "--pretrain-dataset", "synthetic"],
-                         cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list(out.glob("sweep-*/*/rank1.jsonl")) or \
-            len(next(out.glob("sweep-*/*/rank1.jsonl")).read_text().splitlines()) < 3:
-        assert time.time() < deadline and p.poll() is None, "the first run never started iterating"
-        time.sleep(0.3)
-    p.send_signal(signal.SIGINT)
-    outs, err = p.communicate(timeout=60)
+    p, out = _sweep(tmp_path, "rswi", "--pretrain-epochs", "0.2")
+    try:
+        deadline = time.time() + 120
+        while not list(out.glob("sweep-*/*/rank1.jsonl")) or \
+                len(next(out.glob("sweep-*/*/rank1.jsonl")).read_text().splitlines()) < 3:
+            assert time.time() < deadline and p.poll() is None, "the first run never started iterating"
+            time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        outs, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
     assert p.returncode != 0 and "interrupted" in err, err
     assert "[2/2]" not in outs + err, "the next run must not start"
     index = json.loads(next(out.glob("sweep-*/sweep.json")).read_text())
     assert [(r["scheme"], r["status"]) for r in index["runs"]] == [("allreduce", "interrupted")]
     assert [d.name for d in next(out.glob("sweep-*")).iterdir() if d.is_dir()] == ["allreduce-200mbit-r0"]
+
+
+def test_sigterm_during_a_sweeps_pretraining_takes_its_testbed_down(tmp_path, clean_kernel):
+    """SIGTERM outside any run (here while the sweep pre-trains, after it built its testbed)
+    unwinds like Ctrl-C: the pre-training process ends and the testbed is removed; before,
+    the sweep died where it stood and left the testbed up."""
+    p, out = _sweep(tmp_path, "rswt", "--pretrain-epochs", "200")
+    try:
+        deadline = time.time() + 120
+        while not pids_of_this_session("workloads.pretrain"):
+            assert time.time() < deadline and p.poll() is None, "the sweep never began pre-training"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode != 0 and "Traceback" not in err, err
+    assert pids_of_this_session("workloads.pretrain") == [], "the pre-training was left running"
 
 
 def test_a_hung_rank_ends_the_run_after_timeout(tmp_path, clean_kernel):
