@@ -10,6 +10,8 @@ its samples (links.jsonl, trace.jsonl, traffic.jsonl) and the final summary.json
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,28 +26,31 @@ from testbed.runs.request import RunRequest
 
 PACKAGE = Path(__file__).resolve().parents[1]
 """This package's folder, testbed/."""
+COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def code_version(package: Path = PACKAGE) -> str:
     """The commit of the code running (7 hex digits), or "unknown": an installed package's
     COMMIT file (written by the build, setup.py), else the git checkout whose top holds
     this package (an editable install), never an enclosing repository's (a venv inside
-    some other checkout would name that one's HEAD)."""
+    some other checkout would name that one's HEAD): git is not let search above it."""
     try:
-        written = (package / "COMMIT").read_text(encoding="ascii", errors="replace")[:100].strip()
+        with open(package / "COMMIT", "rb") as f:
+            written = f.read(64).decode("ascii", "replace").strip()
     except OSError:
         written = ""
     if written:
-        return written[:7] if written.isalnum() else "unknown"
+        return written[:7] if COMMIT.fullmatch(written) else "unknown"
+    top = package.parent
+    if not (top / ".git").exists():
+        return "unknown"
     try:
-        r = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-toplevel", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=5)
+        r = subprocess.run(["git", "-C", str(top), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                           timeout=5, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(top.parent)})
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    lines = r.stdout.split()
-    if r.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != package.parent:
-        return "unknown"
-    return lines[1]
+    found = r.stdout.strip()
+    return found if r.returncode == 0 and COMMIT.fullmatch(found) else "unknown"
 
 
 def bottleneck_shapes(bottlenecks: list[Link]) -> dict:

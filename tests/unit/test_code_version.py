@@ -28,13 +28,15 @@ def test_a_checkouts_package_names_its_head_and_an_installed_copy_its_commit_fil
     installed.mkdir(parents=True)
     (installed / "COMMIT").write_text("0123456789abcdef0123456789abcdef01234567\n")
     assert code_version(installed) == "0123456"
-    (installed / "COMMIT").write_text("not a commit; rm -rf /\n")
-    assert code_version(installed) == "unknown"
+    for bad in ("not a commit; rm -rf /\n", "zzzzzzz\n", "0123456" + "x" * 10_000_000):
+        (installed / "COMMIT").write_text(bad)
+        assert code_version(installed) == "unknown", bad[:20]
     assert code_version(PACKAGE) != "unknown"  # this checkout (editable) answers through git
 
 
 def test_a_package_inside_someone_elses_checkout_does_not_take_its_head(tmp_path):
     _repo(tmp_path / "project")
+    assert code_version(tmp_path / "project" / "src" / "testbed") == "unknown"  # src/ is no checkout's top
     venv_site = tmp_path / "project" / ".venv" / "lib" / "site-packages" / "testbed"
     venv_site.mkdir(parents=True)
     assert code_version(venv_site) == "unknown"
