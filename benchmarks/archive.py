@@ -296,7 +296,8 @@ def size(path: Path) -> str:
     return f"{raw / 1e6:.2f} MB ({packed / 1e6:.2f} MB compressed)"
 
 
-def write(sources: list[Path], name: str, records: Path = RECORDS, where: dict | None = None) -> Path:
+def write(sources: list[Path], name: str, records: Path = RECORDS, where: dict | None = None,
+          machine_file: str = "machine.json") -> Path:
     """Archive ``sources`` into ``records/name``; the folder. ``where``: the machine they were
     measured on (:mod:`benchmarks.machine`), this one by default."""
     if not NAME.match(name):
@@ -320,7 +321,7 @@ def write(sources: list[Path], name: str, records: Path = RECORDS, where: dict |
     runs = sum(1 for files in folders.values() if "run.json" in files)
     info = {"name": name, "sources": sorted({f.split("/")[0] for f in folders}), "runs": runs,
             "command": f"python -m benchmarks.archive {' '.join(s.name for s in sources)} --name {name}"
-                       + (" --machine machine.json" if where else ""),
+                       + (f" --machine {machine_file}" if where else ""),
             "archived": datetime.date.today().isoformat(), "commit": code_version(), "machine": where or machine.describe()}
     with OutDir(dest, "--records", mode=0o755) as d:
         d.write_text("archive.json", _dump(info))
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         where = machine.load(args.machine) if args.machine else None
-        dest = write(args.dirs, args.name, args.records, where)
+        dest = write(args.dirs, args.name, args.records, where, args.machine.name if args.machine else "")
     except TestbedError as e:
         print(f"archive: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 1

@@ -39,6 +39,11 @@ def compute_time(folder: Path) -> str:
     return "\n".join(out + ["", f"Batch 32, 32x32 inputs, one run per column: {where}."]) + "\n"
 
 
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def gpu_selftest(folder: Path) -> str:
     """The self-test's rows as it printed them, and its verdict and duration."""
     results = results_of(folder, "selftest")
@@ -48,8 +53,9 @@ def gpu_selftest(folder: Path) -> str:
     out = ["| check | expected | measured | verdict |", "| --- | --- | --- | --- |"]
     for r in res["rows"]:
         measured = r["measured"] + (f" ({r['detail']})" if r["detail"] and r["verdict"] != "pass" else "")
-        out.append(f"| {r['check']} | {r['expected']} | {measured} | {r['verdict']} |")
-    nccl = [r["data"]["seconds"] for r in res["rows"] if r["check"].startswith("nccl ") and r["verdict"] == "pass"]
+        out.append("| " + " | ".join(_cell(x) for x in (r["check"], r["expected"], measured, r["verdict"])) + " |")
+    nccl = [r["data"]["seconds"] for r in res["rows"] if r["check"].startswith("nccl ") and r["verdict"] == "pass"
+            and isinstance(r["data"].get("seconds"), (int, float))]
     runs = f"{len(nccl)} NCCL runs passed, {min(nccl):.0f}-{max(nccl):.0f} s each" if nccl else "no NCCL run passed"
     return "\n".join(out + ["", f"The self-test {'passed' if res.get('ok') else 'FAILED'} in {res.get('seconds')} s; "
                             f"{runs}."]) + "\n"

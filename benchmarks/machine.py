@@ -6,8 +6,8 @@
 Without ``--machine`` the archive names the machine it runs on, which is right when it
 runs where the records were made. A results folder measured elsewhere (the device tool's
 GPU machine, whose outputs are archived here) names that machine by this file instead.
-Fields: CPUs, CPU model, memory, kernel and, where ``nvidia-smi`` lists any, the GPUs; no
-host name. A field that was not read is left out, and the page says "not recorded".
+Fields: CPUs, CPU model, memory, kernel and, where ``nvidia-smi`` lists any, the GPUs and
+their driver; no host name. A field that was not read is left out, and the page says "not recorded".
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, read_json
 from testbed.nodes.gpus import gpu_names
 
-FIELDS = {"cpus": int, "cpu_model": str, "memory_gb": (int, float), "kernel": str, "gpus": list}
+FIELDS = {"cpus": int, "cpu_model": str, "memory_gb": (int, float), "kernel": str, "gpus": list, "gpu_driver": str}
 UUID = re.compile(r"\s*\(UUID:[^)]*\)")
 
 
@@ -38,7 +40,16 @@ def describe() -> dict:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     out = {"cpus": os.cpu_count(), "cpu_model": model, "memory_gb": round(mem / 1e9, 1), "kernel": platform.release()}
     gpus = [UUID.sub("", g) for g in gpu_names()]
-    return {**out, "gpus": gpus} if gpus else out
+    if not gpus:
+        return out
+    smi = shutil.which("nvidia-smi", path=os.defpath + ":/usr/local/nvidia/bin:/usr/local/bin")
+    try:
+        r = subprocess.run([smi or "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        driver = r.stdout.split()[0] if r.returncode == 0 and r.stdout.split() else ""
+    except (OSError, subprocess.SubprocessError):
+        driver = ""
+    return {**out, "gpus": gpus, **({"gpu_driver": driver[:40]} if driver else {})}
 
 
 def load(path: Path) -> dict:
@@ -72,7 +83,8 @@ def line(m: dict) -> str:
     mem = f"{m['memory_gb']} GB" if "memory_gb" in m else "memory not recorded"
     gpus = m.get("gpus") or []
     named = sorted(set(g.split(": ", 1)[-1] for g in gpus))
-    gpu = f", {len(gpus)} GPU{'s' * (len(gpus) != 1)} ({', '.join(named)})" if gpus else ""
+    driver = f", driver {m['gpu_driver']}" if m.get("gpu_driver") else ""
+    gpu = f", {len(gpus)} GPU{'s' * (len(gpus) != 1)} ({', '.join(named)}{driver})" if gpus else ""
     return f"{m.get('cpus')} CPUs ({m.get('cpu_model') or '?'}), {mem}{gpu}"
 
 

@@ -25,6 +25,9 @@ from testbed.common.files import InputError, read_json
 from testbed.runs.selftest import selftest
 
 KEYS = ("check", "expected", "measured", "verdict", "detail", "data")
+VERDICTS = ("pass", "fail", "skip")
+MACHINE = ("kernel", "cpus", "rootless", "netem_missing", "iperf3", "gpus")
+"""What of the self-test's machine line a record keeps (it has no host name; GPU UUIDs are cut)."""
 
 
 def from_file(path: Path) -> dict:
@@ -37,6 +40,14 @@ def from_file(path: Path) -> dict:
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and set(KEYS) <= set(r) for r in rows):
         raise TestbedError(f"--from {path}: no self-test rows in it", "give the file `testbed selftest --json` wrote")
+    for r in rows:
+        texts = [r[k] for k in KEYS if k != "data"]
+        if not all(isinstance(t, str) and len(t) <= 2000 for t in texts) or r["verdict"] not in VERDICTS \
+                or not isinstance(r["data"], dict):
+            raise TestbedError(f"--from {path}: a row is not the self-test's ({str(r.get('check'))[:80]!r})",
+                               "give the file `testbed selftest --json` wrote")
+    if data.get("ok") is not all(r["verdict"] != "fail" for r in rows):
+        raise TestbedError(f"--from {path}: 'ok' disagrees with its rows' verdicts", "give the file as the self-test wrote it")
     return data
 
 
@@ -57,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     except TestbedError as e:
         print(f"selftest: {e.message}" + (f" ({e.hint})" if e.hint else ""), file=sys.stderr)
         return 1
-    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    given = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    machine = {k: given[k] for k in MACHINE if k in given}
     if isinstance(machine.get("gpus"), list):  # a GPU's UUID names the machine, as a host name would
-        machine = {**machine, "gpus": [UUID.sub("", str(g)) for g in machine["gpus"]]}
+        machine["gpus"] = [UUID.sub("", str(g)) for g in machine["gpus"]]
     where = record(args.record, "selftest", [{k: r[k] for k in KEYS} for r in data["rows"]],
                    ok=bool(data.get("ok")), seconds=data.get("seconds"), machine=machine,
                    **({"code_version": args.code[:7]} if args.source else {}))

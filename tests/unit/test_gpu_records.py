@@ -57,6 +57,8 @@ def test_archive_names_the_machine_the_records_were_measured_on(tmp_path: Path) 
     dest = archive.write([src], "gpu-test", tmp_path / "records", there)
     info = json.loads((dest / "archive.json").read_text())
     assert info["machine"] == there and info["command"].endswith("--machine machine.json")
+    named = archive.write([src], "gpu-test-2", tmp_path / "records", there, "h100.json")
+    assert json.loads((named / "archive.json").read_text())["command"].endswith("--machine h100.json")
     here = json.loads((archive.write([src], "cpu-test", tmp_path / "records") / "archive.json").read_text())
     assert here["machine"]["cpus"] == os.cpu_count() and "--machine" not in here["command"]
     assert "| ResNet18 | 11.2 M | 7.2 [6.8-8.8] | - |" in gpu_tables.compute_time(dest)
@@ -65,11 +67,12 @@ def test_archive_names_the_machine_the_records_were_measured_on(tmp_path: Path) 
 def test_the_self_test_output_is_recorded_with_the_code_it_ran(tmp_path: Path, capsys) -> None:
     out = tmp_path / "selftest.json"
     out.write_text(json.dumps({"ok": True, "seconds": 151.8, "failed": [], "rows": ROWS,
-                               "machine": {"cpus": 16, "gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-e6ee)"]}}))
+                               "machine": {"cpus": 16, "gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-e6ee)"],
+                                           "hostname": "gpu-17.lab"}}))
     assert bench_selftest.main(["--from", str(out), "--code", "49345c9b4bb4", "--record", str(tmp_path / "r")]) == 0
     res = json.loads((tmp_path / "r" / "result.json").read_text())
     assert res["benchmark"] == "selftest" and res["code_version"] == "49345c9" and res["rows"] == ROWS
-    assert res["machine"]["gpus"] == ["GPU 0: NVIDIA H100 80GB HBM3"], "no GPU UUID in the records"
+    assert res["machine"] == {"cpus": 16, "gpus": ["GPU 0: NVIDIA H100 80GB HBM3"]}, "no UUID or host name kept"
     table = gpu_tables.gpu_selftest(tmp_path)
     assert "| nccl fp16 on 1 GPU | status ok, proof passed | status ok, proof passed | pass |" in table
     assert "| netem delay 10ms | RTT 20 ms (+3 ms) | - (skipped: no netem in this kernel) | skip |" in table
@@ -84,3 +87,22 @@ def test_the_self_test_from_a_file_needs_its_commit_and_its_shape(tmp_path: Path
     assert e.value.code == 2 and "--from needs --code COMMIT" in capsys.readouterr().err
     assert bench_selftest.main(["--from", str(out), "--code", "abcdef0", "--record", str(tmp_path / "r")]) == 1
     assert "no self-test rows in it" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"ok": True, "rows": [{**ROWS[0], "verdict": "fail"}]}, "'ok' disagrees with its rows"),
+    ({"ok": True, "rows": [{**ROWS[0], "verdict": "maybe"}]}, "a row is not the self-test's"),
+    ({"ok": True, "rows": [{**ROWS[0], "measured": 3}]}, "a row is not the self-test's"),
+    ({"ok": True, "rows": [{**ROWS[0], "data": []}]}, "a row is not the self-test's"),
+])
+def test_a_self_test_file_that_is_not_the_self_tests_is_refused(tmp_path: Path, capsys, change, says) -> None:
+    out = tmp_path / "selftest.json"
+    out.write_text(json.dumps({"seconds": 1.0, **change}))
+    assert bench_selftest.main(["--from", str(out), "--code", "abcdef0", "--record", str(tmp_path / "r")]) == 1
+    assert says in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_a_cell_with_a_bar_or_a_newline_stays_one_cell(tmp_path: Path) -> None:
+    row = {**ROWS[0], "measured": "a | b\nc"}
+    archive.record(tmp_path / "r", "selftest", [row], ok=True, seconds=1.0, machine={})
+    assert "| a \\| b c | pass |" in gpu_tables.gpu_selftest(tmp_path)
