@@ -259,11 +259,14 @@ def user_processes_left(user: str, timeout: float = 15.0) -> list[str]:
 # What they make on the host is only namespaces of testbeds named ``vm...`` (a VM worker's
 # bridge and tap are inside its node's namespace), so each lane's kernel snapshot leaves
 # the other's out (tests/kernel/conftest.py).
-VM_LANE_FILES = "tests/kernel/test_vm"
-"""Node ids starting so are the VM lane's (test_vm.py, test_vm_faults.py)."""
+VM_LANE_FILES = ("test_vm.py", "test_vm_faults.py")
+"""The VM lane's files, in tests/kernel."""
 VM_LANE_NETNS = "vm"
-"""Every testbed of the VM lane is named so (its namespaces: NAME, NAME.NODE); no other kernel test's is."""
+"""Every testbed of the VM lane is named so (its namespaces: NAME, NAME.NODE), and its node's
+bridge and tap (vmbr0, vmtap0); no other kernel test's is."""
 
 
 def in_vm_lane(nodeid: str) -> bool:
-    return nodeid.startswith(VM_LANE_FILES)
+    """Whether a test (its node id, or PYTEST_CURRENT_TEST) is one of the VM lane's."""
+    path = Path(nodeid.split("::")[0])
+    return path.name in VM_LANE_FILES and path.parent.name == "kernel"
