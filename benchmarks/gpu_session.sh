@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything docs/results/gpu.md shows, measured again as records, in one call on a lent GPU
-# machine (the device tool's `run`, whose $OUT comes back). Run whole on 2026-11-28 on an H100
-# (docs/results/gpu.md): install, then everything within 535 s but the last sweep cells.
+# machine (the device tool's `run`, whose $OUT comes back). An earlier form of it ran on
+# 2026-11-28 on an H100 (docs/results/gpu.md): the self-test through `testbed selftest --gpu
+# --json` (recorded afterwards with `benchmarks.selftest --from`), no machine.json; within
+# 535 s all but the sweep's last two cells. This form, with those two, has not run on a GPU.
 #
 #   OUT=/some/dir [DEADLINE=epoch-s] benchmarks/gpu_session.sh   # as root, from the checkout, testbed installed
 #
@@ -20,6 +22,7 @@ set -uo pipefail
 : "${OUT:?set OUT to an empty folder}"
 py=${PYTHON:-python}
 deadline=${DEADLINE:-$(( $(date +%s) + 86400 ))}
+[[ $deadline =~ ^[0-9]+$ ]] || { echo "DEADLINE: whole seconds since the epoch (date +%s)" >&2; exit 2; }
 step() {
     local name=$1 cap=$2; shift 2
     local left=$(( deadline - $(date +%s) )); (( left < cap )) && cap=$left

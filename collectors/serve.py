@@ -47,9 +47,15 @@ def serve(registry, host: str, port: int, token: str | None = None, start: bool 
     class Server(ThreadingWSGIServer):
         pass
 
+    own = sock is None
     sock = sock or listen(host, port)
     Server.address_family = sock.family
-    httpd = Server(sock.getsockname()[:2], _Quiet, bind_and_activate=False)
+    try:
+        httpd = Server(sock.getsockname()[:2], _Quiet, bind_and_activate=False)
+    except BaseException:
+        if own:
+            sock.close()
+        raise
     httpd.socket.close()  # the one it made unbound; it serves ours, as server_bind would have left it
     httpd.socket, httpd.server_address = sock, sock.getsockname()
     httpd.server_name, httpd.server_port = socket.getfqdn(httpd.server_address[0]), httpd.server_address[1]

@@ -112,7 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     finally:
         if argv is None:  # the command's process, which ends now (not a caller's, in-process)
             # Interpreter shutdown's garbage collections go over every object the imports
-            # made: 85 ms of `testbed up`'s 400 on the 2-core machine (measured). Frozen, they
+            # made: about 100 ms of each command on the 2-core machine (`testbed up`, 8 runs
+            # each way: 465 -> 360 ms median, docs/results/cli.md). Frozen, they
             # are skipped; atexit handlers, thread joins and the flush of stdout still run, and
             # testbed closes its files itself (with-blocks, atomic writes), not through the GC.
             gc.freeze()
