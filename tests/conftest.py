@@ -4,13 +4,12 @@ tests/kernel/** gets ``kernel``, tests/workloads/** gets ``workloads``. Marks se
 files (``slow``, ``kernel``, skips) are kept.
 
 Under pytest-xdist with ``--dist loadgroup`` (the README's full-suite command) every kernel
-test but the VM tests is in one work unit: one worker runs them all, one after another in
-file order, as a plain run would (they share the kernel, fixed testbed names, users they
-make, module fixtures), while another worker runs the VM tests (a unit of their own: they
-make nothing on the host but namespaces of their own, tests/helpers.py) and the unit and
-workload tests beside them. A worker running those at the same time as kernel tests lowers
-its priority (nice 19, its children inherit it): the kernel tests, the longest part, and
-their goodput, timing and QEMU guests get the CPU first, the others what is left."""
+test is in one work unit: one worker runs them all, one after another in file order,
+as a plain run would (they share the kernel, fixed testbed names, users they make, module
+fixtures), while the other workers run the unit and workload tests beside them. A worker
+running those at the same time as kernel tests lowers its priority (nice 19, its children
+inherit it): the kernel tests, the longest part, and their goodput, timing and QEMU guests
+get the CPU first, the others what is left."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-from tests.helpers import in_vm_lane
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers set COLUMNS=80, which the CLI obeys (testbed.cli.render): its
@@ -54,8 +51,7 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv may lack
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: every test under tests/kernel is one work unit, sent whole to one
-    worker (the largest unit goes first), but for the VM tests, a unit of their own that
-    another worker runs beside it (the second kernel lane); the others are shared out one by one. Done here
+    worker (the largest unit goes first), the others are shared out one by one. Done here
     rather than with ``xdist_group`` marks: pytest-xdist 3.8 groups by a suffix it writes to
     ``item._nodeid``, which pytest 9.2 no longer reads, so the marks group nothing (measured:
     a file's kernel tests ran on both workers)."""
@@ -65,8 +61,6 @@ def pytest_xdist_make_scheduler(config, log):
 
     class KernelTestsOnOneWorker(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if in_vm_lane(nodeid):
-                return "tests/kernel:vm"  # the second kernel lane (tests/helpers.py)
             return "tests/kernel" if nodeid.startswith("tests/kernel/") else super()._split_scope(nodeid)
 
     return KernelTestsOnOneWorker(config, log)

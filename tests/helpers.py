@@ -252,21 +252,3 @@ def user_processes_left(user: str, timeout: float = 15.0) -> list[str]:
     while (left := user_processes(user)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
-
-
-# The second kernel lane: under ``--dist loadgroup`` the VM tests are a work unit of their
-# own, run by another pytest-xdist worker beside the other kernel tests (tests/conftest.py).
-# What they make on the host is only namespaces of testbeds named ``vm...`` (a VM worker's
-# bridge and tap are inside its node's namespace), so each lane's kernel snapshot leaves
-# the other's out (tests/kernel/conftest.py).
-VM_LANE_FILES = ("test_vm.py", "test_vm_faults.py")
-"""The VM lane's files, in tests/kernel."""
-VM_LANE_NETNS = "vm"
-"""Every testbed of the VM lane is named so (its namespaces: NAME, NAME.NODE), and its node's
-bridge and tap (vmbr0, vmtap0); no other kernel test's is."""
-
-
-def in_vm_lane(nodeid: str) -> bool:
-    """Whether a test (its node id, or PYTEST_CURRENT_TEST) is one of the VM lane's."""
-    path = Path(nodeid.split("::")[0])
-    return path.name in VM_LANE_FILES and path.parent.name == "kernel"

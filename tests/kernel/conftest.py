@@ -10,8 +10,6 @@ import sys
 
 import pytest
 
-from tests.helpers import VM_LANE_NETNS, in_vm_lane
-
 if os.geteuid() != 0:
     pytest.skip("kernel tests need root (network namespaces, veth, tc)", allow_module_level=True)
 
@@ -44,27 +42,13 @@ def kernel_snapshot() -> dict:
     """What a testbed could leave behind, seen with iproute2 (not with testbed's own code).
     The throwaway namespace of a kernel probe (testbed.net.probe) still under way in a
     live process other than this one is not counted: the unit tests' CLI runs probe as
-    root on another xdist worker, beside the kernel tests, and remove it themselves.
-
-    Under pytest-xdist, where the VM tests run beside the other kernel tests (the second
-    kernel lane, tests/helpers.py), each lane sees its own: the VM lane's namespaces (all
-    named ``vm*``) are not the other tests', and a VM test sees only those and, of the
-    host's links and qdiscs, which the other lane changes meanwhile, only ``vm*`` ones (a
-    VM worker's bridge and tap, which belong in its node's namespace, not the host's)."""
+    root on another xdist worker, beside the kernel tests, and remove it themselves."""
     links = run(["ip", "-o", "link", "show"]).stdout
-    snap = {
+    return {
         "netns": sorted(ns for ns in run(["ip", "netns", "list"]).stdout.split() if not _probing_elsewhere(ns)),
         "links": sorted(l.split(":")[1].strip().split("@")[0] for l in links.splitlines()),
         "qdiscs": sorted(run(["tc", "qdisc", "show"]).stdout.splitlines()),
     }
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return snap  # one test at a time: everything counts
-    vm_lane = in_vm_lane(os.environ.get("PYTEST_CURRENT_TEST", ""))
-    snap["netns"] = [ns for ns in snap["netns"] if ns.startswith(VM_LANE_NETNS) == vm_lane]
-    if vm_lane:
-        snap["links"] = [name for name in snap["links"] if name.startswith(VM_LANE_NETNS)]
-        snap["qdiscs"] = [q for q in snap["qdiscs"] if f" dev {VM_LANE_NETNS}" in q]
-    return snap
 
 
 def _probing_elsewhere(ns: str) -> bool:
