@@ -154,22 +154,31 @@ def _sweep(tmp_path, name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
                             text=True), out
 
 
+def _signal_when(p: subprocess.Popen, ready, sig: int, what: str) -> tuple[str, str]:
+    """Send ``sig`` to the sweep ``p`` once ``ready()``; its output. It never outlives the test."""
+    try:
+        deadline = time.time() + 120
+        while not ready():
+            assert time.time() < deadline and p.poll() is None, what
+            time.sleep(0.2)
+        p.send_signal(sig)
+        return p.communicate(timeout=60)
+    finally:
+        p.kill()
+
+
 def test_ctrl_c_stops_a_sweep_not_only_its_run(tmp_path, clean_kernel):
     """Ctrl-C in a sweep ends the sweep: before, the interrupted run was counted as failed
     and the next one started (seen on the GPU machine, where `timeout -s INT` then had to
     kill it); the index says which run was interrupted, and the sweep's testbed is gone
     (clean_kernel checks that nothing is left)."""
     p, out = _sweep(tmp_path, "rswi", "--pretrain-epochs", "0.2")
-    try:
-        deadline = time.time() + 120
-        while not list(out.glob("sweep-*/*/rank1.jsonl")) or \
-                len(next(out.glob("sweep-*/*/rank1.jsonl")).read_text().splitlines()) < 3:
-            assert time.time() < deadline and p.poll() is None, "the first run never started iterating"
-            time.sleep(0.3)
-        p.send_signal(signal.SIGINT)
-        outs, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
+
+    def iterating() -> bool:
+        found = list(out.glob("sweep-*/*/rank1.jsonl"))
+        return bool(found) and len(found[0].read_text().splitlines()) >= 3
+
+    outs, err = _signal_when(p, iterating, signal.SIGINT, "the first run never started iterating")
     assert p.returncode != 0 and "interrupted" in err, err
     assert "[2/2]" not in outs + err, "the next run must not start"
     index = json.loads(next(out.glob("sweep-*/sweep.json")).read_text())
@@ -181,16 +190,9 @@ def test_sigterm_during_a_sweeps_pretraining_takes_its_testbed_down(tmp_path, cl
     """SIGTERM outside any run (here while the sweep pre-trains, after it built its testbed)
     unwinds like Ctrl-C: the pre-training process ends and the testbed is removed; before,
     the sweep died where it stood and left the testbed up."""
-    p, out = _sweep(tmp_path, "rswt", "--pretrain-epochs", "200")
-    try:
-        deadline = time.time() + 120
-        while not pids_of_this_session("workloads.pretrain"):
-            assert time.time() < deadline and p.poll() is None, "the sweep never began pre-training"
-            time.sleep(0.2)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
+    p, _ = _sweep(tmp_path, "rswt", "--pretrain-epochs", "200")
+    _, err = _signal_when(p, lambda: bool(pids_of_this_session("workloads.pretrain")), signal.SIGTERM,
+                          "the sweep never began pre-training")
     assert p.returncode != 0 and "Traceback" not in err, err
     assert pids_of_this_session("workloads.pretrain") == [], "the pre-training was left running"
 
