@@ -16,14 +16,13 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, read_json
-from testbed.nodes.gpus import gpu_names
+from testbed.nodes.gpus import gpu_names, smi
 
 FIELDS = {"cpus": int, "cpu_model": str, "memory_gb": (int, float), "kernel": str, "gpus": list, "gpu_driver": str}
 UUID = re.compile(r"\s*\(UUID:[^)]*\)")
@@ -42,9 +41,8 @@ def describe() -> dict:
     gpus = [UUID.sub("", g) for g in gpu_names()]
     if not gpus:
         return out
-    smi = shutil.which("nvidia-smi", path=os.defpath + ":/usr/local/nvidia/bin:/usr/local/bin")
     try:
-        r = subprocess.run([smi or "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        r = subprocess.run([smi() or "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=20)
         driver = r.stdout.split()[0] if r.returncode == 0 and r.stdout.split() else ""
     except (OSError, subprocess.SubprocessError):
