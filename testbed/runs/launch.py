@@ -72,6 +72,8 @@ class RankProc:
     last_progress: float = field(default_factory=time.monotonic)
     _sizes: tuple[int, int] = (0, 0)
     exited_at: float | None = None  # monotonic time its exit was reaped
+    woken: threading.Event | None = None
+    """Set when it exits: the launcher's wait looks at once rather than at its next poll."""
 
     def __post_init__(self) -> None:
         # When one rank dies its peers fail within milliseconds (connection reset), often
@@ -81,6 +83,8 @@ class RankProc:
     def _reap(self) -> None:
         self.proc.wait()
         self.exited_at = time.monotonic()
+        if self.woken is not None:
+            self.woken.set()
 
     def progressed(self) -> bool:
         sizes = (_size(self.log), _size(self.records))
@@ -206,6 +210,10 @@ class Launcher:
         self.places: dict[str, RunPlace] = {}
         self.code = code
         self._collected = 0.0
+        self._woken = threading.Event()
+
+    _woken: threading.Event | None = None
+    """Set by a rank's exit; the wait's nap ends on it (without it, after ``interval``)."""
 
     def start(self) -> None:
         workers = self.tb.workers
@@ -245,7 +253,7 @@ class Launcher:
                 proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)  # Ctrl-C reaches us, not the ranks
             self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",
-                                       w.host, place.where))
+                                       w.host, place.where, woken=self._woken))
 
     def _run_env(self, rank: int, placement_file: Path) -> dict[str, str]:
         """The variables that tie a rank to this run: placement, records, the proof's counts."""
@@ -347,7 +355,16 @@ class Launcher:
                                  f"Last lines of {first.log}:\n{tail(first.log)}")
             if tick:
                 tick()
+            self._nap(interval)
+
+    def _nap(self, interval: float) -> None:
+        """``interval``, or less when a rank exits meanwhile: the run's end (and a failure) is
+        seen as it happens, not up to ``interval`` later (0.5 s, which every run paid)."""
+        if self._woken is None:
             time.sleep(interval)
+            return
+        self._woken.wait(interval)
+        self._woken.clear()  # an exit after this is seen by the next poll, or wakes the next nap
 
     def stop(self) -> None:
         """SIGTERM every rank still running, SIGKILL what is left after a grace period."""
