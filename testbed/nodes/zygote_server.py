@@ -1,6 +1,6 @@
 """The run's zygote: torch imported once, every local netns rank forked from it.
 
-``python -m testbed.nodes.zygote_server --fd FD MODULE [--preload torch,torch.distributed]``
+``python -m testbed.nodes.zygote_server --fd FD MODULE [--preload torch,torch.distributed,...]``
     Started by :class:`testbed.nodes.zygote.Zygote` with the listening socket FD (bound in
     the run directory) and the environment all of the run's ranks share (the variables
     libgomp, OpenBLAS and torch read when they load: OMP_NUM_THREADS, TORCH_FR_BUFFER_SIZE,
@@ -41,7 +41,11 @@ from testbed.nodes import zygote_child
 from testbed.nodes.zygote_client import REQUEST_FDS, recv, send
 
 DIE_WITH_PARENT = "TESTBED_DIE_WITH_PARENT"  # testbed.nodes.nsexec's
-PRELOAD = "torch,torch.distributed"
+PRELOAD = "torch,torch.distributed,torch._dynamo,torch._inductor.config"
+"""What every rank imports: torch, and dynamo with inductor's config, which
+``DistributedDataParallel()`` and ``torch.use_deterministic_algorithms`` import (sympy
+with them: about 1.2 s of CPU per rank when each rank imported them after the fork;
+`testbed run allreduce` on three_switch, 8 ranks, 12 iterations: 8.3 -> 5.5 s, measured)."""
 LOAD_TIME = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "TORCH_", "PYTORCH_",
              "MALLOC_", "GLIBC_TUNABLES", "LC_", "LANG")
 """Prefixes of the variables read when the interpreter and torch's libraries load: a
