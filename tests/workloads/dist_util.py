@@ -40,7 +40,7 @@ def _entry(rank, world, port, fn, args):
         dist.destroy_process_group()
 
 
-PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.multiprocessing", "tests.workloads.dist_util",
+PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.multiprocessing", "torch._dynamo", "tests.workloads.dist_util",
            "workloads.schemes"]
 
 

@@ -1,14 +1,20 @@
-"""Start N ``python -m workloads.train`` processes with torchrun's environment (for tests)."""
+"""Start N ``python -m workloads.train`` processes with torchrun's environment (for tests).
+
+Two or more ranks are forked from a zygote (:mod:`testbed.nodes.zygote`), as `testbed run`
+starts the ranks of netns workers: torch, dynamo and the workload imported once, not once
+per rank (about 2 s of CPU each). ``TESTBED_ZYGOTE=0`` starts each as a plain process."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.common.procs import python_argv
+from testbed.nodes import zygote as zygotes
+from testbed.nodes.nsexec import DIE_WITH_PARENT
 from workloads.records import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +52,11 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
     """``domains``: sizes of the switch domains (ranks in order), told to each rank as
     testbed run does (TESTBED_SWITCH_INDEX, _RANK, _SIZE, TESTBED_SWITCH)."""
     port = free_port()
-    procs, logs = [], []
+    procs, logs, envs = [], [], []
+    zygote = None
+    if world >= zygotes.MIN_RANKS and zygotes.serves(module) and zygotes.enabled():
+        out.mkdir(parents=True, exist_ok=True)
+        zygote = zygotes.Zygote(out, module)
     where = [(g, i, n) for g, n in enumerate(domains or []) for i in range(n)]
     assert not domains or len(where) == world
     for r in range(world):
@@ -61,13 +71,19 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
             g, i, n = where[r]
             e.update(TESTBED_SWITCH_INDEX=str(g), TESTBED_SWITCH_RANK=str(i), TESTBED_SWITCH_SIZE=str(n),
                      TESTBED_SWITCH=f"s{g + 1}")
-        log = out.parent / f"{out.name}.rank{r}.log"
-        logs.append(log)
-        f = open(log, "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", module, "--out", str(out), *args], cwd=ROOT,
-                                       env=e, stdout=f, stderr=subprocess.STDOUT), f))
+        argv = [module, "--out", str(out), *args]
+        envs.append((zygote.client(argv, e) if zygote else argv, e))
     rcs = []
     try:
+        if zygote:
+            zygote.start([e for _, e in envs], {DIE_WITH_PARENT: str(os.getpid())})
+        for r, (argv, e) in enumerate(envs):
+            log = out.parent / f"{out.name}.rank{r}.log"
+            logs.append(log)
+            f = open(log, "w")
+            # -P as `testbed run` starts ranks: the zygote's import path, so it serves them
+            procs.append((subprocess.Popen(python_argv(*argv), cwd=ROOT, env=e, stdout=f,
+                                           stderr=subprocess.STDOUT), f))
         for p, f in procs:
             rcs.append(p.wait(timeout=timeout))
             f.close()
@@ -76,4 +92,6 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if zygote:
+            zygote.stop()
     return Result(out, rcs, [Path(log).read_text() for log in logs])
