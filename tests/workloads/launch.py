@@ -65,7 +65,10 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
                  # NCCL as testbed run sets it (over TCP, each rank its own "host", so ranks
                  # may share one GPU), here on loopback
                  NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_HOSTID=f"test-rank{r}",
-                 NCCL_MULTI_RANK_GPU_ENABLE="1")
+                 NCCL_MULTI_RANK_GPU_ENABLE="1",
+                 # -P (below) leaves the directory out of the import path: the tree under
+                 # test goes first by name, not whatever checkout the venv installed
+                 PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         e.update({k: v.replace("{rank}", str(r)) for k, v in (env or {}).items()})  # a file per rank
         if domains:
             g, i, n = where[r]
