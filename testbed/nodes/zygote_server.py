@@ -47,7 +47,7 @@ PRELOAD = "torch,torch.distributed,torch._dynamo,torch._inductor.config"
 with them: about 1.2 s of CPU per rank when each rank imported them after the fork;
 `testbed run allreduce` on three_switch, 8 ranks, 12 iterations: 8.3 -> 5.5 s, measured)."""
 LOAD_TIME = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO_", "TORCH_", "PYTORCH_",
-             "MALLOC_", "GLIBC_TUNABLES", "LC_", "LANG")
+             "TORCHDYNAMO_", "TORCHINDUCTOR_", "INDUCTOR_", "AOT_", "MALLOC_", "GLIBC_TUNABLES", "LC_", "LANG")
 """Prefixes of the variables read when the interpreter and torch's libraries load: a
 client's must equal the zygote's (missing on both sides counts as equal)."""
 SETUP_TIMEOUT_S = 10.0

@@ -169,6 +169,9 @@ def test_load_time_variables_must_agree():
     assert load_time_differences(mine, theirs) == []  # read after the fork: free to differ
     assert load_time_differences(mine, {**theirs, "OMP_NUM_THREADS": "2", "LD_PRELOAD": "x"}) == \
         ["LD_PRELOAD", "OMP_NUM_THREADS"]
+    # what dynamo and inductor read as the zygote preloads them
+    assert load_time_differences(mine, {**theirs, "TORCHINDUCTOR_CACHE_DIR": "/x", "TORCHDYNAMO_VERBOSE": "1"}) == \
+        ["TORCHDYNAMO_VERBOSE", "TORCHINDUCTOR_CACHE_DIR"]
 
 
 def test_the_zygote_gets_what_all_ranks_share():
