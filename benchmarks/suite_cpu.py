@@ -4,7 +4,8 @@
     python -m benchmarks.suite_cpu [FILE] [--top 20] [--json]                          # the summary
 
 As a pytest plugin (``-p benchmarks.suite_cpu``) it appends one JSON line per test to
-``$SUITE_CPU_OUT`` (default ``suite-cpu.jsonl`` in the current directory): the test's id,
+``$SUITE_CPU_OUT`` (default ``suite-cpu.jsonl`` in the current directory; a new session
+removes it first): the test's id,
 its wall time and the CPU time the whole machine spent meanwhile (user, nice, system, irq,
 softirq and steal from ``/proc/stat``), setup and teardown included. Machine-wide on
 purpose: a kernel test's work is mostly in processes it does not wait for (dockerd, QEMU,
@@ -38,6 +39,16 @@ def busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def _out() -> str:
+    return os.environ.get(OUT_ENV, "suite-cpu.jsonl")
+
+
+def pytest_sessionstart(session):
+    """A new session starts the file afresh: rows of an earlier run would be summed in."""
+    if not hasattr(session.config, "workerinput"):  # the controller, or a plain run
+        Path(_out()).unlink(missing_ok=True)
+
+
 def pytest_runtest_logstart(nodeid, location):
     _started[nodeid] = (time.monotonic(), busy_s())
 
@@ -47,7 +58,7 @@ def pytest_runtest_logfinish(nodeid, location):
         return
     t0, c0 = _started.pop(nodeid)
     row = {"test": nodeid, "wall_s": round(time.monotonic() - t0, 3), "cpu_s": round(busy_s() - c0, 2)}
-    with open(os.environ.get(OUT_ENV, "suite-cpu.jsonl"), "a") as f:
+    with open(_out(), "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
@@ -65,7 +76,7 @@ def summary(rows: list[dict], top: int) -> dict:
 
 
 def _line(cpu: float, wall: float, name: str) -> str:
-    return f"{cpu:8.1f} {wall:8.1f} {cpu / wall if wall > 0 else 0.0:6.2f}  {name}"
+    return f"{cpu:8.1f} {wall:8.1f} {cpu / wall if wall > 0 else 0.0:8.2f}  {name}"
 
 
 def main() -> None:
@@ -84,10 +95,10 @@ def main() -> None:
         return
     print(f"{s['tests']} tests: {s['wall_s'] / 60:.1f} min wall, {s['cpu_s'] / 60:.1f} min of CPU "
           f"({s['cpu_s'] / s['wall_s'] if s['wall_s'] else 0:.2f} of {s['cpus']} CPUs busy on average)")
-    print(f"\n{'CPU s':>8} {'wall s':>8} {'CPU/wall':>6}  file")
+    print(f"\n{'CPU s':>8} {'wall s':>8} {'CPU/wall':>8}  file")
     for f in s["files"]:
         print(_line(f["cpu_s"], f["wall_s"], f"{f['file']} ({f['tests']} tests)"))
-    print(f"\n{'CPU s':>8} {'wall s':>8} {'CPU/wall':>6}  test")
+    print(f"\n{'CPU s':>8} {'wall s':>8} {'CPU/wall':>8}  test")
     for r in s["top_tests"]:
         print(_line(r["cpu_s"], r["wall_s"], r["test"]))
 

@@ -23,6 +23,7 @@ def test_busy_counts_the_cpu_a_busy_loop_spends():
 def test_the_plugin_writes_a_row_per_test_and_the_summary_sums_them_per_file(tmp_path):
     (tmp_path / "test_a.py").write_text("import time\ndef test_one():\n    time.sleep(0.2)\ndef test_two():\n    pass\n")
     out = tmp_path / "cpu.jsonl"
+    out.write_text('{"test": "an earlier run::t", "wall_s": 1, "cpu_s": 1}\n')  # not summed in
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.suite_cpu", "-p", "no:cacheprovider",
                         str(tmp_path / "test_a.py")], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**os.environ, "SUITE_CPU_OUT": str(out)})
