@@ -81,7 +81,7 @@ def _line(cpu: float, wall: float, name: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("file", nargs="?", default=os.environ.get(OUT_ENV, "suite-cpu.jsonl"))
+    p.add_argument("file", nargs="?", default=_out())
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()

@@ -52,7 +52,7 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
     """``domains``: sizes of the switch domains (ranks in order), told to each rank as
     testbed run does (TESTBED_SWITCH_INDEX, _RANK, _SIZE, TESTBED_SWITCH)."""
     port = free_port()
-    procs, logs, envs = [], [], []
+    procs, logs, starts = [], [], []
     zygote = None
     if world >= zygotes.MIN_RANKS and zygotes.serves(module) and zygotes.enabled():
         out.mkdir(parents=True, exist_ok=True)
@@ -75,12 +75,12 @@ def train(world: int, out: Path, *args: str, module: str = "workloads.train", ti
             e.update(TESTBED_SWITCH_INDEX=str(g), TESTBED_SWITCH_RANK=str(i), TESTBED_SWITCH_SIZE=str(n),
                      TESTBED_SWITCH=f"s{g + 1}")
         argv = [module, "--out", str(out), *args]
-        envs.append((zygote.client(argv, e) if zygote else argv, e))
+        starts.append((zygote.client(argv, e) if zygote else argv, e))  # (argv, env) per rank
     rcs = []
     try:
         if zygote:
-            zygote.start([e for _, e in envs], {DIE_WITH_PARENT: str(os.getpid())})
-        for r, (argv, e) in enumerate(envs):
+            zygote.start([e for _, e in starts], {DIE_WITH_PARENT: str(os.getpid())})
+        for r, (argv, e) in enumerate(starts):
             log = out.parent / f"{out.name}.rank{r}.log"
             logs.append(log)
             f = open(log, "w")
