@@ -3,13 +3,14 @@ reaches a test that needs root, whatever marks its file remembered to set:
 tests/kernel/** gets ``kernel``, tests/workloads/** gets ``workloads``. Marks set in the
 files (``slow``, ``kernel``, skips) are kept.
 
-Under pytest-xdist with ``--dist loadgroup`` (the README's full-suite command) every kernel
-test is in one work unit: one worker runs them all, one after another in file order,
-as a plain run would (they share the kernel, fixed testbed names, users they make, module
-fixtures), while the other workers run the unit and workload tests beside them. A worker
-running those at the same time as kernel tests lowers its priority (nice 19, its children
-inherit it): the kernel tests, the longest part, and their goodput, timing and QEMU guests
-get the CPU first, the others what is left."""
+Under pytest-xdist with ``--dist loadgroup`` (the README's full-suite command) the kernel
+tests are two work units, two lanes (tests/lanes.py): one worker runs the main lane, one
+test after another in file order, as a plain run would (they share the kernel, fixed testbed
+names, users they make, module fixtures), while another runs the waiting lane beside it
+(tests that mostly wait and share nothing with the main lane), then the unit and workload
+tests. A worker running those at the same time as kernel tests lowers its priority (nice
+19, its children inherit it): the kernel tests, the longest part, and their goodput, timing
+and QEMU guests get the CPU first, the others what is left."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from tests import lanes
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers set COLUMNS=80, which the CLI obeys (testbed.cli.render): its
@@ -50,8 +53,9 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv may lack
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup``: every test under tests/kernel is one work unit, sent whole to one
-    worker (the largest unit goes first), the others are shared out one by one. Done here
+    """``--dist loadgroup``: the tests under tests/kernel are two work units (tests/lanes.py),
+    each sent whole to one worker (the largest units go first, one to each worker), the
+    others are shared out one by one. Done here
     rather than with ``xdist_group`` marks: pytest-xdist 3.8 groups by a suffix it writes to
     ``item._nodeid``, which pytest 9.2 no longer reads, so the marks group nothing (measured:
     a file's kernel tests ran on both workers)."""
@@ -61,7 +65,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class KernelTestsOnOneWorker(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/kernel" if nodeid.startswith("tests/kernel/") else super()._split_scope(nodeid)
+            return lanes.unit(nodeid) or super()._split_scope(nodeid)
 
     return KernelTestsOnOneWorker(config, log)
 

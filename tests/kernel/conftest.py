@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
+
+from tests import lanes
+from tests.helpers import started_elsewhere
 
 if os.geteuid() != 0:
     pytest.skip("kernel tests need root (network namespaces, veth, tc)", allow_module_level=True)
@@ -42,13 +47,64 @@ def kernel_snapshot() -> dict:
     """What a testbed could leave behind, seen with iproute2 (not with testbed's own code).
     The throwaway namespace of a kernel probe (testbed.net.probe) still under way in a
     live process other than this one is not counted: the unit tests' CLI runs probe as
-    root on another xdist worker, beside the kernel tests, and remove it themselves."""
+    root on another xdist worker, beside the kernel tests, and remove it themselves.
+
+    Under pytest-xdist, where two kernel lanes run side by side (tests/lanes.py), each sees
+    its own (:func:`_lane_view`)."""
     links = run(["ip", "-o", "link", "show"]).stdout
-    return {
-        "netns": sorted(ns for ns in run(["ip", "netns", "list"]).stdout.split() if not _probing_elsewhere(ns)),
+    snap = {
+        "netns": sorted(ns for ns in netns_names() if not _probing_elsewhere(ns)),
         "links": sorted(l.split(":")[1].strip().split("@")[0] for l in links.splitlines()),
         "qdiscs": sorted(run(["tc", "qdisc", "show"]).stdout.splitlines()),
     }
+    return _lane_view(snap) if os.environ.get("PYTEST_XDIST_WORKER") else snap
+
+
+def netns_names() -> list[str]:
+    """The named namespaces, from `ip netns list` (a line is ``NAME`` or ``NAME (id: N)``)."""
+    return [line.split()[0] for line in run(["ip", "netns", "list"]).stdout.splitlines() if line.strip()]
+
+
+# the names testbed gives interfaces (testbed.plan.naming), were one to leak into the host's namespace
+_TESTBED_IFNAME = re.compile(r"sw\d+|[lt]\d+[ab]")
+
+
+def _lane_view(snap: dict) -> dict:
+    """``snap`` as the current test's lane sees it. The main lane: all but the waiting lane's
+    Slurm lab and the namespaces testbeds of other state directories tag (the waiting lane's
+    testbeds). The waiting lane, which shares the host with the main lane's labs, Docker and
+    crash tests: only its Slurm lab, the namespaces its own state directory's testbeds tag,
+    and the host links a testbed could name (one that leaked out of its namespace)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    own = state_id_of_env()
+    if lanes.unit(test) == lanes.WAITING_UNIT:
+        keep = lambda name: lanes.waiting_host_name(name) or _TESTBED_IFNAME.fullmatch(name) is not None  # noqa: E731
+        netns = [ns for ns in snap["netns"] if lanes.waiting_host_name(ns) or _tag_of(ns)[1] == own]
+    else:
+        keep = lambda name: not lanes.waiting_host_name(name)  # noqa: E731
+        netns = [ns for ns in snap["netns"] if keep(ns) and _tag_of(ns)[1] in (own, None)]
+    return {"netns": netns, "links": [name for name in snap["links"] if keep(name)],
+            "qdiscs": [q for q in snap["qdiscs"] if keep(q.split(" dev ", 1)[-1].split(" ", 1)[0])]}
+
+
+def state_id_of_env() -> str:
+    """The id of the state directory this test's testbed commands use (TESTBED_STATE_DIR)."""
+    from testbed.plan.naming import state_id
+
+    return state_id(os.environ.get("TESTBED_STATE_DIR"))
+
+
+def _tag_of(ns: str) -> tuple[str, str | None]:
+    """(testbed, state id) of the tag testbed put on ``ns`` (its loopback's alias), read with
+    iproute2; ("", None) for a namespace without one (or gone meanwhile)."""
+    from testbed.plan import naming
+
+    r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "lo"], capture_output=True, text=True)
+    alias = r.stdout.split(" alias ", 1)[1].split()[0] if " alias " in r.stdout else ""
+    if not alias.startswith(naming.TAG_PREFIX):
+        return "", None
+    name, sep, owner = alias[len(naming.TAG_PREFIX):].partition("@")
+    return name, owner if sep else naming.state_id(naming.DEFAULT_STATE)
 
 
 def _probing_elsewhere(ns: str) -> bool:
@@ -66,11 +122,28 @@ def state_id_of(tmp_path) -> str:
 def _tagged_by_another(ns: str, own: str) -> bool:
     """``ns`` carries testbed's tag (its loopback's alias) for a state directory other than
     ``own``: read with iproute2, as the rest of the snapshot."""
-    from testbed.plan import naming
+    owner = _tag_of(ns)[1]
+    return owner is not None and owner != own
 
-    r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "lo"], capture_output=True, text=True)
-    alias = r.stdout.split(" alias ", 1)[1].split()[0] if " alias " in r.stdout else ""
-    return alias.startswith(naming.TAG_PREFIX) and naming.testbed_of_tag(alias, own) is None
+
+def _passers_by(before: list[str], after: list[str], own: str) -> set[str]:
+    """Under xdist's two kernel lanes: the namespaces in one snapshot and not the other that
+    are the other lane's, caught untagged (being made: testbed tags a namespace just after
+    it makes it; or removed since). One gone since the first snapshot is not this test's
+    leftover; one new is looked at again for up to 2 s, until it is tagged by another state
+    directory or gone (it stays a leftover if it is untagged or this test's)."""
+    passing = set(before) - set(after)
+    new = set(after) - set(before)
+    deadline = time.monotonic() + 2
+    while new:
+        gone = set(new) - set(netns_names())
+        settled = gone | {ns for ns in new - gone if _tagged_by_another(ns, own)}
+        passing |= settled
+        new -= settled
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return passing
 
 
 @pytest.fixture
@@ -87,6 +160,9 @@ def clean_kernel(tmp_path, monkeypatch):
     after = kernel_snapshot()
     others = {ns for ns in after["netns"] if ns not in before["netns"] and _tagged_by_another(ns, own)}
     others |= {ns for ns in after["netns"] if ns in others_before}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        others |= others_before | _passers_by(before["netns"], after["netns"], own)
+        others_before = others
     after["netns"] = [ns for ns in after["netns"] if ns not in others]
     before = {**before, "netns": [ns for ns in before["netns"] if ns not in others_before]}
     leftover = [ns for ns in after["netns"] if ns not in before["netns"]]
@@ -117,17 +193,8 @@ def pids_of_this_session(pattern: str) -> list[int]:
     environment names that worker): the README's command runs the unit and workload tests,
     ``python -m workloads.train`` among them, beside the kernel tests. Every other match counts,
     whoever started it."""
-    me = f"PYTEST_XDIST_WORKER={os.environ.get('PYTEST_XDIST_WORKER', '')}".encode()
-    out = []
-    for pid in map(int, run(["pgrep", "-f", pattern]).stdout.split()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        if not any(e.startswith(b"PYTEST_XDIST_WORKER=") and e != me for e in env):
-            out.append(pid)
-    return out
+    return [pid for pid in map(int, run(["pgrep", "-f", pattern]).stdout.split())
+            if not started_elsewhere(pid) and os.path.exists(f"/proc/{pid}")]
 
 
 def _processes_naming(text: str) -> list[int]:

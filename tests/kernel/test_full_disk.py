@@ -75,8 +75,8 @@ def test_a_disk_that_fills_during_a_run_ends_it_cleanly_and_keeps_the_records(cl
 
 
 def test_report_on_a_full_disk_names_the_file_it_could_not_write(clean_kernel, tmp_path):
-    topo = tmp_path / "fr.yaml"
-    topo.write_text(yaml.safe_dump(dumbbell("fr")))
+    topo = tmp_path / "fdr.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("fdr")))
     runs = tmp_path / "runs"
     r = cli("run", "allreduce", "--topology", str(topo), "--out", str(runs), "--no-exporter",
             "--", "--dataset", "digits", "--max-iters", "10", timeout=300)
