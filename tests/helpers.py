@@ -122,27 +122,26 @@ class TcSampler:
 
 def pids_with(prefix: str) -> list[int]:
     """Pids of the processes one of whose arguments starts with ``prefix`` (a testbed marker:
-    ``--replay-id=``, ``--logfile=``), less those another pytest-xdist worker started
-    (:func:`started_elsewhere`)."""
+    ``--replay-id=``, ``--logfile=``) that this pytest-xdist worker started (:func:`started_here`)."""
     from testbed.common.procs import argv_of
 
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and any(a.startswith(prefix) for a in argv_of(int(p.name))) and not started_elsewhere(int(p.name))]
+            and any(a.startswith(prefix) for a in argv_of(int(p.name))) and started_here(int(p.name))]
 
 
-def started_elsewhere(pid: int) -> bool:
-    """Whether ``pid``'s environment names a pytest-xdist worker other than this process's
-    (one not under xdist counts as none): the README's command runs the unit and workload
-    tests and a second kernel lane (tests/lanes.py) beside a kernel test, and what they start
-    (ranks, iperf3 flows, exporters: testbed passes its environment on) is not that test's.
-    False for a process gone meanwhile."""
-    me = f"PYTEST_XDIST_WORKER={os.environ.get('PYTEST_XDIST_WORKER', '')}".encode()
+def started_here(pid: int) -> bool:
+    """Under pytest-xdist: whether ``pid``'s environment names this worker. The README's
+    command runs the unit and workload tests and a second kernel lane (tests/lanes.py) beside
+    a kernel test, and what they start (ranks, iperf3 flows, replays: testbed passes its
+    environment on; a user's run under ``env -i`` carries no worker at all) is not that
+    test's. Outside xdist every live process counts. False for a process gone meanwhile."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
         return False
-    return any(e.startswith(b"PYTEST_XDIST_WORKER=") and e != me for e in env)
+    me = os.environ.get("PYTEST_XDIST_WORKER")
+    return me is None or f"PYTEST_XDIST_WORKER={me}".encode() in env
 
 
 def finish(p: subprocess.Popen, timeout: float) -> tuple[str, float]:

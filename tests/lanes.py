@@ -13,8 +13,9 @@ share nothing with the main lane:
   (:func:`waiting_host_name`); every other namespace they make is a testbed's, tagged with
   their own state directory;
 * processes counted by a marker the main lane's also carry (an iperf3 flow's ``--logfile=``,
-  a replay's ``--replay-id=``) are counted through ``tests.helpers.started_elsewhere``, which
-  leaves out what the other worker started (testbed passes its environment on).
+  a replay's ``--replay-id=``, a rank's ``workloads.train``) are counted through
+  ``tests.helpers.started_here``: only what this worker started (testbed passes its
+  environment on; a user's run under ``env -i`` names no worker).
 
 Tests that measure goodput near a CPU's limit (the self-test's 1 Gbit/s, fidelity) or time
 (dilation) stay in the main lane, as do the sshd lab's tests (one bridge for the lab).

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests import lanes
-from tests.helpers import started_elsewhere
+from tests.helpers import started_here
 
 if os.geteuid() != 0:
     pytest.skip("kernel tests need root (network namespaces, veth, tc)", allow_module_level=True)
@@ -189,12 +189,11 @@ def clean_kernel(tmp_path, monkeypatch):
 
 
 def pids_of_this_session(pattern: str) -> list[int]:
-    """``pgrep -f pattern``, less the processes that another pytest-xdist worker started (their
-    environment names that worker): the README's command runs the unit and workload tests,
-    ``python -m workloads.train`` among them, beside the kernel tests. Every other match counts,
-    whoever started it."""
-    return [pid for pid in map(int, run(["pgrep", "-f", pattern]).stdout.split())
-            if not started_elsewhere(pid) and os.path.exists(f"/proc/{pid}")]
+    """``pgrep -f pattern``, under pytest-xdist only the processes this worker started
+    (``tests.helpers.started_here``): the README's command runs the unit and workload tests,
+    ``python -m workloads.train`` among them, and the other kernel lane beside a kernel test
+    (measured: a bare ``pgrep -f workloads.train`` saw their ranks and failed)."""
+    return [pid for pid in map(int, run(["pgrep", "-f", pattern]).stdout.split()) if started_here(pid)]
 
 
 def _processes_naming(text: str) -> list[int]:
