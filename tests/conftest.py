@@ -43,6 +43,8 @@ def pytest_collection_modifyitems(config, items):
         mark = _BY_FOLDER.get(folder)
         if mark is not None and item.get_closest_marker(mark.name) is None:
             item.add_marker(mark)
+    if config.getoption("dist", default=None) == "loadgroup":  # every xdist worker sorts alike
+        items.sort(key=lambda item: lanes.order(item.nodeid))
 
 
 def pytest_collection_finish(session):

@@ -31,6 +31,10 @@ WAITING = frozenset({"test_slurm.py", "test_monitor.py", "test_monitor_faults.py
                      "test_stragglers.py", "test_tunnel.py", "test_cross_traffic.py", "test_replay.py",
                      "test_processes.py", "test_shared_machine.py"})
 
+# the main lane's TCG guests, CPU-bound, go first: the other worker runs the waiting lane
+# meanwhile (a third of a CPU), not yet the unit and workload tests (docs/testing.md)
+FIRST = ("test_vm.py", "test_vm_faults.py")
+
 # the Slurm lab (tests/kernel/slurm_lab.py): its bridge, its nodes' host-side veths, its nodes
 _SLURM_LAB = re.compile(r"tbsl0|tbs\d+|tbslurm\d+")
 
@@ -45,3 +49,9 @@ def unit(nodeid: str) -> str | None:
 def waiting_host_name(name: str) -> bool:
     """Whether a link or namespace in the host's view belongs to the waiting lane's Slurm lab."""
     return _SLURM_LAB.fullmatch(name) is not None
+
+
+def order(nodeid: str) -> int:
+    """A test's place under ``--dist loadgroup``: the files of :data:`FIRST` before the rest
+    (a stable sort keeps every file's tests together and in order)."""
+    return 0 if nodeid.split("::")[0].rsplit("/", 1)[-1] in FIRST and nodeid.startswith("tests/kernel/") else 1

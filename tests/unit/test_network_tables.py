@@ -112,7 +112,7 @@ def test_compute_times_on_cpu_are_recorded_and_rendered_per_model_and_precision(
     command), rendered by gpu_tables: a real measurement, so only its shape is checked."""
     from benchmarks import compute_time, gpu_tables
 
-    assert compute_time.main(["--models", "resnet18", "--iters", "1", "--device", "cpu",
+    assert compute_time.main(["--models", "resnet18", "--iters", "1", "--batch-size", "2", "--device", "cpu",
                               "--record", str(tmp_path / "ct")]) == 0
     dest = archive.write([tmp_path / "ct"], "ct", records=tmp_path / "records")
     text = gpu_tables.compute_time(dest)
