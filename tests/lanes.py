@@ -2,10 +2,11 @@
 
 Most kernel tests are one work unit that one worker runs in file order (the main lane: they
 share the kernel, fixed names, users, module fixtures and the CPU-bound ones their timing).
-The files in :data:`WAITING` are a second unit, which another worker runs beside it: tests
-that mostly wait (Slurm's time limit and node checks, Prometheus scrapes, a disk filling, a
-process that will not exit), about a third of a CPU each (``benchmarks/suite_cpu.py``), that
-share nothing with the main lane:
+The files in :data:`WAITING` are a second unit, which another worker runs beside it, tests
+that share nothing with the main lane: most of them mostly wait (Slurm's time limit and
+node checks, Prometheus scrapes, a disk filling, a process that will not exit: about a third
+of a CPU each, ``benchmarks/suite_cpu.py``), some are small, and the VM fault tests stop,
+freeze or kill their guests, with bounds of tens of seconds. What they share with nobody:
 
 * testbed names, users and ports of their own (free ports are asked of the kernel;
   ``tests/unit/test_lanes.py`` checks the names);
@@ -18,7 +19,8 @@ share nothing with the main lane:
   environment on; a user's run under ``env -i`` names no worker).
 
 Tests that measure goodput near a CPU's limit (the self-test's 1 Gbit/s, fidelity) or time
-(dilation) stay in the main lane, as do the sshd lab's tests (one bridge for the lab).
+(dilation, the netem tests inside a TCG guest) stay in the main lane, as do the sshd lab's
+tests (one bridge for the lab).
 """
 
 from __future__ import annotations
@@ -29,11 +31,9 @@ MAIN = "tests/kernel"
 WAITING_UNIT = "tests/kernel:waiting"
 WAITING = frozenset({"test_slurm.py", "test_monitor.py", "test_monitor_faults.py", "test_full_disk.py",
                      "test_stragglers.py", "test_tunnel.py", "test_cross_traffic.py", "test_replay.py",
-                     "test_processes.py", "test_shared_machine.py"})
-
-# the main lane's TCG guests, CPU-bound, go first: the other worker runs the waiting lane
-# meanwhile (a third of a CPU), not yet the unit and workload tests (docs/testing.md)
-FIRST = ("test_vm.py", "test_vm_faults.py")
+                     "test_processes.py", "test_shared_machine.py", "test_run_trace.py", "test_locks.py",
+                     "test_tcbatch.py", "test_neighbours.py", "test_shared_processes.py", "test_foreign_inputs.py",
+                     "test_vm_faults.py"})
 
 # the Slurm lab (tests/kernel/slurm_lab.py): its bridge, its nodes' host-side veths, its nodes
 _SLURM_LAB = re.compile(r"tbsl0|tbs\d+|tbslurm\d+")
@@ -50,8 +50,3 @@ def waiting_host_name(name: str) -> bool:
     """Whether a link or namespace in the host's view belongs to the waiting lane's Slurm lab."""
     return _SLURM_LAB.fullmatch(name) is not None
 
-
-def order(nodeid: str) -> int:
-    """A test's place under ``--dist loadgroup``: the files of :data:`FIRST` before the rest
-    (a stable sort keeps every file's tests together and in order)."""
-    return 0 if nodeid.split("::")[0].rsplit("/", 1)[-1] in FIRST and nodeid.startswith("tests/kernel/") else 1

@@ -19,9 +19,6 @@ def test_every_waiting_file_exists_and_the_rest_are_the_main_lane():
         want = lanes.WAITING_UNIT if name in lanes.WAITING else lanes.MAIN
         assert lanes.unit(f"tests/kernel/{name}::test_x[a::b]") == want, name
     assert lanes.unit("tests/unit/test_lanes.py::test_x") is None
-    assert set(lanes.FIRST) <= files - lanes.WAITING  # the main lane's first files
-    assert [lanes.order(f"tests/kernel/{f}::t") for f in ("test_vm_faults.py", "test_vm.py", "test_run.py")] == [0, 0, 1]
-    assert lanes.order("tests/unit/test_vm.py::t") == 1
     assert lanes.unit("tests/workloads/test_slurm.py::test_x") is None
 
 
