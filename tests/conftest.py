@@ -7,8 +7,8 @@ Under pytest-xdist with ``--dist loadgroup`` (the README's full-suite command) t
 tests are two work units, two lanes (tests/lanes.py): one worker runs the main lane, one
 test after another in file order, as a plain run would (they share the kernel, fixed testbed
 names, users they make, module fixtures), while another runs the waiting lane beside it
-(tests that share nothing with the main lane, most of them waiting) and a third the unit and
-workload tests, joined by the second when its lane is done. A worker running those at the same time as kernel tests lowers its priority (nice
+(tests that share nothing with the main lane, most of them waiting), then the unit and
+workload tests. A worker running those at the same time as kernel tests lowers its priority (nice
 19, its children inherit it): the kernel tests, the longest part, and their goodput, timing
 and QEMU guests get the CPU first, the others what is left."""
 

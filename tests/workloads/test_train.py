@@ -151,7 +151,7 @@ def test_prunex_under_plain_torchrun_with_two_nodes(tmp_path):
 
 def test_pretrained_checkpoint_is_the_starting_point(tmp_path):
     ck = tmp_path / "cnn.pt"
-    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", "--epochs", "2", "--out", str(ck)],
+    p = subprocess.run([sys.executable, "-m", "workloads.pretrain", "--epochs", "1", "--out", str(ck)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     saved = torch.load(ck, weights_only=True)["accuracy"]
