@@ -127,7 +127,7 @@ def test_a_batch_job_ended_by_slurm_removes_the_part_its_script_built_too(lab, t
         assert set(lab.leftovers()) == {"sn1", "sn2"}  # w0 and s1 on the script's node sn1
         if ended_by == "scancel":
             subprocess.run(["scancel", job], env=lab.env(), check=True)
-        _until(lambda: not (lab.leftovers() or _stray_steps() or lab.jobs()), 30 if ended_by == "scancel" else 150)
+        _until(lambda: not (lab.leftovers() or _stray_steps() or lab.jobs()), 60 if ended_by == "scancel" else 150)
         assert lab.leftovers() == {}, log.read_text()
         assert _stray_steps() == [] and _pids("^sleep 4343") == []
         assert ("DUE TO TIME LIMIT" in log.read_text()) == (ended_by == "time limit"), log.read_text()
@@ -153,7 +153,7 @@ def test_scancel_removes_everything_on_the_nodes_and_a_new_job_the_record(lab, t
         assert set(lab.leftovers()) == {"sn1", "sn2"}
         ids = [line.split()[0] for line in lab.jobs()]
         subprocess.run(["scancel", *ids], env=lab.env(), check=True)
-        _until(lambda: not (_pids("^sleep 4242") or _stray_steps()), 30)
+        _until(lambda: not (_pids("^sleep 4242") or _stray_steps()), 60)  # KillWait 5 s; 30 was short under load
         assert _pids("^sleep 4242") == [] and _stray_steps() == [], "processes survived scancel"
         _salloc_ends(job)
         assert lab.leftovers() == {}  # removed by each share's holding step before it exited
