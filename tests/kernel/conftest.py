@@ -79,10 +79,10 @@ def _lane_view(snap: dict) -> dict:
     own = state_id_of_env()
     if lanes.unit(test) == lanes.WAITING_UNIT:
         keep = lambda name: lanes.waiting_host_name(name) or _TESTBED_IFNAME.fullmatch(name) is not None  # noqa: E731
-        netns = [ns for ns in snap["netns"] if lanes.waiting_host_name(ns) or _tag_of(ns)[1] == own]
+        netns = [ns for ns in snap["netns"] if lanes.waiting_host_name(ns) or _tag_owner(ns) == own]
     else:
         keep = lambda name: not lanes.waiting_host_name(name)  # noqa: E731
-        netns = [ns for ns in snap["netns"] if keep(ns) and _tag_of(ns)[1] in (own, None)]
+        netns = [ns for ns in snap["netns"] if keep(ns) and _tag_owner(ns) in (own, None)]
     return {"netns": netns, "links": [name for name in snap["links"] if keep(name)],
             "qdiscs": [q for q in snap["qdiscs"] if keep(q.split(" dev ", 1)[-1].split(" ", 1)[0])]}
 
@@ -94,17 +94,17 @@ def state_id_of_env() -> str:
     return state_id(os.environ.get("TESTBED_STATE_DIR"))
 
 
-def _tag_of(ns: str) -> tuple[str, str | None]:
-    """(testbed, state id) of the tag testbed put on ``ns`` (its loopback's alias), read with
-    iproute2; ("", None) for a namespace without one (or gone meanwhile)."""
+def _tag_owner(ns: str) -> str | None:
+    """The state id in the tag testbed put on ``ns`` (its loopback's alias), read with
+    iproute2; None for a namespace without one (or gone meanwhile)."""
     from testbed.plan import naming
 
     r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "lo"], capture_output=True, text=True)
     alias = r.stdout.split(" alias ", 1)[1].split()[0] if " alias " in r.stdout else ""
     if not alias.startswith(naming.TAG_PREFIX):
-        return "", None
-    name, sep, owner = alias[len(naming.TAG_PREFIX):].partition("@")
-    return name, owner if sep else naming.state_id(naming.DEFAULT_STATE)
+        return None
+    _, sep, owner = alias[len(naming.TAG_PREFIX):].partition("@")
+    return owner if sep else naming.state_id(naming.DEFAULT_STATE)
 
 
 def _probing_elsewhere(ns: str) -> bool:
@@ -122,7 +122,7 @@ def state_id_of(tmp_path) -> str:
 def _tagged_by_another(ns: str, own: str) -> bool:
     """``ns`` carries testbed's tag (its loopback's alias) for a state directory other than
     ``own``: read with iproute2, as the rest of the snapshot."""
-    owner = _tag_of(ns)[1]
+    owner = _tag_owner(ns)
     return owner is not None and owner != own
 
 
