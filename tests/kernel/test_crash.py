@@ -24,6 +24,16 @@ def ours() -> list[str]:
     return [n for n in run(["ip", "netns", "list"]).stdout.split() if n.startswith("three_switch")]
 
 
+def wait_for_target(state: Path) -> Path:
+    """The orphaned link exporter's file-SD target, once it has announced itself."""
+    target = state / "targets" / "testbed-three_switch.json"
+    deadline = time.monotonic() + 20
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert target.exists()
+    return target
+
+
 # three_switch's plan has 59 steps: 0 fabric netns, 1-3 bridges, 4-51 workers (6 each), 52-57 uplinks,
 # 58 the testbed's cgroup; step 59 starts the link exporter.
 @pytest.mark.parametrize("step", [0, 1, 4, 5, 6, 7, 23, 44, 57])
@@ -45,11 +55,7 @@ def test_kill9_after_the_exporter_started_then_down_stops_it(clean_kernel):
     steps = len(cli_json("up", THREE, "--dry-run")["actions"])
     r = cli("up", THREE, env={FAULT_ENV: str(steps)})
     assert r.returncode == -signal.SIGKILL
-    target = Path(os.environ["TESTBED_STATE_DIR"]) / "targets" / "testbed-three_switch.json"
-    deadline = time.monotonic() + 20
-    while not target.exists() and time.monotonic() < deadline:  # the orphan exporter still announces itself
-        time.sleep(0.05)
-    assert target.exists()
+    target = wait_for_target(Path(os.environ["TESTBED_STATE_DIR"]))  # the orphan still announces itself
     assert cli_json("down", "three_switch") == {"removed": ["three_switch"]}
     assert not target.exists() and ours() == []
     # no exporter left: checked by clean_kernel (no process naming the state dir)
@@ -73,11 +79,7 @@ def test_lost_ledger_with_a_running_exporter_is_recovered(clean_kernel):
     steps = len(cli_json("up", THREE, "--dry-run")["actions"])
     assert cli("up", THREE, env={FAULT_ENV: str(steps)}).returncode == -signal.SIGKILL
     state = Path(os.environ["TESTBED_STATE_DIR"])
-    target = state / "targets" / "testbed-three_switch.json"
-    deadline = time.monotonic() + 20
-    while not target.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert target.exists()
+    target = wait_for_target(state)
     shutil.rmtree(state / "three_switch")  # the ledger is gone; the namespaces' tags and the target remain
     assert cli_json("down", "--all")["removed"] == ["three_switch"]
     assert ours() == [] and not target.exists()  # and clean_kernel: no exporter process left
@@ -86,6 +88,9 @@ def test_lost_ledger_with_a_running_exporter_is_recovered(clean_kernel):
 def test_lost_ledger_is_recovered_from_ownership_tags(clean_kernel):
     r = cli("up", THREE, env={FAULT_ENV: "30"})
     assert r.returncode == -signal.SIGKILL and ours()
+    # the exporter starts before the build (45717cc) and outlives the kill: let it announce
+    # itself first, or it may write its target into the state directory while it is removed
+    wait_for_target(Path(os.environ["TESTBED_STATE_DIR"]))
     shutil.rmtree(os.environ["TESTBED_STATE_DIR"])
     assert cli_json("down", "--all")["removed"] == ["three_switch"]
     assert ours() == []
