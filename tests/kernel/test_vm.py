@@ -58,6 +58,21 @@ def _qemus(testbed: str) -> list[int]:
     return [p for w in ("w0", "w1") for p in qemu_pids(f"{testbed}.{w}")]
 
 
+def _wait_for_rank_in_guest(testbed: str, node: str, run: subprocess.Popen, timeout: float = 400) -> None:
+    """Until a training rank runs in ``node``'s guest: `testbed run` has started it there
+    through the guest agent, which now relays its output and heartbeats. A fault made from
+    here on (QEMU killed or stopped) strikes during the run; the test need not wait for the
+    rank to import torch under TCG (about a minute with two guests) before making it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert run.poll() is None, "the run ended before its rank started in the guest"
+        r = cli("exec", "-t", testbed, node, "--", "pgrep", "-f", "workloads.train")
+        if r.returncode == 0 and r.stdout.split():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no training rank ever ran in {node}'s guest")
+
+
 def test_two_vm_workers_ping_and_goodput_follows_the_shaped_rate(clean_kernel, tmp_path):
     from testbed import Testbed, load_topology_dict
 
@@ -104,19 +119,11 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
         assert (u["status"], u["proof"], u["iterations"], u["world_size"]) == ("ok", "passed", 4, 2), u
         assert all(row["measured_bytes"] >= row["bound_bytes"] > 0 for row in u["proof_links"].values()), u
 
-        before = set(runs.glob("*/rank1.jsonl"))
         p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "allreduce", "--testbed", "vmr",
                               "--out", str(runs), "--max-iters", "100000", "--eval-every", "100000"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            deadline = time.monotonic() + 400
-            while time.monotonic() < deadline:
-                if [x for x in runs.glob("*/rank1.jsonl") if x not in before and x.stat().st_size > 0]:
-                    break
-                time.sleep(0.5)
-            else:
-                raise AssertionError("the run never started training (no record from the guest in the host's "
-                                     "run directory)")
+            _wait_for_rank_in_guest("vmr", "w1", p)
             from testbed.nodes.vm import qemu_pids
 
             os.kill(qemu_pids("vmr.w1")[0], signal.SIGKILL)
