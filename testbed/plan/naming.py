@@ -88,15 +88,22 @@ def tag(testbed: str, state: str | None = None) -> str:
     return f"{TAG_PREFIX}{testbed}@{state or state_id()}"
 
 
-def testbed_of_tag(alias: str | None, state: str | None = None) -> str | None:
-    """The testbed a tag names, if this state directory (``state``: its id) owns it.
-
-    Tags of other state directories, and anything else, are foreign: None. A tag without
-    a state id (written before ids existed) belongs to the default state directory."""
+def owner_of_tag(alias: str | None) -> tuple[str, str] | None:
+    """The testbed a tag names and the id of the state directory that owns it; None for
+    anything that is not a tag. A tag without a state id (written before ids existed)
+    belongs to the default state directory."""
     if not alias or not alias.startswith(TAG_PREFIX):
         return None
     name, sep, owner = alias[len(TAG_PREFIX):].partition("@")
-    mine = state or state_id()
-    if sep:
-        return name if owner == mine else None
-    return name if mine == state_id(DEFAULT_STATE) else None
+    return name, owner if sep else state_id(DEFAULT_STATE)
+
+
+def testbed_of_tag(alias: str | None, state: str | None = None) -> str | None:
+    """The testbed a tag names, if this state directory (``state``: its id) owns it.
+
+    Tags of other state directories, and anything else, are foreign: None."""
+    found = owner_of_tag(alias)
+    if found is None:
+        return None
+    name, owner = found
+    return name if owner == (state or state_id()) else None

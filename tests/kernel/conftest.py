@@ -101,10 +101,8 @@ def _tag_owner(ns: str) -> str | None:
 
     r = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "lo"], capture_output=True, text=True)
     alias = r.stdout.split(" alias ", 1)[1].split()[0] if " alias " in r.stdout else ""
-    if not alias.startswith(naming.TAG_PREFIX):
-        return None
-    _, sep, owner = alias[len(naming.TAG_PREFIX):].partition("@")
-    return owner if sep else naming.state_id(naming.DEFAULT_STATE)
+    found = naming.owner_of_tag(alias)
+    return found[1] if found else None
 
 
 def _probing_elsewhere(ns: str) -> bool:

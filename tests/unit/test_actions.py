@@ -180,6 +180,10 @@ def test_ownership_tags_name_the_state_directory():
     # a tag from before state ids: the default state directory's
     assert naming.testbed_of_tag("testbed:old", naming.state_id(naming.DEFAULT_STATE)) == "old"
     assert naming.testbed_of_tag("testbed:old", mine) is None
+    # who owns a tag, whoever asks (the kernel tests' lanes tell their state directories apart)
+    assert naming.owner_of_tag(t) == ("tb", mine)
+    assert naming.owner_of_tag("testbed:old") == ("old", naming.state_id(naming.DEFAULT_STATE))
+    assert naming.owner_of_tag("something else") is None and naming.owner_of_tag(None) is None
 
 
 def test_state_directories_are_private_and_never_a_symlink(tmp_path, monkeypatch):
