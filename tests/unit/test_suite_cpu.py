@@ -31,6 +31,14 @@ def test_the_plugin_writes_a_row_per_test_and_the_summary_sums_them_per_file(tmp
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["test"].split("::")[1] for x in rows] == ["test_one", "test_two"]
     assert rows[0]["wall_s"] >= 0.2 and rows[1]["wall_s"] < rows[0]["wall_s"]
+    assert {x["cpus"] for x in rows} == {os.cpu_count()}
     s = summary(rows + [{"test": "b.py::t", "wall_s": 1.0, "cpu_s": 9.0}], top=1)
     assert s["tests"] == 3 and s["top_tests"][0]["test"] == "b.py::t"
     assert s["files"] == [{"file": "b.py", "tests": 1, "wall_s": 1.0, "cpu_s": 9.0}]
+
+
+def test_the_summary_names_the_measuring_machines_cpus_not_the_readers():
+    rows = [{"test": "a.py::t", "wall_s": 1.0, "cpu_s": 2.0, "cpus": 2}, {"test": "a.py::u", "wall_s": 1, "cpu_s": 1,
+                                                                          "cpus": 2}]
+    assert summary(rows, top=1)["cpus"] == "2"
+    assert summary([{"test": "a.py::t", "wall_s": 1, "cpu_s": 1}], top=1)["cpus"] == "an unrecorded number of"
