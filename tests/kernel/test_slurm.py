@@ -309,8 +309,24 @@ def _pids(pattern: str) -> list[int]:
 
 
 def _stray_steps() -> list[int]:
-    """srun of testbed's steps here, and what they run on the nodes."""
-    return _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
+    """srun of testbed's steps here, and what they run on the nodes: of the processes by
+    these names only the lab's (:func:`_of_the_lab`), since the main kernel lane's sshd lab
+    runs `testbed _host` too (tests/lanes.py; one such process failed this check once)."""
+    found = _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
+    return [pid for pid in found if _of_the_lab(pid)]
+
+
+def _of_the_lab(pid: int) -> bool:
+    """``pid``'s environment names a Slurm lab's configuration (``SLURM_CONF``): what sbatch,
+    salloc and srun start here carries it (the ordinary user's job too, under ``env -i``),
+    and the lab's slurmd passes it to every step; an SSH session's `testbed _host` does not.
+    False for a process gone meanwhile."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(e.startswith(b"SLURM_CONF=") and b"/tbslurmlab-" in e for e in env)
 
 
 def _stray_steps_left(timeout: float = 15.0) -> list[int]:
