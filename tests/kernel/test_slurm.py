@@ -311,9 +311,12 @@ def _pids(pattern: str) -> list[int]:
 def _stray_steps() -> list[int]:
     """srun of testbed's steps here, and what they run on the nodes: of the processes by
     these names only the lab's (:func:`_of_the_lab`), since the main kernel lane's sshd lab
-    runs `testbed _host` too (tests/lanes.py; one such process failed this check once)."""
-    found = _pids("testbed.hosts.slurm") + _pids(f"{TESTBED} _host") + _pids("^srun .*testbed")
-    return [pid for pid in found if _of_the_lab(pid)]
+    runs `testbed _host` and tunnels too (tests/lanes.py; one such process failed this check once)."""
+    return _lab_pids("testbed.hosts.slurm") + _lab_pids(f"{TESTBED} _host") + _lab_pids("^srun .*testbed")
+
+
+def _lab_pids(pattern: str) -> list[int]:
+    return [pid for pid in _pids(pattern) if _of_the_lab(pid)]
 
 
 def _of_the_lab(pid: int) -> bool:
@@ -400,14 +403,14 @@ def test_scancel_of_an_ordinary_users_job_leaves_nothing_on_either_node(lab, use
         while not list((user_job.home / "runs").glob("*/rank1.jsonl")) and time.monotonic() < deadline:
             assert job.poll() is None, job.stdout.read()
             time.sleep(0.5)
-        assert _pids("testbed.net.tunnel"), "no tunnel forwarder"
+        assert _lab_pids("testbed.net.tunnel"), "no tunnel forwarder"
         ids = [line.split()[0] for line in lab.jobs()]
         subprocess.run(["scancel", *ids], env=lab.env(), check=True)
         job.wait(60)
         deadline = time.monotonic() + 30
-        while (_pids("testbed.net.tunnel") or _stray_steps()) and time.monotonic() < deadline:
+        while (_lab_pids("testbed.net.tunnel") or _stray_steps()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _pids("testbed.net.tunnel") == [] and _stray_steps() == []
+        assert _lab_pids("testbed.net.tunnel") == [] and _stray_steps() == []
         assert lab.leftovers() == {}
         bases = user_job.home / ".local" / "state" / "testbed"
         assert {p.name.split("-")[1] for p in bases.glob("host-*-job*")} == {"sn1", "sn2"}
