@@ -71,9 +71,10 @@ def summary(rows: list[dict], top: int) -> dict:
         f["wall_s"] += r["wall_s"]
         f["cpu_s"] += r["cpu_s"]
     by_cpu = sorted(files.items(), key=lambda kv: -kv[1]["cpu_s"])
-    cpus = {r.get("cpus") for r in rows} - {None}  # none: rows from before the count was kept
+    counts = {r.get("cpus") for r in rows} - {None}  # none: rows from before the count was kept
+    cpus = "/".join(str(n) for n in sorted(counts)) or "an unrecorded number of"
     return {"tests": len(rows), "wall_s": sum(r["wall_s"] for r in rows), "cpu_s": sum(r["cpu_s"] for r in rows),
-            "cpus": "/".join(str(n) for n in sorted(cpus)) or "an unrecorded number of", "top_tests": sorted(rows, key=lambda r: -r["cpu_s"])[:top],
+            "cpus": cpus, "top_tests": sorted(rows, key=lambda r: -r["cpu_s"])[:top],
             "files": [{"file": k, **v} for k, v in by_cpu[:top]]}
 
 
