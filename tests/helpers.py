@@ -129,16 +129,24 @@ def pids_with(prefix: str) -> list[int]:
             and any(a.startswith(prefix) for a in argv_of(int(p.name))) and started_here(int(p.name))]
 
 
+def environ_of(pid: int) -> list[bytes] | None:
+    """``pid``'s environment as ``NAME=VALUE`` entries; None for a process gone meanwhile
+    (or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
 def started_here(pid: int) -> bool:
     """Under pytest-xdist: whether ``pid``'s environment names this worker. The README's
     command runs the unit and workload tests and a second kernel lane (tests/lanes.py) beside
     a kernel test, and what they start (ranks, iperf3 flows, replays: testbed passes its
     environment on; a user's run under ``env -i`` carries no worker at all) is not that
     test's. Outside xdist every live process counts. False for a process gone meanwhile."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
+    env = environ_of(pid)
+    if env is None:
         return False
     me = os.environ.get("PYTEST_XDIST_WORKER")
     return me is None or f"PYTEST_XDIST_WORKER={me}".encode() in env

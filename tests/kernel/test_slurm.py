@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ordinary_user, user_processes_left
+from tests.helpers import environ_of, ordinary_user, user_processes_left
 from tests.kernel import slurm_lab
 
 pytestmark = [pytest.mark.kernel,
@@ -324,12 +324,7 @@ def _of_the_lab(pid: int) -> bool:
     salloc and srun start here carries it (the ordinary user's job too, under ``env -i``),
     and the lab's slurmd passes it to every step; an SSH session's `testbed _host` does not.
     False for a process gone meanwhile."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
-        return False
-    return any(e.startswith(b"SLURM_CONF=") and b"/tbslurmlab-" in e for e in env)
+    return any(e.startswith(b"SLURM_CONF=") and b"/tbslurmlab-" in e for e in environ_of(pid) or [])
 
 
 def _stray_steps_left(timeout: float = 15.0) -> list[int]:
