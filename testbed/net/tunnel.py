@@ -15,7 +15,9 @@ offsets), so a TCP segment of up to ~64 kB built by the node's stack (TSO on the
 default) crosses in one datagram and is segmented, if ever, by the receiving kernel; without
 it the tunnel tops out near 200 Mbit/s in Python (see docs/tunnel.md). Frames this socket
 itself sends are not read back (``PACKET_IGNORE_OUTGOING``, else by packet type) or they
-would loop. The wire format and who may send frames: :mod:`testbed.net.tunnelwire`.
+would loop. The wire format and who may send frames: :mod:`testbed.net.tunnelwire` and
+:mod:`testbed.net.tunnelauth`; a third thread sends keepalives and stops sending to a peer
+that went silent (:mod:`testbed.net.tunnellive`).
 
 Run one as ``python -m testbed.net.tunnel --ifname IF --bind ADDR:PORT [--peer ADDR:PORT]
 [--netns PATH] [--userns PATH]``: it reads the link's token (hex) as the first line of its
@@ -39,6 +41,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 from testbed.net import tunnelwire as wire
+from testbed.net.tunnellive import PeerWatch, Timing
 
 SOL_PACKET = 263
 PACKET_VNET_HDR = 15
@@ -73,9 +76,18 @@ class Counters:
     split_out: int = 0
     """Frames sent in several datagrams (longer than one datagram holds)."""
     rejected: int = 0
-    """Datagrams without this link's magic and token (dropped)."""
+    """Datagrams that are too short, have another magic or fail their tag (dropped)."""
+    replayed: int = 0
+    """Authentic datagrams whose counter was seen already or is older than the window (dropped)."""
+    reflected: int = 0
+    """Authentic datagrams that name this forwarder as their sender: its own, sent back (dropped)."""
+    keepalives_out: int = 0
+    """Datagrams without a frame sent (the link was idle, or a probe to a silent peer)."""
+    keepalives_in: int = 0
     dropped_out: int = 0
     """Frames that could not be sent to the peer (too long, peer not there, queue full)."""
+    dropped_silent: int = 0
+    """Frames not sent because the peer was silent (:mod:`testbed.net.tunnellive`)."""
     dropped_in: int = 0
     """Frames from the peer the veth refused, or parts that did not make a frame."""
     packet_socket_drops: int = 0
@@ -154,18 +166,24 @@ def open_packet(ifname: str) -> tuple[socket.socket, bool]:
 
 # --------------------------------------------------------------------------- forwarding
 class Forwarder:
-    """Copies frames between a packet socket and a connected UDP socket, both ways."""
+    """Copies frames between a packet socket and a connected UDP socket, both ways, and
+    watches the peer (keepalives when idle; nothing but a rare probe once it is silent)."""
 
     def __init__(self, udp: socket.socket, pkt: socket.socket, token: bytes, *, ignores_outgoing: bool = True,
-                 max_payload: int | None = None) -> None:
+                 max_payload: int | None = None, timing: Timing = Timing(), peer: str | None = None) -> None:
         self.udp, self.pkt = udp, pkt
-        self.prefix = wire.prefix(token)
+        self.tx = wire.Sender(token)
+        self.rx = wire.Receiver(token, self.tx.sender)
         self.ignores_outgoing = ignores_outgoing
         v6 = udp.family == socket.AF_INET6
         self.max_payload = min(max_payload or 65535, wire.UDP_MAX_PAYLOAD_V6 if v6 else wire.UDP_MAX_PAYLOAD_V4)
         wire.parts(1, self.max_payload)  # raises when the header does not fit
+        self.watch = PeerWatch(peer or _peer_words(udp), timing)
         self.counters = Counters()
         self.stopping = False
+        self._stopped = threading.Event()
+        self._number = 0
+        """The last frame number used for a frame sent in parts."""
         self.threads: list[threading.Thread] = []
 
     def read_kernel_drops(self) -> None:
@@ -177,15 +195,18 @@ class Forwarder:
         self.counters.packet_socket_drops += int.from_bytes(raw[4:8], sys.byteorder)
 
     def start(self) -> None:
-        """Forward both ways, one thread each, until :meth:`stop` (or the process ends)."""
+        """Forward both ways and watch the peer, one thread each, until :meth:`stop` (or the
+        process ends)."""
         self.threads = [threading.Thread(target=self.to_peer, name="tunnel-out", daemon=True),
-                        threading.Thread(target=self.from_peer, name="tunnel-in", daemon=True)]
+                        threading.Thread(target=self.from_peer, name="tunnel-in", daemon=True),
+                        threading.Thread(target=self.keep_alive, name="tunnel-watch", daemon=True)]
         for t in self.threads:
             t.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """End both threads (shutting the sockets down wakes them) and close the sockets."""
+        """End the threads (shutting the sockets down wakes them) and close the sockets."""
         self.stopping = True
+        self._stopped.set()
         for sock in (self.udp, self.pkt):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -195,6 +216,18 @@ class Forwarder:
             t.join(timeout)
         self.udp.close()
         self.pkt.close()
+
+    def keep_alive(self) -> None:
+        """A keepalive when the link has been idle, a probe now and then to a silent peer."""
+        while not self._stopped.wait(self.watch.timing.tick):
+            if not self.watch.tick():
+                continue
+            try:
+                self.udp.send(self.tx.keepalive())
+            except OSError:  # the peer is not there (ECONNREFUSED), or our queue is full
+                pass
+            self.watch.sent()
+            self.counters.keepalives_out += 1
 
     def _read_frame(self, buf: bytearray) -> int:
         """The next frame from the veth into ``buf`` (its length; 0: none to send)."""
@@ -209,13 +242,29 @@ class Forwarder:
             return 0
         return n
 
+    def _send(self, frame: memoryview) -> None:
+        """One frame to the peer: whole, or in parts (OSError: not sent)."""
+        c, tx = self.counters, self.tx
+        if len(frame) <= self.max_payload - wire.OVERHEAD:
+            head, tag = tx.seal(wire.WHOLE, frame)
+            self.udp.sendmsg([head, frame, tag])
+        else:
+            self._number = (self._number + 1) & 0xFFFF
+            pieces = list(tx.split(frame, self._number, self.max_payload))
+            if not pieces:
+                c.dropped_out += 1
+                return
+            for head, chunk, tag in pieces:
+                self.udp.sendmsg([head, chunk, tag])
+            c.split_out += 1
+        c.frames_out += 1
+        c.bytes_out += len(frame)
+
     def to_peer(self) -> None:
-        """veth -> peer, until the sockets close."""
+        """veth -> peer, until the sockets close; nothing while the peer is silent."""
         buf = bytearray(wire.MAX_FRAME)
         view = memoryview(buf)
-        head = self.prefix + wire.WHOLE
-        room = self.max_payload - wire.HEADER_BYTES
-        c, number = self.counters, 0
+        c, watch = self.counters, self.watch
         while True:
             try:
                 n = self._read_frame(buf)
@@ -225,39 +274,44 @@ class Forwarder:
                 return
             if n == 0:
                 continue
+            if watch.silent:
+                c.dropped_silent += 1
+                continue
             try:
-                if n <= room:
-                    self.udp.sendmsg([head, view[:n]])
-                else:
-                    number += 1
-                    pieces = list(wire.split(self.prefix, view[:n], number, self.max_payload))
-                    if not pieces:
-                        c.dropped_out += 1
-                        continue
-                    for h, chunk in pieces:
-                        self.udp.sendmsg([h, chunk])
-                    c.split_out += 1
+                self._send(view[:n])
             except OSError:  # the peer is not there yet (ECONNREFUSED), or our queue is full
                 c.dropped_out += 1
                 continue
-            c.frames_out += 1
-            c.bytes_out += n
+            watch.sent()
 
-    def _frame(self, view: memoryview, n: int, reasm: wire.Reassembler) -> memoryview | None:
-        """The frame an authentic datagram carries, or completes; None: not yet, or dropped."""
-        if view[wire.PREFIX_BYTES:wire.HEADER_BYTES] == wire.WHOLE:
-            return view[wire.HEADER_BYTES:n]
+    def _frame(self, view: memoryview, end: int, reasm: wire.Reassembler) -> memoryview | None:
+        """The frame an opened datagram carries, or completes; None: not yet, dropped, or a keepalive."""
+        tail = view[wire.TAIL_AT:wire.HEADER_BYTES]
+        if tail == wire.WHOLE:
+            return view[wire.HEADER_BYTES:end]
+        if tail == wire.KEEPALIVE:
+            self.counters.keepalives_in += 1
+            return None
         before = reasm.dropped
-        frame = reasm.add(view, n)
+        frame = reasm.add(view, end)
         self.counters.dropped_in += reasm.dropped - before
         return frame
+
+    def _dropped(self, why: int) -> None:
+        c = self.counters
+        if why == wire.REPLAYED:
+            c.replayed += 1
+        elif why == wire.REFLECTED:
+            c.reflected += 1
+        else:
+            c.rejected += 1
 
     def from_peer(self) -> None:
         """peer -> veth, until the sockets close."""
         buf = bytearray(65536)
         view = memoryview(buf)
         reasm = wire.Reassembler()
-        pfx, c = self.prefix, self.counters
+        rx, c, watch = self.rx, self.counters, self.watch
         while True:
             try:
                 n = self.udp.recv_into(buf)
@@ -267,10 +321,12 @@ class Forwarder:
                 return
             if self.stopping:
                 return
-            if not wire.authentic(pfx, view, n):
-                c.rejected += 1
+            end = rx.open(view, n)
+            if end < 0:
+                self._dropped(end)
                 continue
-            frame = self._frame(view, n, reasm)
+            watch.heard()
+            frame = self._frame(view, end, reasm)
             if frame is None:
                 continue
             try:
@@ -280,6 +336,15 @@ class Forwarder:
                 continue
             c.frames_in += 1
             c.bytes_in += len(frame)
+
+
+def _peer_words(udp: socket.socket) -> str:
+    """The connected peer's address and port in words (for the watch's warnings)."""
+    try:
+        host, port = udp.getpeername()[:2]
+    except OSError:
+        return "(not connected)"
+    return f"{host} port {port}"
 
 
 # --------------------------------------------------------------------------- the command

@@ -4,16 +4,20 @@ loopback UDP, with Unix datagram socket pairs standing in for the veths' packet 
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from testbed.net import tunnelauth as auth
 from testbed.net import tunnelwire as wire
 from testbed.net.tunnel import PACKET_OUTGOING, Forwarder
+from testbed.net.tunnellive import PeerWatch, Timing
 
 TOKEN = bytes(range(16))
 
@@ -26,8 +30,11 @@ def test_token_round_trip_and_checks():
     for bad in ("zz" * 16, "ab" * 15, "ab" * 17, ""):
         with pytest.raises(wire.WireError):
             wire.parse_token(bad)
-    with pytest.raises(wire.WireError):
-        wire.prefix(b"short")
+    for short in (b"short", TOKEN + b"x"):
+        with pytest.raises(wire.WireError):
+            wire.Sender(short)
+        with pytest.raises(wire.WireError):
+            wire.Receiver(short, auth.new_sender())
 
 
 @pytest.mark.parametrize("text,want", [("127.0.0.1:0", ("127.0.0.1", 0)), ("10.0.0.2:4790", ("10.0.0.2", 4790)),
@@ -52,92 +59,103 @@ def test_peer_line():
 
 
 # --------------------------------------------------------------------------- authentication
-def _whole(token: bytes, frame: bytes) -> bytes:
-    return wire.prefix(token) + wire.WHOLE + frame
+def _datagram(tx: wire.Sender, frame: bytes, tail: bytes = wire.WHOLE) -> bytes:
+    head, tag = tx.seal(tail, frame)
+    return head + frame + tag
 
 
-def test_authentic_needs_magic_token_and_a_header():
-    pfx = wire.prefix(TOKEN)
-    good = _whole(TOKEN, b"frame")
-    assert wire.authentic(pfx, memoryview(good), len(good))
-    assert not wire.authentic(pfx, memoryview(_whole(bytes(16), b"frame")), len(good))  # another token
-    bad_magic = b"TBT2" + good[4:]
-    assert not wire.authentic(pfx, memoryview(bad_magic), len(bad_magic))
-    assert not wire.authentic(pfx, memoryview(good), wire.HEADER_BYTES - 1)  # too short for a header
-    assert not wire.authentic(pfx, memoryview(b""), 0)
+def _open(rx: wire.Receiver, d: bytes) -> int:
+    return rx.open(memoryview(bytearray(d)), len(d))
 
 
-# --------------------------------------------------------------------------- parts
-def test_parts_count():
-    room = 1000 - wire.HEADER_BYTES
-    assert wire.parts(0, 1000) == 1
-    assert wire.parts(room, 1000) == 1
-    assert wire.parts(room + 1, 1000) == 2
-    assert wire.parts(room * 255, 1000) == 255
-    assert wire.parts(room * 255 + 1, 1000) == 0  # more than MAX_PARTS: cannot be sent
-    with pytest.raises(wire.WireError):
-        wire.parts(1, wire.HEADER_BYTES)
+def test_the_key_is_derived_and_neither_it_nor_the_token_is_ever_sent():
+    key = auth.link_key(TOKEN)
+    assert len(key) == 32 and key == auth.link_key(TOKEN) and key != auth.link_key(bytes(16))
+    tx = wire.Sender(TOKEN)
+    d = _datagram(tx, b"frame" * 10) + tx.keepalive()
+    assert TOKEN not in d and key not in d and key[:16] not in d and key[16:] not in d
 
 
-def _datagrams(frame: bytes, number: int, max_payload: int) -> list[bytes]:
-    return [h + bytes(c) for h, c in wire.split(wire.prefix(TOKEN), memoryview(frame), number, max_payload)]
+def test_a_valid_datagram_opens_and_its_frame_is_where_the_header_says():
+    tx, rx = wire.Sender(TOKEN), wire.Receiver(TOKEN, auth.new_sender())
+    d = _datagram(tx, b"frame")
+    assert len(d) == wire.OVERHEAD + 5 and d[:4] == b"TBT2"
+    end = _open(rx, d)
+    assert end == len(d) - wire.TAG_BYTES and d[wire.HEADER_BYTES:end] == b"frame"
+    assert _open(rx, tx.keepalive()) == wire.HEADER_BYTES  # a keepalive: no frame
 
 
-def _feed(r: wire.Reassembler, dgrams: list[bytes]) -> list[bytes]:
-    out = []
-    for d in dgrams:
-        assert wire.authentic(wire.prefix(TOKEN), memoryview(d), len(d))
-        f = r.add(memoryview(d), len(d))
-        if f is not None:
-            out.append(bytes(f))
-    return out
+def test_forged_truncated_and_foreign_datagrams_are_rejected():
+    tx = wire.Sender(TOKEN)
+    d = _datagram(tx, b"frame" * 20)
+    rx = wire.Receiver(TOKEN, auth.new_sender())
+    for i in range(len(d)):  # any byte changed: magic, sender, counter, tail, frame or tag
+        forged = bytearray(d)
+        forged[i] ^= 0x01
+        assert _open(rx, bytes(forged)) == wire.REJECTED, i
+    for n in range(len(d)):  # cut short anywhere
+        assert _open(rx, d[:n]) == wire.REJECTED, n
+    assert _open(rx, d + b"x") == wire.REJECTED  # longer
+    assert _open(rx, _datagram(wire.Sender(bytes(16)), b"frame")) == wire.REJECTED  # another link's key
+    head = d[:wire.HEADER_BYTES]
+    assert _open(rx, head + b"crafted" + bytes(16)) == wire.REJECTED  # a seen header with a guessed tag
+    assert _open(rx, d) > 0  # and the original still opens
 
 
-def test_split_and_reassemble_a_64k_frame():
-    frame = os.urandom(65000)
-    dgrams = _datagrams(frame, 7, 1500)
-    assert len(dgrams) == wire.parts(len(frame), 1500) == 45
-    assert all(len(d) <= 1500 for d in dgrams)
-    r = wire.Reassembler()
-    assert _feed(r, dgrams) == [frame]
-    assert r.dropped == 0
-    frame2 = os.urandom(3000)  # and the next one, with a frame number that wraps
-    assert _feed(r, _datagrams(frame2, 0x1_0000, 1500)) == [frame2]
+def test_a_replayed_datagram_is_dropped_and_a_reflected_one_too():
+    a, b = wire.Sender(TOKEN), wire.Sender(TOKEN)
+    rx_b = wire.Receiver(TOKEN, b.sender)
+    d = _datagram(a, b"frame")
+    assert _open(rx_b, d) > 0
+    assert _open(rx_b, d) == wire.REPLAYED
+    assert _open(rx_b, _datagram(b, b"frame")) == wire.REFLECTED  # b's own, sent back to b
+    late = _datagram(a, b"late")
+    assert _open(rx_b, _datagram(a, b"next")) > 0
+    assert _open(rx_b, late) > 0  # out of order but within the window: once
+    assert _open(rx_b, late) == wire.REPLAYED
 
 
-def test_a_missing_reordered_or_repeated_part_drops_the_frame_only():
-    a, b = os.urandom(5000), os.urandom(5000)
-    da, db = _datagrams(a, 1, 1500), _datagrams(b, 2, 1500)
-    r = wire.Reassembler()
-    assert _feed(r, da[:2] + da[3:]) == []  # part 2 lost
-    assert _feed(r, [da[0], da[2], da[1], da[3]]) == []  # reordered
-    assert _feed(r, [da[0], da[1], da[1]]) == []  # repeated
-    assert _feed(r, da[:2] + db) == [b]  # an unfinished frame gives way to the next
-    assert r.dropped == 4
-    assert _feed(r, da) == [a]  # and nothing stuck
+def test_a_restarted_sender_starts_above_what_it_sent_before():
+    rx = wire.Receiver(TOKEN, auth.new_sender())
+    before = _datagram(wire.Sender(TOKEN), b"before")  # a forwarder's datagram, never delivered
+    time.sleep(0.001)
+    assert _open(rx, _datagram(wire.Sender(TOKEN), b"after")) > 0  # the restarted one's: counters start at the clock
+    assert _open(rx, before) == wire.REPLAYED  # 1 ms = 10**6 counters below: older than the window
 
 
-def test_parts_of_two_frames_never_splice():
-    a, b = os.urandom(4000), os.urandom(4000)
-    da, db = _datagrams(a, 1, 1500), _datagrams(b, 2, 1500)
-    r = wire.Reassembler()
-    assert _feed(r, [da[0], db[1], da[1], da[2]]) == []
-
-
-def test_reassembly_is_bounded():
-    r = wire.Reassembler(limit=3000)
-    assert _feed(r, _datagrams(os.urandom(5000), 3, 1500)) == []
-    assert r.dropped == 1
-    bogus = wire.prefix(TOKEN) + bytes((0, 9, 0, 1)) + b"x"  # part 0 of 1 sent as a part
-    assert r.add(memoryview(bogus), len(bogus)) is None
-    assert list(wire.split(wire.prefix(TOKEN), memoryview(bytes(300 * 1000)), 1, 1000)) == []  # > 255 parts
+def test_the_replay_window_edges():
+    w = auth.ReplayWindow()
+    assert w.fresh(0) and w.fresh(2**64 - 1)
+    top = 10_000
+    w.accept(top)
+    assert not w.fresh(top)
+    edge = top - (auth.WINDOW - 1)  # the oldest counter the window still holds
+    assert w.fresh(edge) and w.fresh(top - 1) and w.fresh(top + 1)
+    assert not w.fresh(edge - 1)  # one below: too old, dropped even though never seen
+    w.accept(edge)
+    assert not w.fresh(edge)
+    w.accept(top + 1)  # the window slides by one: the edge falls out
+    assert not w.fresh(edge) and not w.fresh(top) and not w.fresh(top + 1) and w.fresh(edge + 1)
+    w.accept(top + 1 + auth.WINDOW)  # a jump by the whole window: only the new top is remembered
+    assert not w.fresh(top + 1 + auth.WINDOW) and w.fresh(top + 2) and not w.fresh(top + 1)
+    w2 = auth.ReplayWindow(size=8)
+    for c in (5, 3, 9, 4):  # out of order
+        assert w2.fresh(c)
+        w2.accept(c)
+    assert [c for c in range(12) if w2.fresh(c)] == [2, 6, 7, 8, 10, 11]  # 0 and 1: older than 9 - 7
 
 
 # --------------------------------------------------------------------------- two forwarders
+QUIET = Timing(keepalive=60, silent=60, probe=60)
+"""One keepalive when a forwarder starts, then none within a test."""
+FAST = Timing(keepalive=0.1, silent=0.6, probe=60, tick=0.02)
+
+
 class Pair:
     """Two forwarders over loopback UDP; each veth is one end of a Unix datagram pair."""
 
-    def __init__(self, max_payload: int | None = None, token_b: bytes = TOKEN, v6: bool = False) -> None:
+    def __init__(self, max_payload: int | None = None, token_b: bytes = TOKEN, v6: bool = False,
+                 timing: Timing = Timing()) -> None:
         self.udp = [socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
         for s in self.udp:
             s.bind(("::1" if v6 else "127.0.0.1", 0))
@@ -147,8 +165,8 @@ class Pair:
         self.veth = [p[0] for p in pairs]  # what the node side sees
         for v in self.veth:
             v.settimeout(5)
-        self.fwd = [Forwarder(self.udp[0], pairs[0][1], TOKEN, max_payload=max_payload),
-                    Forwarder(self.udp[1], pairs[1][1], token_b, max_payload=max_payload)]
+        self.fwd = [Forwarder(self.udp[0], pairs[0][1], TOKEN, max_payload=max_payload, timing=timing),
+                    Forwarder(self.udp[1], pairs[1][1], token_b, max_payload=max_payload, timing=timing)]
         for f in self.fwd:
             f.start()
 
@@ -205,7 +223,7 @@ def test_an_ipv6_underlay_carries_the_largest_frames():
         pytest.skip("no IPv6 loopback here")
     try:
         assert p.fwd[0].max_payload == wire.UDP_MAX_PAYLOAD_V6
-        f = os.urandom(wire.UDP_MAX_PAYLOAD_V6 - wire.HEADER_BYTES)
+        f = os.urandom(wire.UDP_MAX_PAYLOAD_V6 - wire.OVERHEAD)
         p.veth[0].send(f)
         assert p.veth[1].recv(70000) == f
         assert p.fwd[0].counters.split_out == 0
@@ -214,18 +232,129 @@ def test_an_ipv6_underlay_carries_the_largest_frames():
 
 
 def test_a_wrong_token_is_dropped_from_the_pinned_peer_and_strangers_never_get_in():
-    p = Pair(token_b=bytes(16))  # b expects another token than a sends
+    p = Pair(token_b=bytes(16), timing=QUIET)  # b expects another token than a sends
     try:
         p.veth[0].send(b"x" * 100)
-        assert _wait(lambda: p.fwd[1].counters.rejected == 1)
+        assert _wait(lambda: p.fwd[1].counters.rejected >= 1)
+        time.sleep(2 * QUIET.tick)  # and a's first keepalive, unless the frame went out before it
+        rejected = p.fwd[1].counters.rejected
+        assert rejected in (1, 2)
         stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        stranger.sendto(_whole(bytes(16), b"y" * 100), p.udp[1].getsockname())  # b's token, from elsewhere
+        stranger.sendto(_datagram(wire.Sender(bytes(16)), b"y" * 100), p.udp[1].getsockname())  # b's key, elsewhere
         stranger.close()
         p.veth[1].settimeout(0.3)
         with pytest.raises(TimeoutError):
             p.veth[1].recv(70000)
-        assert p.fwd[1].counters.frames_in == 0 and p.fwd[1].counters.rejected == 1  # the kernel dropped the stranger's
+        assert p.fwd[1].counters.frames_in == 0 and p.fwd[1].counters.rejected == rejected  # the kernel dropped it
     finally:
+        p.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_watch_keeps_an_idle_link_alive_and_stops_sending_to_a_silent_peer():
+    clock, log = Clock(), io.StringIO()
+    w = PeerWatch("127.0.0.1 port 9", Timing(keepalive=1, silent=5, probe=30), log, clock)
+
+    def at(t: float) -> bool:
+        clock.t = t
+        due = w.tick()
+        if due:
+            w.sent()
+        return due
+
+    assert at(100)  # a keepalive at once: the peer hears this end is up
+    assert not at(100.5) and at(101)  # then one after each idle second
+    w.sent()  # a frame went out at 101
+    assert not at(101.9) and at(102.0) and not w.silent
+    assert at(105.0) and not w.silent  # heard last at 100 (the start): 5 s is not more than 5 s
+    assert not at(105.1) and w.silent and w.silences == 1  # silent: no keepalive
+    assert log.getvalue() == ("warning: nothing authentic from the tunnel's peer 127.0.0.1 port 9 for 5 s: no longer "
+                              "sending to it (a probe without a frame every 30 s until it is heard)\n")
+    assert not any(at(t) for t in (106, 120, 135.0))
+    assert at(135.1) and not at(136) and not at(165.0) and at(165.1)  # a probe every 30 s
+    w.heard()
+    assert not w.silent and log.getvalue().endswith("peer 127.0.0.1 port 9 is heard again: sending to it resumes\n")
+    assert at(166.1) and not at(166.2)  # idle: keepalives again
+
+
+def test_an_idle_link_is_kept_alive():
+    p = Pair(timing=FAST)
+    try:
+        time.sleep(4 * FAST.silent)
+        assert all(f.watch.silences == 0 and not f.watch.silent for f in p.fwd)
+        assert all(f.counters.keepalives_in >= 3 and f.counters.rejected == 0 for f in p.fwd)
+    finally:
+        p.close()
+
+
+def _taken(taker: socket.socket, seconds: float) -> list[tuple[float, bytes]]:
+    """What ``taker`` receives for ``seconds``: (when, datagram)."""
+    got, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        taker.settimeout(left)
+        try:
+            got.append((time.monotonic(), taker.recv(70000)))
+        except TimeoutError:
+            break
+    return got
+
+
+def test_after_its_peer_exits_a_forwarder_sends_its_port_nothing_and_takes_nothing_from_it(capsys):
+    p = Pair(timing=FAST)
+    taker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        port_b = p.udp[1].getsockname()
+        p.veth[0].send(b"before")
+        assert p.veth[1].recv(100) == b"before"
+        p.fwd[1].stop()  # b exits; another user takes its port
+        gone = time.monotonic()
+        taker.bind(port_b)
+
+        def send() -> None:  # the node keeps sending to the other side meanwhile
+            for i in range(int((FAST.silent + 1.0) / 0.02)):
+                p.veth[0].send(b"frame %d" % i)
+                time.sleep(0.02)
+
+        sending = threading.Thread(target=send)
+        sending.start()
+        got = _taken(taker, FAST.silent + 1.0)
+        sending.join()
+        bound = FAST.silent + 5 * FAST.tick + 0.2  # the silence, noticed at the next tick, and some slack
+        assert got and all(t - gone < bound for t, _ in got)  # frames until the bound, then nothing
+        assert not any(TOKEN in d or auth.link_key(TOKEN)[:8] in d for _, d in got)
+        a = p.fwd[0]
+        assert a.watch.silent and a.counters.dropped_silent > 0
+        for _, d in got:  # what the taker saw, sent back, and forged from it: nothing gets in
+            taker.sendto(d, p.udp[0].getsockname())
+            taker.sendto(d[:wire.HEADER_BYTES] + b"forged" + d[-wire.TAG_BYTES:], p.udp[0].getsockname())
+        assert _wait(lambda: a.counters.reflected == len(got) and a.counters.rejected == len(got))
+        assert a.watch.silent and a.counters.frames_in == 0
+        taker.close()
+        back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # b starts again, with the link's token
+        back.bind(port_b)
+        back.connect(p.udp[0].getsockname())
+        pair_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        b = Forwarder(back, pair_b[1], TOKEN, timing=FAST)
+        b.start()
+        try:
+            assert _wait(lambda: not a.watch.silent)
+            p.veth[0].send(b"after")
+            pair_b[0].settimeout(5)
+            assert pair_b[0].recv(100) == b"after"
+        finally:
+            b.stop()
+            pair_b[0].close()
+        err = capsys.readouterr().err
+        assert "warning: nothing authentic from the tunnel's peer 127.0.0.1 port" in err and "heard again" in err
+    finally:
+        taker.close()
         p.close()
 
 
