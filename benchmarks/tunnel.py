@@ -70,6 +70,8 @@ class Host:
     forwarder: subprocess.Popen | None = None
     port: int = 0
     counters: dict = field(default_factory=dict)
+    log: str = ""
+    """The forwarder's stderr once it stopped (its warnings, its counters)."""
 
     def ns(self, kind: str) -> str:
         return f"/proc/{self.holder.pid}/ns/{kind}"
@@ -214,7 +216,8 @@ class Lab:
         return sum(cpu_seconds(h.forwarder.pid) for h in self.hosts if h.forwarder)
 
     def stop_forwarders(self) -> None:
-        """SIGTERM both forwarders; their counters (JSON on stderr) land in ``counters``."""
+        """SIGTERM both forwarders; their counters (JSON on stderr) land in ``counters``, the
+        whole of their stderr in ``log``."""
         for h in self.hosts:
             if h.forwarder and h.forwarder.poll() is None:
                 h.forwarder.send_signal(signal.SIGTERM)
@@ -225,7 +228,8 @@ class Lab:
                 except subprocess.TimeoutExpired:
                     h.forwarder.kill()
                     _, err = h.forwarder.communicate()
-                lines = [ln for ln in (err or "").splitlines() if ln.startswith("{")]
+                h.log = err or ""
+                lines = [ln for ln in h.log.splitlines() if ln.startswith("{")]
                 h.counters = json.loads(lines[-1]) if lines else {}
 
     def close(self) -> None:
