@@ -177,8 +177,11 @@ def sha256_of(f, chunk: int = 4 * MiB) -> str:
 
 def check_directory(directory: str | Path) -> None:
     """:class:`Refused` when ``directory`` belongs to someone else and others than its owner
-    may write to it (``/tmp``, a group-writable share): another user could swap what we
-    put there. A missing directory passes (we create it, ours)."""
+    may write to it (``/tmp``, a group-writable share), or when another user may rename a
+    folder above it (:func:`_check_above`): another user could swap what we put there. A
+    missing directory passes (we create it, ours); the folders above it are checked."""
+    for above in Path(os.path.realpath(directory)).parents:
+        _check_above(above)
     try:
         st = os.stat(directory)
     except FileNotFoundError:
@@ -189,6 +192,31 @@ def check_directory(directory: str | Path) -> None:
         who = "everyone" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
         raise Refused(f"{directory} belongs to uid {st.st_uid} and {who} may write to it: another user "
                       f"could replace the file there")
+
+
+def _check_above(folder: Path) -> None:
+    """:class:`Refused` when another user may rename what is in ``folder``, a folder above
+    where we write: its owner is neither root nor us (an owner can always chmod), or all may
+    write it and it is not sticky. testbed's own writers see through its rootless namespaces
+    (testbed.common.owners); a rank cannot, so there an owner shown as the overflow uid
+    counts as root's where only that owner may write the folder."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return
+    open_to_all = bool(st.st_mode & stat.S_IWOTH)
+    trusted = {0, os.geteuid()} | ({65534} if _in_user_namespace() and not open_to_all else set())
+    if st.st_uid not in trusted or (open_to_all and not st.st_mode & stat.S_ISVTX):
+        raise Refused(f"{folder} belongs to uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o}): another user "
+                      "may rename what is in it and swap the file we write below it")
+
+
+def _in_user_namespace() -> bool:
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            return f.read(4096).split(b"\n", 1)[0].split() != [b"0", b"0", b"4294967295"]
+    except OSError:
+        return False
 
 
 def write_replacing(path: str | Path, write: Callable[[io.BufferedWriter], None]) -> None:

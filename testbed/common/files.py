@@ -21,6 +21,7 @@ import stat
 from pathlib import Path
 
 from testbed.common.errors import StateError, TestbedError
+from testbed.common.owners import UnsafeDirectory, check_above
 from testbed.common.writes import writing
 
 MiB = 1 << 20
@@ -109,7 +110,12 @@ def tail_text(path: Path, nbytes: int = TAIL_BYTES) -> str:
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) readable by its owner only; refuse a symlink or a
-    directory someone else owns, where the state of a tool run as root must not live."""
+    directory someone else owns, where the state of a tool run as root must not live, and
+    one below a folder another user may rename in (:func:`testbed.common.owners.check_above`)."""
+    try:
+        check_above(path, "TESTBED_STATE_DIR:")
+    except UnsafeDirectory as e:
+        raise StateError(e.message, "set TESTBED_STATE_DIR (or XDG_RUNTIME_DIR) to a directory of yours") from None
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):

@@ -8,11 +8,12 @@ under a fresh random name created with ``O_EXCL | O_NOFOLLOW`` (never through a 
 into a file that exists), then renames it over the final name *within that descriptor*
 (which replaces a planted link rather than following it).
 
-The directory itself must be owned by the user and not writable by all, and its parent must
-be one the user or root owns and not writable by all, or sticky (like ``/tmp``, where no one
-else can rename or remove what is ours): otherwise someone else could swap what we write. A
-directory's group is trusted with it, as the file system trusts it (a project's shared
-folder, or Debian's private group of one). Refusals are one
+The directory itself must be owned by the user and not writable by all, and every folder
+above it must be one the user or root owns, and sticky where all may write it (like
+``/tmp``): another user who may rename a folder above could swap what we write
+(:func:`testbed.common.owners.check_above`, which also sees through the rootless
+namespaces). A directory's group is trusted with it, as the file system trusts it (a
+project's shared folder, or Debian's private group of one). Refusals are one
 :class:`~testbed.common.errors.TestbedError` line naming the directory and the way out
 (``--out`` a directory of one's own).
 """
@@ -28,44 +29,16 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from testbed.common import rootless
-from testbed.common.errors import TestbedError
+from testbed.common.owners import UnsafeDirectory, check_above, who
 from testbed.common.writes import writing
 
 PRIVATE = 0o700
 
 
-class UnsafeDirectory(TestbedError):
-    """A directory testbed would write into belongs to, or is writable by, someone else."""
-
-
-def _who(uid: int) -> str:
-    """``uid N``, said plainly where it is an owner outside the user's rootless namespaces
-    (every id not mapped into them looks alike there: root's and other users')."""
-    try:
-        with open("/proc/sys/kernel/overflowuid") as f:
-            overflow = int(f.read(16))
-    except (OSError, ValueError):
-        overflow = 65534
-    if uid == overflow and rootless.in_user_namespace():
-        return f"uid {uid} (root or another user: owners outside your rootless namespaces look alike)"
-    return f"uid {uid}"
-
-
-def _check_parent(parent: Path, fd: int, flag: str) -> None:
-    st = os.fstat(fd)
-    if st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o002:
-        return
-    if st.st_mode & stat.S_ISVTX:
-        return  # sticky: others may add names, not rename or remove ours
-    raise UnsafeDirectory(f"{parent} belongs to {_who(st.st_uid)} or is writable by all, so what testbed writes "
-                          "in it could be swapped", f"{flag} a directory inside one of your own")
-
-
 def _check_dir(path: Path, fd: int, flag: str) -> None:
     st = os.fstat(fd)
     if st.st_uid != os.geteuid():
-        raise UnsafeDirectory(f"{path} belongs to {_who(st.st_uid)}, not to you: testbed writes only into "
+        raise UnsafeDirectory(f"{path} belongs to {who(st.st_uid)}, not to you: testbed writes only into "
                               "directories you own", f"{flag} a directory of your own")
     if st.st_mode & 0o002:
         raise UnsafeDirectory(f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who could "
@@ -78,6 +51,7 @@ class OutDir:
     def __init__(self, path: Path, flag: str = "--out", mode: int = PRIVATE, fresh: bool = False):
         self.path, self.flag = Path(os.path.abspath(path)), flag
         parent = self.path.parent
+        check_above(self.path, flag)  # before anything is made below an unsafe folder
         with writing(parent):
             parent.mkdir(parents=True, exist_ok=True)
         pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -86,13 +60,13 @@ class OutDir:
             there = self._exists(pfd)
             if there and fresh:
                 raise UnsafeDirectory(f"{self.path} already exists", f"{flag} a new directory")
-            if not there:  # the parent first: nothing is made under one that is not safe
-                _check_parent(parent, pfd, flag)
+            if not there:  # the folders above first: nothing is made under one that is not safe
+                check_above(self.path, flag)
                 self._make(pfd)
             self.fd = self._open(pfd)
             _check_dir(self.path, self.fd, flag)  # a folder someone else made says so first
             if there:
-                _check_parent(parent, pfd, flag)
+                check_above(self.path, flag)
             else:
                 os.fchmod(self.fd, mode)  # whatever the umask
         except BaseException:
@@ -103,7 +77,7 @@ class OutDir:
 
     def _open(self, pfd: int) -> int:
         """The directory, held; a symlink only when it is the user's own (in a parent checked
-        above, no one else could have made it but root, or another user in a sticky one)."""
+        above, no one else could have made it but root)."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
         try:
             return os.open(self.path.name, flags | os.O_NOFOLLOW, dir_fd=pfd)
@@ -144,6 +118,15 @@ class OutDir:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def open_log(self, name: str) -> BinaryIO:
+        """``name`` in this directory, opened to be written as it grows (a process's stdout):
+        made 0600 or emptied when it is a file, never followed when it is a link."""
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"not a plain file name: {name!r}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with writing(self.path / name):
+            return os.fdopen(os.open(name, flags, 0o600, dir_fd=self.fd), "wb")
 
     @contextlib.contextmanager
     def create(self, name: str, kept: str = "") -> Iterator[BinaryIO]:

@@ -34,9 +34,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from testbed.common import hostbase, outside, procs
+from testbed.common import hostbase, outside, owners, procs
 from testbed.common.errors import TestbedError
 from testbed.common.files import private_dir
+from testbed.common.owners import in_user_namespace
 
 ENV = "TESTBED_ROOTLESS_DIR"
 """Set by :func:`enter` to BASE; inherited by what the command starts."""
@@ -99,17 +100,6 @@ def use_host_base() -> None:
 def private_root() -> Path:
     """The holder's tmpfs (seen only inside its mount namespace)."""
     return base_dir() / "ns"
-
-
-def in_user_namespace() -> bool:
-    """True when this process is not in the initial user namespace (its uid map is not the
-    identity over all ids)."""
-    try:
-        with open("/proc/self/uid_map", "rb") as f:
-            first = f.read(4096).split(b"\n", 1)[0].split()
-    except OSError:
-        return False
-    return first != [b"0", b"0", b"4294967295"]
 
 
 def active() -> bool:
@@ -262,6 +252,7 @@ def enter(spawner: bool | None = None) -> None:
         cwd = "/"
     if spawner if spawner is not None else bool(os.environ.get("SLURM_JOB_ID")):
         os.environ[outside.ENV] = outside.start(base)
+    owners.start_oracle()  # who owns a folder, as the host sees it (testbed.common.owners)
     _setns(pid, ("user", "mnt", "pid"))
     os.environ[ENV] = str(base)
     r, w = os.pipe()
@@ -277,6 +268,7 @@ def enter(spawner: bool | None = None) -> None:
             os.chdir("/")
         return
     os.close(w)
+    owners.forget_oracle()  # the child asks it; it ends with the child
     code = _wait_for(child)
     if os.read(r, 1) == b"s":  # the lock stays exclusive (the child's, on our shared file) until we exit
         _stop(pidfd)

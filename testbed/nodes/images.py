@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed.common.errors import TestbedError
+from testbed.common.owners import make_dirs
 from testbed.common.procs import run_tool
 from testbed.nodes.dockerapi import client, docker_sdk
 
@@ -102,7 +103,7 @@ def _wheels(say: Callable[[str], None]) -> Path:
     d = cache_dir() / f"wheels-{key}"
     if (d / ".complete").exists():
         return d
-    d.mkdir(parents=True, exist_ok=True)
+    make_dirs(d, CACHE_ENV)
     say(f"pip download {' '.join(reqs)} (cp311 wheels)")
     plats = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
     argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
@@ -157,7 +158,7 @@ def build(tag: str = DEFAULT_TAG, say: Callable[[str], None] = lambda m: None, f
         raise TestbedError("building the worker image needs root (debootstrap, chroot)", "run with sudo")
     t0 = time.monotonic()
     dc = client()
-    cache_dir().mkdir(parents=True, exist_ok=True)
+    make_dirs(cache_dir(), CACHE_ENV)
     src = workloads_dir()
     wheels_key = _key(torch_requirement(), PYTHON_PACKAGES)
     key = _key(SUITE, MIRROR, PACKAGES, wheels_key, _tree_hash(src))

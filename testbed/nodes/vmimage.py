@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed.common.errors import TestbedError
+from testbed.common.owners import make_dirs
 from testbed.common.procs import run_tool
 
 CACHE_ENV = "TESTBED_VM_CACHE"
@@ -118,7 +119,7 @@ def kernel_dir(say: Callable[[str], None] = lambda m: None) -> Path:
     d = cache_dir() / pkg
     if (d / ".complete").exists():
         return d
-    cache_dir().mkdir(parents=True, exist_ok=True)
+    make_dirs(cache_dir(), CACHE_ENV)
     tmp = Path(tempfile.mkdtemp(prefix="kernel-", dir=cache_dir()))
     try:
         say(f"apt-get download {pkg}")
@@ -212,7 +213,7 @@ def build(say: Callable[[str], None] = lambda m: None, force: bool = False, kern
     if not Path(BUSYBOX).is_file():
         raise TestbedError(f"{BUSYBOX} is missing (the guest's initramfs is busybox)", "apt-get install busybox-static")
     kd = check_kernel_dir(kernel, "kernel:") if kernel is not None else kernel_dir(say)
-    cache_dir().mkdir(parents=True, exist_ok=True)
+    make_dirs(cache_dir(), CACHE_ENV)
     abi = next((kd / "lib" / "modules").iterdir()).name
     busybox = Path(BUSYBOX).read_bytes()
     mods = module_order(kd / "lib" / "modules" / abi)

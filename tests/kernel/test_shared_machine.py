@@ -112,6 +112,29 @@ def test_a_run_or_sweep_into_another_users_out_is_refused_before_anything_is_bui
     assert victim_file.read_text() == "not a checkpoint\n"
 
 
+def test_a_run_below_a_folder_another_user_may_rename_in_is_refused(users, shared_tmp):
+    """Issue 56: the owner of a sticky folder may rename anything in it (mid-run they swapped
+    the victim's run directory for one of theirs, zygote socket included). Refused for an
+    ordinary user (the real owner seen through the rootless namespaces) and for root; root's
+    own sticky folder, as /tmp, stays fine."""
+    attacker = pwd.getpwnam(ATTACKER)
+    sticky = shared_tmp / "sticky"  # the attacker's own /tmp
+    sticky.mkdir()
+    os.chown(sticky, attacker.pw_uid, attacker.pw_gid)
+    sticky.chmod(0o1777)
+    run = ("run", "allreduce", "-t", "nothere", "--out")
+    for r in (as_user(VICTIM, *run, str(sticky / "runs")), cli(*run, str(sticky / "runs"))):
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{sticky} belongs to uid {attacker.pw_uid}, who may rename" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 2, r.stderr  # the error and its hint
+    assert list(sticky.iterdir()) == []
+    tmp = shared_tmp / "tmp"  # root's own sticky folder: the run goes on to the next check
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    r = as_user(VICTIM, *run, str(tmp / "runs"))
+    assert r.returncode == 1 and "nothere" in r.stderr and "belongs to" not in r.stderr, r.stderr
+
+
 def _status(url: str, headers: dict | None = None, as_: str | None = None) -> int:
     """The HTTP status ``url`` answers, asked by this process or by user ``as_``."""
     if as_ is not None:
