@@ -19,8 +19,10 @@ environment turns it off.
 The zygote gets the environment every rank shares (the variables torch and its libraries
 read when they load, OMP_NUM_THREADS and TORCH_FR_BUFFER_SIZE among them, have one value per
 run); each rank gets its own environment back after the fork. The listening socket is
-bound here, in the run directory (private to the user), before the zygote starts, so ranks
-that connect while it still imports wait in the backlog. Its log is ``zygote.log`` there.
+bound here, in the run directory (private to the user, held open by the launcher), before
+the zygote starts, so ranks that connect while it still imports wait in the backlog; each
+client checks that the socket's listener is the run's own process and the user's before it
+hands anything over (:mod:`testbed.nodes.zygote_client`). Its log is ``zygote.log`` there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed.common import procs
+from testbed.common.outdir import OutDir
 from testbed.nodes.zygote_client import SOCKET_ENV, address
 
 ENV = "TESTBED_ZYGOTE"
@@ -90,23 +93,28 @@ class Zygote:
         env[SOCKET_ENV] = self.socket
         return [CLIENT, *argv]
 
-    def start(self, envs: Sequence[dict[str, str]], die_with: dict[str, str]) -> None:
+    def start(self, envs: Sequence[dict[str, str]], die_with: dict[str, str], held: OutDir | None = None) -> None:
         """Bind the socket and start the server with what ``envs`` (the clients' rank
-        environments) share, plus ``die_with`` (TESTBED_DIE_WITH_PARENT). A zygote that
-        cannot start leaves no socket: its clients start their ranks themselves."""
+        environments) share, plus ``die_with`` (TESTBED_DIE_WITH_PARENT). ``held``: the run
+        directory, held open by the launcher: the socket and the log are made in that very
+        directory, whatever its path names by now. A zygote that cannot start leaves no
+        socket: its clients start their ranks themselves."""
         env = common_env(envs)
         env.pop(SOCKET_ENV, None)
         env.update(die_with)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            where, dirfd = address(self.socket)
+            if held is not None:
+                where, dirfd = f"/proc/self/fd/{held.fd}/{os.path.basename(self.socket)}", None
+            else:
+                where, dirfd = address(self.socket)
             try:
-                listener.bind(where)
+                listener.bind(where)  # its peers see this process (SO_PEERCRED): the clients check it
             finally:
                 if dirfd is not None:
                     os.close(dirfd)
             listener.listen(BACKLOG)
-            with open(self.log, "wb") as f:
+            with held.open_log(self.log.name) if held is not None else open(self.log, "wb") as f:
                 self.proc = subprocess.Popen(procs.python_argv(SERVER, "--fd", str(listener.fileno()), self.module),
                                              env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                              pass_fds=(listener.fileno(),), start_new_session=True)

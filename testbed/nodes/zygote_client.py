@@ -5,7 +5,8 @@
     started a zygote, in place of ``python -m MODULE ARGS``. Already in the node's network
     and mount namespaces, its cgroup and working directory, with the rank's environment, it
     connects to the zygote's socket (``$TESTBED_ZYGOTE_SOCKET``, in the private run
-    directory) and hands over, by SCM_RIGHTS, its stdin, stdout and stderr, its working
+    directory), checks that its listener is the run's own process and the user's
+    (SO_PEERCRED: a socket another user put in its place gets nothing), and hands over, by SCM_RIGHTS, its stdin, stdout and stderr, its working
     directory and its user, mount and network namespaces, with MODULE, ARGS, the environment
     and its umask. The zygote (torch imported once for the whole run) forks the rank into
     all of that. This process stays as the rank's stand-in for the launcher: it forwards
@@ -29,8 +30,11 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 
+RUN_PID_ENV = "TESTBED_DIE_WITH_PARENT"
+"""The run's pid (testbed.nodes.nsexec's name, not imported: this client stays small)."""
 SOCKET_ENV = "TESTBED_ZYGOTE_SOCKET"
 """The zygote's socket (set by the launcher; removed here, so the rank never sees it)."""
 NAMESPACES = ("user", "mnt", "net")
@@ -136,6 +140,10 @@ def through_zygote(path: str, module: str, args: list[str]) -> int | None:
         _note(f"started without the zygote: cannot reach {path}: {e.strerror}")
         return None
     with sock:
+        stranger = _stranger(sock)
+        if stranger:
+            _note(f"started without the zygote: {path} {stranger}")
+            return None
         fds = [0, 1, 2, os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
         try:
             fds += [os.open(f"/proc/self/ns/{n}", os.O_RDONLY | os.O_CLOEXEC) for n in NAMESPACES]
@@ -156,6 +164,20 @@ def through_zygote(path: str, module: str, args: list[str]) -> int | None:
             _note(f"started without the zygote: {getattr(e, 'strerror', None) or e}")
             return None
         return _status(sock, pid)
+
+
+def _stranger(sock: socket.socket) -> str | None:
+    """Why the socket's listener is not the run's (None: it is): a process of another user,
+    or another process than the one that started this rank (``$TESTBED_DIE_WITH_PARENT``,
+    the run's own, which bound and listens on the zygote's socket). Nothing is handed over
+    to a stranger: not the rank's environment, not its descriptors."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    if uid != os.getuid():
+        return f"is served by uid {uid}, not by you"
+    run = os.environ.get(RUN_PID_ENV, "")
+    if run.isascii() and run.isdigit() and len(run) < 12 and pid != int(run):
+        return f"is served by pid {pid}, not by the run's own process (pid {run})"
+    return None
 
 
 def _accepted(sock: socket.socket) -> int:

@@ -47,7 +47,7 @@ from testbed.nodes.zygote_client import SOCKET_ENV
 from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text, write_json
-from testbed.common.writes import writing
+from testbed.common.outdir import OutDir
 from workloads.collectives import RECORDER_ENTRIES
 
 COLLECT_EVERY_S = 2.0
@@ -243,17 +243,18 @@ class Launcher:
         # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
         # testbed.hosts.sshexec dies and the connection with it); so does the zygote
         die_with = {DIE_WITH_PARENT: str(os.getpid())}
-        if zygote is not None:
-            zygote.start([env for *_, env in starts if SOCKET_ENV in env], die_with)
-            self.zygote = zygote
-        for w, place, cmd, env in starts:
-            env.update(die_with)
-            log = self.run_dir / f"rank{w.rank}.log"
-            with writing(log), open(log, "wb") as f:
-                proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)  # Ctrl-C reaches us, not the ranks
-            self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",
-                                       w.host, place.where, woken=self._woken))
+        with OutDir(self.run_dir) as held:  # the run directory itself, whatever its path names meanwhile
+            if zygote is not None:
+                zygote.start([env for *_, env in starts if SOCKET_ENV in env], die_with, held)
+                self.zygote = zygote
+            for w, place, cmd, env in starts:
+                env.update(die_with)
+                log = self.run_dir / f"rank{w.rank}.log"
+                with held.open_log(log.name) as f:
+                    proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C: us, not them
+                self.ranks.append(RankProc(w.rank, w.name, proc, log, self.run_dir / f"rank{w.rank}.jsonl",
+                                           w.host, place.where, woken=self._woken))
 
     def _run_env(self, rank: int, placement_file: Path) -> dict[str, str]:
         """The variables that tie a rank to this run: placement, records, the proof's counts."""
