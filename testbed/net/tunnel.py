@@ -41,7 +41,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 from testbed.net import tunnelwire as wire
-from testbed.net.tunnellive import PeerWatch, Timing
+from testbed.net.tunnellive import PeerWatch, Timing, peer_words
 
 SOL_PACKET = 263
 PACKET_VNET_HDR = 15
@@ -178,7 +178,7 @@ class Forwarder:
         v6 = udp.family == socket.AF_INET6
         self.max_payload = min(max_payload or 65535, wire.UDP_MAX_PAYLOAD_V6 if v6 else wire.UDP_MAX_PAYLOAD_V4)
         wire.parts(1, self.max_payload)  # raises when the header does not fit
-        self.watch = PeerWatch(peer or _peer_words(udp), timing)
+        self.watch = PeerWatch(peer or peer_words(udp), timing)
         self.counters = Counters()
         self.stopping = False
         self._stopped = threading.Event()
@@ -336,15 +336,6 @@ class Forwarder:
                 continue
             c.frames_in += 1
             c.bytes_in += len(frame)
-
-
-def _peer_words(udp: socket.socket) -> str:
-    """The connected peer's address and port in words (for the watch's warnings)."""
-    try:
-        host, port = udp.getpeername()[:2]
-    except OSError:
-        return "(not connected)"
-    return f"{host} port {port}"
 
 
 # --------------------------------------------------------------------------- the command

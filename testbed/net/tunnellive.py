@@ -25,6 +25,7 @@ later still is heard when it sends its first keepalive, which it does at once.
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -98,3 +99,12 @@ class PeerWatch:
             self.next_probe = now + t.probe
             return True
         return now - self.last_sent >= t.keepalive
+
+
+def peer_words(udp: socket.socket) -> str:
+    """A connected socket's peer in words (``ADDRESS port PORT``), for the warnings."""
+    try:
+        host, port = udp.getpeername()[:2]
+    except OSError:
+        return "(not connected)"
+    return f"{host} port {port}"

@@ -31,7 +31,7 @@ from testbed.plan.ledger import Ledger
 TUNNEL_MARKER = re.compile(r"--tunnel-id=[0-9a-f]{32}")
 START_TIMEOUT_S = 30.0
 GSO_MAX_SIZE = 60000
-"""The link ends' ``gso_max_size``: a GSO frame, its vnet header and the tunnel's own header
+"""The link ends' ``gso_max_size``: a GSO frame, its vnet header and the tunnel's header and tag
 fit one UDP datagram (``docs/tunnel.md``, "Datagram size")."""
 
 
