@@ -18,12 +18,17 @@ then skipped so that nothing counts twice.
     training()      the built-in trainer's training iterations begin; ``aside()`` brackets
                     what is not their exchange (evaluations, DDP's bucket rebuild),
                     ``trained()`` ends them. User code: every collective is its training's.
+    iteration()     the built-in trainer's next iteration starts: with a ``volume``
+                    (``workloads.volume``, set by the trainer), each training-window entry
+                    of a group of two or more ranks and each send to another rank is also
+                    counted against the iteration it was made in
     finish()        fold the recorder's entries and write the file (also done before a
                     ``destroy_process_group``, while the groups' members are still known)
 
 The file: ``{"rank", "recorder_entries", "groups": {name: [global ranks]}, "ops": [{"phase",
 "group", "kind", "count", "in_bytes", "out_bytes"}], "sends": [{"phase", "dst", "count",
-"bytes"}], "uncounted": N}``; phase is "train" or "other". testbed.runs.proof reads it.
+"bytes"}], "uncounted": N, "volume": {...}}``; phase is "train" or "other"; ``volume`` only from
+the built-in trainer (``workloads.volume``). testbed.runs.proof reads it.
 """
 
 from __future__ import annotations
@@ -99,6 +104,10 @@ class Ledger:
         """Evaluations since the last fold."""
         self.per_interval: float | None = None
         """Recorder entries per interval between evaluations, as the last fold measured."""
+        self.volume = None
+        """workloads.volume.Volume of the built-in trainer (None: user code)."""
+        self.last_ns: dict[str, int] = {}
+        """Per recorder: the creation time of the last entry folded (where a lost range starts)."""
 
     def phase(self, t_ns: int) -> str:
         if self.train_from is not None and t_ns < self.train_from:
@@ -111,9 +120,13 @@ class Ledger:
 
     def count_send(self, tensor, dst: int) -> None:
         b = tensor.numel() * tensor.element_size()
-        c = self.sends.setdefault((self.phase(time.time_ns()), int(dst)), [0, 0])
+        now = time.time_ns()
+        phase = self.phase(now)
+        c = self.sends.setdefault((phase, int(dst)), [0, 0])
         c[0] += 1
         c[1] += b
+        if self.volume is not None and phase == "train" and int(dst) != self.rank:
+            self.volume.carry(now, b)
 
     def fold(self) -> None:
         """The recorders' entries since the last fold into the totals; the groups' members."""
@@ -133,7 +146,10 @@ class Ledger:
                 if e["record_id"] < first:
                     continue
                 self.uncounted += e["record_id"] - first  # the ring wrapped before this fold
+                if e["record_id"] > first and self.volume is not None:
+                    self.volume.lose(self.last_ns.get(name, 0), int(e.get("time_created_ns") or 0))
                 self.next_id[name] = e["record_id"] + 1
+                self.last_ns[name] = int(e.get("time_created_ns") or 0)
                 self.entries += 1
                 self._add(e)
 
@@ -157,12 +173,15 @@ class Ledger:
         group = str((e.get("process_group") or ("?",))[0])
         inb = nbytes(e.get("input_sizes"), e.get("input_dtypes"))
         outb = nbytes(e.get("output_sizes"), e.get("output_dtypes"))
-        key = (self.phase(int(e.get("time_created_ns") or 0)), group, kind)
+        t_ns = int(e.get("time_created_ns") or 0)
+        key = (self.phase(t_ns), group, kind)
         c = self.ops.setdefault(key, [0, 0, 0, 0])
         c[0] += 1
         c[1] += inb or 0
         c[2] += outb or 0
         c[3] += inb is None or outb is None  # a dtype whose size is unknown: not bounded
+        if self.volume is not None and key[0] == "train" and kind != "barrier" and len(self.groups.get(group, [])) > 1:
+            self.volume.carry(t_ns, inb or 0)  # the iteration's bytes between ranks (workloads.volume)
 
     def _groups(self) -> None:
         with contextlib.suppress(Exception):  # private API: the names may move
@@ -180,7 +199,7 @@ class Ledger:
             "ops": [{"phase": p, "group": g, "kind": k, "count": c[0], "in_bytes": c[1], "out_bytes": c[2],
                      "unsized": c[3]} for (p, g, k), c in sorted(self.ops.items())],
             "sends": [{"phase": p, "dst": d, "count": c[0], "bytes": c[1]} for (p, d), c in sorted(self.sends.items())],
-        }
+        } | ({} if self.volume is None else {"volume": self.volume.to_dict()})
 
     def write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -267,6 +286,17 @@ def training() -> None:
 def trained() -> None:
     if _ledger is not None:
         _ledger.train_until = time.time_ns()
+
+
+def current() -> Ledger | None:
+    """This rank's ledger (None: testbed does not count, or not yet activated)."""
+    return _ledger
+
+
+def iteration() -> None:
+    """The built-in trainer's next iteration starts (its volume's bins: ``workloads.volume``)."""
+    if _ledger is not None and _ledger.volume is not None:
+        _ledger.volume.begin(time.time_ns())
 
 
 @contextlib.contextmanager

@@ -96,6 +96,7 @@ class Loop:
         """One optimizer step: (seconds, this rank's loss)."""
         before_step = getattr(self.state, "before_step", None)
         after_step = getattr(self.state, "after_step", None)
+        collectives.iteration()  # the proof counts this iteration's gradient volume from here
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         if self.synthetic is None:

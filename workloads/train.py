@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from workloads import collectives, compat, data, placement, pruning, records, schemes
+from workloads import collectives, compat, data, placement, pruning, records, schemes, volume
 from workloads.arguments import hyper_params, parse_args, prepare, validate
 from workloads.checkpoint import CheckpointError, load_into
 from workloads.distributed import free_port as _free_port
@@ -97,6 +97,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
         masks = {f"model.{k}": v for k, v in masks.items()}
     where = placement.discover()
     ddp = _ddp(synthetic or model, device, args.bucket_cap_mb, synthetic=synthetic is not None)
+    volume.watch(ddp, scheme.name)  # under testbed: what each iteration's gradients must carry, for the proof
     state = scheme.attach(ddp, schemes.options(vars(args), device=str(device), seed=args.seed, placement=where,
                                                total_iters=total), masks)
     timers = DDPTimes(ddp)

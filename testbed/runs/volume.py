@@ -1,0 +1,135 @@
+"""The proof's second half, for the built-in trainer: every iteration's gradients reached collectives.
+
+The links' half (testbed.runs.proof) shows that what each rank handed to torch.distributed
+crossed the shaped links; it cannot show that this was the gradients. A run that averaged
+its gradients some other way (through files, its own sockets) and all-reduced only its
+loss hands a few bytes a step, and those few bytes cross the links. For the built-in
+schemes testbed knows what must travel: each rank of ``workloads.train`` records per
+iteration (``workloads.volume``, in its collectives file) the gradient elements DDP handed
+the scheme's hook, the fewest bytes the scheme's collectives must carry for them
+(``workloads.schemes.floors``) and the bytes its collectives carried (torch's flight
+recorder, by creation time). The check, every rank and every iteration:
+
+    handed    DDP handed the hook all of the model's trainable elements (``allreduce`` has no
+              hook: DDP's reducer all-reduces every bucket itself)
+    carried   >= floor: the collectives carried at least what the scheme must send for them
+
+The first iteration that fails either makes the run ``unproven``, named in one line (rank,
+iteration, shortfall). What cannot be checked is said, never passed over in silence: your
+own script or module (no volume: the proof sees its collectives only), your own hook (no
+floor is known for it), iterations whose recorder entries were lost (not checked, counted).
+"""
+
+from __future__ import annotations
+
+MAX_ITERATIONS = 1_000_000
+
+USER_CODE = ("your own code: the proof sees only the bytes it hands to torch.distributed; that its gradients "
+             "were exchanged at all is not checked (an exchange through files or its own sockets beside small "
+             "collectives is not caught)")
+OWN_HOOK = ("your own hook: no floor is known for what it must send; that every iteration's gradients reached "
+            "a collective is not checked")
+NOT_TRAINER = "not the built-in trainer: no gradient volume to check"
+
+
+def parse(doc: dict) -> dict | None:
+    """A rank's ``volume`` (None when its file has none), checked field by field: ValueError
+    or TypeError when it is not as workloads.volume writes it."""
+    v = doc.get("volume")
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("scheme"), str) or not isinstance(v.get("checked"), bool):
+        raise ValueError("volume")
+    n = len(_ints(v.get("floor")))
+    out = {"scheme": v["scheme"][:100], "checked": v["checked"], "elements": _int(v.get("elements")),
+           "floor": _ints(v["floor"]), "carried": _ints(v.get("carried")),
+           "handed": None if v.get("handed") is None else _ints(v["handed"]), "lost": set(_ints(v.get("lost")))}
+    if len(out["carried"]) != n or (out["handed"] is not None and len(out["handed"]) != n):
+        raise ValueError("volume: lists of different lengths")
+    return out
+
+
+def _int(v) -> int:
+    if type(v) is not int or not 0 <= v < 10**18:
+        raise ValueError(f"not a count: {v!r:.40}")
+    return v
+
+
+def _ints(v) -> list[int]:
+    if not isinstance(v, list) or len(v) > MAX_ITERATIONS:
+        raise ValueError("not a list of counts")
+    return [_int(x) for x in v]
+
+
+def judge(volumes: dict[int, dict | None], trainer: bool) -> dict:
+    """``volumes``: rank -> its parsed volume (None: none in its file); ``trainer``: the
+    built-in trainer ran (every rank must then have one). The check's result: ``checked``,
+    ``scheme``, ``elements``, ``iterations`` (checked, per rank), ``lost`` (not checked),
+    ``reason`` (the first shortfall, one line; empty when none) and ``note`` (what was not
+    checked, and why)."""
+    out = {"checked": False, "scheme": None, "elements": None, "iterations": 0, "lost": 0, "reason": "", "note": ""}
+    absent = sorted(r for r, v in volumes.items() if v is None)
+    if len(absent) == len(volumes):
+        if trainer:
+            out["reason"] = (f"rank(s) {_list(absent)} left no gradient volume (the trainer records one in its "
+                             "collectives file): that the gradients reached the collectives is not shown")
+        else:
+            out["note"] = USER_CODE
+        return out
+    if absent:
+        out["reason"] = f"rank(s) {_list(absent)} left no gradient volume, which the others recorded"
+        return out
+    first = next(iter(volumes.values()))
+    out.update(scheme=first["scheme"], elements=first["elements"])
+    if not all(v["checked"] for v in volumes.values()):
+        out["note"] = OWN_HOOK if first["scheme"] == "hook" else f"scheme {first['scheme']}: no floor is known"
+        return out
+    short = []
+    for r, v in sorted(volumes.items()):
+        out["lost"] += len(v["lost"])
+        out["iterations"] = max(out["iterations"], len(v["floor"]) - len(v["lost"]))
+        short += _short(r, v)
+    out["checked"] = True
+    if not out["iterations"]:
+        out["reason"] = "no training iteration of any rank could be checked (none made, or their counts were lost)"
+    elif short:
+        i, r, said = min(short)
+        more = f" (and {len(short) - 1} more rank-iterations short)" if len(short) > 1 else ""
+        out["reason"] = f"rank {r} iteration {i + 1}: {said}{more}"
+    return out
+
+
+def _short(rank: int, v: dict) -> list[tuple[int, int, str]]:
+    """(iteration index, rank, what fell short) for each failing iteration of one rank."""
+    out = []
+    scheme, n = v["scheme"], v["elements"]
+    for i, (floor, carried) in enumerate(zip(v["floor"], v["carried"])):
+        if i in v["lost"]:
+            continue
+        handed = v["handed"][i] if v["handed"] is not None else n
+        if handed < n:
+            out.append((i, rank, f"DDP handed {scheme}'s hook {handed:,} of the model's {n:,} gradient elements: "
+                                 f"{n - handed:,} never reached a collective"))
+        elif carried < floor:
+            out.append((i, rank, f"its collectives carried {carried:,} bytes, {floor - carried:,} short of the "
+                                 f"{floor:,} bytes {scheme} must move for its {n:,} gradient elements"))
+    return out
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+
+def promise(summary: dict) -> list[tuple[str, str]]:
+    """What the run's proof shows and what it does not, for the run's table (summary.json's
+    ``proof`` and ``proof_gradients``): rows of (label, text)."""
+    g = summary.get("proof_gradients")
+    if not isinstance(g, dict) or summary.get("proof") != "passed":
+        return []
+    links = "the bytes every rank handed to torch.distributed crossed the shaped links (each link >= its bound)"
+    if g.get("checked") is True:
+        lost = g.get("lost") or 0
+        return [("proven", f"{links}; every iteration's {g.get('elements') or 0:,} gradient elements reached "
+                           f"{g.get('scheme')}'s collectives, carrying at least what it must send"
+                           + (f" ({lost} rank-iterations with lost counts not checked)" if lost else ""))]
+    return [("proven", links), ("not proven", str(g.get("note") or "the gradients' volume"))]
