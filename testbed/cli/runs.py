@@ -203,6 +203,8 @@ def _status_table(st) -> Table:
 
 
 def _render_summary(s: dict) -> None:
+    from testbed.runs.volume import promise
+
     t = Table("run", s["run_id"], show_header=True)
     tta = s.get("time_to_target_s")
     b = s["bottleneck"]
@@ -219,6 +221,7 @@ def _render_summary(s: dict) -> None:
         ("bottleneck bytes / iteration", f"{b.get('bytes_per_iteration') or 0:,.0f} B"),
         ("bottleneck utilisation", f"mean {b.get('mean_utilisation') or 0:.0%}, max {b.get('max_utilisation') or 0:.0%}"),
         ("proof", str(s.get("proof", "-")) + (f": {s['proof_reason']}" if s.get("proof_reason") else "")),
+        *promise(s),
         *_proof_rows(s),
     ]
     for k, v in rows:

@@ -283,7 +283,7 @@ class _Run:
                             workload=workload, dilation=self.req.dilation)
         summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
         apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
-                             self.end_all))
+                             self.end_all, trainer=self.req.code is None and self.req.module == "workloads.train"))
         if trace is not None:
             rates, late = RateTimeline.from_run(run_dir, self.shapes, self.req.dilation)
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)

@@ -9,7 +9,9 @@ and after the last one exited (nothing in flight at either reading), say what th
     bypassed   a link carried less: the collectives went around it (named with its direction,
                bound, measured bytes and the ranks on each side)
     unproven   nothing to compare with: the training issued no collective across the network,
-               a rank left no counts, or the recorder was off
+               a rank left no counts, or the recorder was off; or (the built-in trainer) an
+               iteration's gradients did not all reach collectives carrying what the scheme
+               must send for them (testbed.runs.volume names the rank, iteration and shortfall)
 
 Only a run that passed is ``ok``. The counters are L2 bytes (headers included), so any
 honest run measures more than the payload bound; TOLERANCE covers counters of links on
@@ -18,12 +20,13 @@ other hosts, read a few milliseconds apart, and nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_json
 from testbed.model.shapes import DIRECTIONS
+from testbed.runs import volume
 from testbed.runs.bounds import Bound, Cut, Totals, bound, cuts, unbounded
 
 TOLERANCE = 0.01
@@ -51,16 +54,19 @@ class Counts:
     uncounted: int
     missing: list[int]
     """Ranks whose file is missing, damaged or written without the recorder."""
+    volumes: dict = field(default_factory=dict)
+    """rank -> its gradient volume (testbed.runs.volume.parse; None: its file has none)."""
 
 
 def read_counts(run_dir: Path, world: int) -> Counts:
     totals, by_kind = Totals(), {"train": {}, "other": {}}
     train_calls = uncounted = 0
-    missing = []
+    missing, volumes = [], {}
     for r in range(world):
         try:
             doc = read_json(run_dir / f"collectives{r}.json", "json", "collectives file")
             groups, ops, sends, lost = _parse(doc)
+            volumes[r] = volume.parse(doc)
         except (OSError, ValueError, TypeError, KeyError, RecursionError, TestbedError):
             missing.append(r)
             continue
@@ -81,7 +87,7 @@ def read_counts(run_dir: Path, world: int) -> Counts:
             train_calls += count if phase == "train" and dst != r else 0
         train_calls += sum(o[3] for o in ops if o[0] == "train" and o[2] not in ("barrier",)
                            and len(groups.get(o[1], totals.groups.get(o[1], ()))) > 1)
-    return Counts(totals, train_calls, by_kind, uncounted, missing)
+    return Counts(totals, train_calls, by_kind, uncounted, missing, volumes)
 
 
 def _parse(doc) -> tuple[dict, list, list, int]:
@@ -121,10 +127,12 @@ def _list(v) -> list:
 
 
 def judge(counts: Counts, run_cuts: list[Cut], measured: dict[tuple[int, str], int | None],
-          bottlenecks: dict[int, str] | None = None) -> dict:
+          bottlenecks: dict[int, str] | None = None, trainer: bool = False) -> dict:
     """The verdict and, per cut link and direction, bound and measured bytes. ``bottlenecks``
     (index -> name): the links the run shapes; a run none of whose collectives had to cross
-    any of them proves nothing about them."""
+    any of them proves nothing about them. ``trainer``: the built-in trainer ran, so every
+    rank must show its gradients' volume (testbed.runs.volume), which is checked wherever
+    the files hold one."""
     links, short, crossing = {}, [], set()
     for cut in run_cuts:
         b = bound(cut, counts.totals)
@@ -133,9 +141,10 @@ def judge(counts: Counts, run_cuts: list[Cut], measured: dict[tuple[int, str], i
         short += _short(cut, b, rows)
         if b.forward or b.reverse or b.shared:
             crossing.add(cut.index)
+    grads = volume.judge(counts.volumes, trainer) if not counts.missing else None
     proof = {"verdict": "passed", "reason": "", "tolerance": TOLERANCE, "links": links,
              "collectives": counts.by_kind, "uncounted": counts.uncounted,
-             "unbounded": unbounded(counts.totals)}
+             "unbounded": unbounded(counts.totals), "gradients": grads}
     if counts.missing:
         ranks = ", ".join(map(str, counts.missing[:8]))
         proof.update(verdict="unproven", reason=f"rank(s) {ranks} left no collective counts (collectives*.json "
@@ -143,6 +152,8 @@ def judge(counts: Counts, run_cuts: list[Cut], measured: dict[tuple[int, str], i
     elif counts.train_calls == 0:
         proof.update(verdict="unproven", reason="the training issued no collective between ranks: nothing it did "
                                                 "had to cross a link")
+    elif grads and grads["reason"]:
+        proof.update(verdict="unproven", reason=f"the gradients did not all reach the collectives: {grads['reason']}")
     elif bottlenecks and not crossing & set(bottlenecks):
         names = ", ".join(sorted(bottlenecks.values()))
         proof.update(verdict="unproven", reason=f"no collective had to cross the bottleneck link(s) {names}: "
@@ -186,8 +197,10 @@ def _ranks(rs) -> str:
     return ",".join(map(str, rs)) if len(rs) <= 8 else f"{rs[0]}..{rs[-1]} ({len(rs)})"
 
 
-def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: dict) -> dict:
-    """The proof of a finished run: its ranks' counts against the counters of every link."""
+def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: dict, trainer: bool = False) -> dict:
+    """The proof of a finished run: its ranks' counts against the counters of every link
+    (and, where they recorded one, their gradients' volume; ``trainer``: the built-in
+    trainer ran, which must have)."""
     measured = {}
     for l in topology.links:
         for d in DIRECTIONS:
@@ -198,7 +211,7 @@ def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: di
     except TrafficUnproven as e:
         return {"verdict": "unproven", "reason": e.message, "tolerance": TOLERANCE, "links": {}}
     return judge(counts, cuts(workers, topology.links), measured,
-                 {l.index: l.name for l in topology.links if l.bottleneck})
+                 {l.index: l.name for l in topology.links if l.bottleneck}, trainer)
 
 
 def apply(summary: dict, proof: dict) -> None:
@@ -207,6 +220,7 @@ def apply(summary: dict, proof: dict) -> None:
     summary["proof_reason"] = proof["reason"]
     summary["proof_links"] = proof["links"]
     summary["collectives"] = {k: proof.get(k) for k in ("collectives", "uncounted", "unbounded", "tolerance")}
+    summary["proof_gradients"] = proof.get("gradients")
     summary["status"] = {"passed": "ok", "bypassed": "bypassed", "unproven": "unproven"}[proof["verdict"]]
 
 

@@ -143,7 +143,7 @@ SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
                             "mean_payload_bytes", "final_payload_bytes", "train_s", "wall_s", "world_size",
                             "iterations", "seed", "epochs", "mean_wire_tx_bytes_per_iteration")},
     "ternary": (bool,), "hyper": (dict,), "params": (dict,), "bottleneck": (dict,), "records": (dict,),
-    "proof_links": (dict,),
+    "proof_links": (dict,), "proof_gradients": (dict,),
 }
 """The summary keys reports read, with their types: summary.json is untrusted input (a run
 directory can come from anywhere), so a value of another type is left out, not crashed on."""
