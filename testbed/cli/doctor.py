@@ -21,9 +21,9 @@ def doctor(as_json: bool = JsonOpt):
     the machine (and its Slurm node: `srun -l -N 2 testbed doctor` checks each node of a job)."""
     from testbed.engine.doctor import as_dicts, describe, run_checks, where
 
+    place = where()  # a Slurm variable that is not Slurm's is refused before the checks take their time
     checks = run_checks()
     ok = all(c.ok for c in checks if c.required)
-    place = where()
     if as_json:
         emit({"ok": ok, **place, "checks": as_dicts(checks)})
     else:

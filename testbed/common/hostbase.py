@@ -27,6 +27,9 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from testbed.common import slurmenv
+from testbed.common.digits import ascii_int
+
 NAME_RE = re.compile(r"^host-(?P<node>[A-Za-z0-9_-]+)-job(?P<job>[0-9]{1,12})$")
 ENDED_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                 "OUT_OF_MEMORY", "REVOKED"}
@@ -40,23 +43,30 @@ def states_root() -> Path:
     return Path.home() / ".local" / "state" / "testbed"
 
 
+MAX_NAME = 64
+"""Characters of a node's name in a folder's name (Slurm's and Linux's names are shorter)."""
+
+
 def safe_name(name: str) -> str:
-    """``name`` as a path component: letters, digits, ``_`` and ``-`` only."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name.split(".")[0]) or "unnamed"
+    """``name`` as a path component: letters, digits, ``_`` and ``-`` only, at most
+    ``MAX_NAME`` of them (a variable's value is input: ``SLURMD_NODENAME`` may be anything)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name[:MAX_NAME].split(".")[0]) or "unnamed"
 
 
 def node_name() -> str:
     """This node's name: Slurm's (``SLURMD_NODENAME``, set in a job's steps and batch
     script; several slurmd on one machine share its hostname), else the hostname."""
-    return safe_name(os.environ.get("SLURMD_NODENAME") or os.uname().nodename)
+    return safe_name(os.environ.get(slurmenv.NODENAME) or os.uname().nodename)
 
 
 def job_base(on_node: bool = False) -> Path | None:
     """BASE of a command on a node of a Slurm job, ``host-NODE-jobID``; None outside a job,
     or where the node is not known (``salloc``'s shell on a login machine) and the caller
-    is not ``on_node`` (a host agent, a step: its hostname is the node's)."""
-    job = os.environ.get("SLURM_JOB_ID", "")
-    if not job.isdigit() or not (on_node or os.environ.get("SLURMD_NODENAME")):
+    is not ``on_node`` (a host agent, a step: its hostname is the node's). A Slurm variable
+    that is not what Slurm sets counts as unset (:func:`testbed.common.slurmenv.or_none`):
+    the command that needs the job refuses it by name."""
+    job = slurmenv.or_none(slurmenv.job_id)
+    if job is None or not (on_node or os.environ.get(slurmenv.NODENAME)):
         return None
     return states_root() / f"host-{node_name()}-job{job}"
 
@@ -83,8 +93,9 @@ def ended_jobs(jobs: Iterable[int]) -> set[int]:
     live = set()
     for line in r.stdout.splitlines():
         fields = line.split()
-        if len(fields) == 2 and fields[0].isdigit() and fields[1] not in ENDED_STATES:
-            live.add(int(fields[0]))  # %A: each array task's and het component's own id, as SLURM_JOB_ID
+        job = ascii_int(fields[0], slurmenv.JOB_ID_DIGITS) if len(fields) == 2 else None
+        if job is not None and fields[1] not in ENDED_STATES:
+            live.add(job)  # %A: each array task's and het component's own id, as SLURM_JOB_ID
     return jobs - live
 
 
@@ -116,7 +127,9 @@ def prune(running: Callable[[Path], bool], root: Path | None = None, node: str |
     removed is left (a later prune tries again)."""
     root = root or states_root()
     node = safe_name(node) if node is not None else node_name()
-    job = os.environ.get("SLURM_JOB_ID", "") if job is None else job
+    if job is None:
+        current = slurmenv.or_none(slurmenv.job_id)
+        job = "" if current is None else str(current)
     try:
         st = os.lstat(root)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():

@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import asdict
 
-from testbed.common import rootless
+from testbed.common import rootless, slurmenv
 from testbed.common.errors import TestbedError
 from testbed.net.probe import probe
 from testbed.nodes import BACKENDS
@@ -110,10 +110,10 @@ def _gpu() -> list[Check]:
 
 def where() -> dict:
     """The machine the checks ran on: its hostname, and its Slurm node name and job where it
-    is a node of a job (``srun -N 2 testbed doctor``: one report per node, each saying which)."""
-    job = os.environ.get("SLURM_JOB_ID", "")
-    return {"host": os.uname().nodename, "slurm_node": os.environ.get("SLURMD_NODENAME") or None,
-            "slurm_job": int(job) if job.isdigit() else None}
+    is a node of a job (``srun -N 2 testbed doctor``: one report per node, each saying which).
+    A Slurm variable that is not what Slurm sets is a one-line StateError naming it
+    (:mod:`testbed.common.slurmenv`)."""
+    return {"host": os.uname().nodename, "slurm_node": slurmenv.node_name(), "slurm_job": slurmenv.job_id()}
 
 
 def describe(place: dict) -> str:

@@ -34,7 +34,8 @@ import time
 from dataclasses import replace
 from typing import IO, BinaryIO
 
-from testbed.common import procs, rootless
+from testbed.common import procs, rootless, slurmenv
+from testbed.common.digits import is_ascii_int
 from testbed.hosts.answer import parse_answer
 from testbed.common.errors import StateError, TestbedError
 from testbed.hosts.site import SshSite
@@ -101,15 +102,15 @@ class SlurmRemote:
             args = (*args, "--hold")
         status, out, err = self.step(host_argv(self.host, op, *args), data, timeout, holds)
         if status != 0 and any(s in err.decode(errors="replace") for s in JOB_ENDED):
-            current = os.environ.get("SLURM_JOB_ID", "")
             if op == "down" and rootless.active():  # an ordinary user's share lived in the job's steps
                 return {"removed": [], "ended_with_job": self.host.slurm_job}
-            if not current.isdigit() or int(current) == self.host.slurm_job:
+            current = slurmenv.job_id()  # a value that is no job id is refused by name
+            if current is None or current == self.host.slurm_job:
                 node = self.host.slurm
                 raise StateError(f"Slurm job {self.host.slurm_job} has ended, so node {node} cannot be reached "
                                  f"through it (run this again inside an allocation that includes {node})",
                                  f"e.g. salloc -w {node} ..., then the same command: its steps reach the node")
-            self.host = replace(self.host, slurm_job=int(current))
+            self.host = replace(self.host, slurm_job=current)
             status, out, err = self.step(host_argv(self.host, op, *args), data, timeout, holds)
         return answer_of(self.host, op, status, out, err, timeout)
 
@@ -141,7 +142,7 @@ class SlurmRemote:
     def require_root(self) -> None:
         status, out, err = self.step(step_argv(self.host, ["id", "-u"]), timeout=60)
         uid = out.decode(errors="replace").strip()
-        if status != 0 or not uid.isdigit():
+        if status != 0 or not is_ascii_int(uid, 10):
             raise StateError(f"host {self.host.name}: `id -u` as a step on node {self.host.slurm} failed: "
                              f"{(err or out).decode(errors='replace').strip()[-300:]}")
         if uid != "0":

@@ -5,11 +5,12 @@ slurm``): each host the topology names becomes a node of the job, reached throug
 The order, documented in ``docs/slurm.md``: the topology's host names (those listed in its
 ``hosts:``, in that order, then those its ``nodes:`` name in ``host:``, in file order) take
 the job's nodes in the order of ``SLURM_JOB_NODELIST`` expanded as ``scontrol show
-hostnames`` does (:func:`expand_hostlist`). Nodes left over stay unused. A host that falls
-on the node this process runs on (a batch script runs on the job's first node) is this
-machine, ``local``: its nodes are built here, as the controller's own; as root a step on this
-node (:func:`guard_here`) removes them at the job's end, as the steps holding the other
-nodes' shares remove theirs.
+hostnames`` does (:func:`testbed.common.hostlist.expand`, within its bounds: Slurm's
+variables are input, checked by :mod:`testbed.common.slurmenv`). Nodes left over stay
+unused. A host that falls on the node this process runs on (a batch script runs on the
+job's first node) is this machine, ``local``: its nodes are built here, as the
+controller's own; as root a step on this node (:func:`guard_here`) removes them at the
+job's end, as the steps holding the other nodes' shares remove theirs.
 
 Each node's tunnel address is its ``NodeAddr`` (``scontrol show node``), resolved to IPv4.
 """
@@ -25,66 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from testbed.common import slurmenv
 from testbed.common.errors import StateError, TopologyError
 from testbed.hosts import slurmstep
-from testbed.model.hosts import LOCAL_HOST, SLURM_NODE_RE, Host
-
-MAX_NODES = 65536
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's hostlist syntax (``n[1-3,5],m7``, ``r[1-2]-n[01-02]``) -> node names in
-    order (zero padding kept, each bracket group multiplied out left to right); ValueError
-    on a malformed list."""
-    out: list[str] = []
-    for item in _split_top(text.strip()):
-        if not item:
-            raise ValueError(f"empty name in {text!r}")
-        names = [""]
-        for literal, group in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", item):
-            names = [n + literal for n in names]
-            if group:
-                names = [n + s for n in names for s in _expand_group(group, text)]
-            if len(names) > MAX_NODES:
-                raise ValueError(f"{text!r} names more than {MAX_NODES} nodes")
-        out += names
-        if len(out) > MAX_NODES:
-            raise ValueError(f"{text!r} names more than {MAX_NODES} nodes")
-    for n in out:
-        if not SLURM_NODE_RE.fullmatch(n):
-            raise ValueError(f"{n!r} is not a node name")
-    return out
-
-
-def _split_top(text: str) -> list[str]:
-    """Split at commas outside brackets."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if depth < 0 or depth > 1:
-            raise ValueError(f"unbalanced brackets in {text!r}")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if depth:
-        raise ValueError(f"unbalanced brackets in {text!r}")
-    return parts + [cur]
-
-
-def _expand_group(group: str, text: str) -> list[str]:
-    out: list[str] = []
-    for r in group.split(","):
-        m = _RANGE.fullmatch(r.strip())
-        if m is None:
-            raise ValueError(f"bad range {r!r} in {text!r}")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo) or int(hi) - int(lo) >= MAX_NODES:
-            raise ValueError(f"bad range {r!r} in {text!r}")
-        out += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
-    return out
+from testbed.model.hosts import LOCAL_HOST, Host
 
 
 def host_names(data: Mapping[str, Any]) -> list[str]:
@@ -129,20 +74,18 @@ def assign(data: Mapping[str, Any], job: int, nodes: list[str], addresses: Mappi
 
 
 def from_job(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict:
-    """:func:`assign` with the job this process runs in (one-line errors outside a job)."""
+    """:func:`assign` with the job this process runs in (one-line errors outside a job, and
+    on a Slurm variable that is not what Slurm sets: :mod:`testbed.common.slurmenv`)."""
     env = os.environ if env is None else env
-    job, nodelist = env.get("SLURM_JOB_ID", ""), env.get("SLURM_JOB_NODELIST", "")
-    if not job or not nodelist:
+    try:
+        job, nodes, here = slurmenv.job_id(env), slurmenv.job_nodes(env), slurmenv.node_name(env)
+    except StateError as e:
+        raise StateError(f"--hosts slurm: {e.message}", e.hint) from None
+    if job is None or not nodes:
         raise StateError("--hosts slurm: this is not inside a Slurm job (no SLURM_JOB_ID / SLURM_JOB_NODELIST)",
                          "run it inside an allocation: salloc -N 2, then testbed up ...; or in an sbatch script")
-    if not job.isdigit() or int(job) < 1:
-        raise StateError(f"--hosts slurm: SLURM_JOB_ID={job[:40]!r} is not a job id")
-    try:
-        nodes = expand_hostlist(nodelist)
-    except ValueError as e:
-        raise StateError(f"--hosts slurm: SLURM_JOB_NODELIST: {e}") from None
     used = nodes[:len(host_names(data))]
-    return assign(data, int(job), nodes, node_addresses(used), env.get("SLURMD_NODENAME"), own_program())
+    return assign(data, job, nodes, node_addresses(used), here, own_program())
 
 
 def assign_hosts(data: Any) -> Any:
@@ -168,11 +111,11 @@ def guard_here(name: str, env: Mapping[str, str] | None = None) -> bool:
     ordinary user's part here lives in their holder, which the job's end ends anyway: False,
     nothing started; so outside a job's node."""
     env = os.environ if env is None else env
-    node, job = env.get("SLURMD_NODENAME", ""), env.get("SLURM_JOB_ID", "")
-    if os.geteuid() != 0 or not SLURM_NODE_RE.fullmatch(node) or not job.isdigit():
+    node, job = slurmenv.or_none(slurmenv.node_name, env), slurmenv.or_none(slurmenv.job_id, env)
+    if os.geteuid() != 0 or node is None or job is None:
         return False
     here = Host(name=node, address="127.0.0.1", underlay="127.0.0.1", testbed=own_program(), slurm=node,
-                slurm_job=int(job))
+                slurm_job=job)
     argv = slurmstep.host_argv(here, "guard", name)
     if env.get("TESTBED_STATE_DIR"):  # the step works in this process's state directory
         argv = [f"{a},TESTBED_STATE_DIR" if a.startswith("--export=") else a for a in argv]
@@ -199,7 +142,8 @@ def node_addresses(nodes: list[str]) -> dict[str, str]:
     except subprocess.TimeoutExpired:
         raise StateError("--hosts slurm: scontrol show node gave no answer within 60 s") from None
     if r.returncode != 0:
-        raise StateError(f"--hosts slurm: scontrol show node failed: {r.stderr.strip()[-300:]}")
+        said = " / ".join(r.stderr.strip().splitlines()[-3:])[-300:]  # its last lines, on one line
+        raise StateError(f"--hosts slurm: scontrol show node failed: {said}")
     addrs = {m.group(1): m.group(2) for m in re.finditer(r"NodeName=(\S+)\s.*?NodeAddr=(\S+)", r.stdout)}
     return {n: _ipv4(n, addrs.get(n, n)) for n in nodes}
 

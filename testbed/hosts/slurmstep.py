@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from typing import Sequence
 
-from testbed.common import outside, rootless
+from testbed.common import outside, rootless, slurmenv
 from testbed.common.errors import StateError
 from testbed.common.version import __version__
 from testbed.model.hosts import Host
@@ -21,8 +20,8 @@ STOP_WAIT_S = 10.0
 
 def step_argv(host: Host, argv: Sequence[str]) -> list[str]:
     """``srun`` argv that runs ``argv`` (no shell) as a step of the host's job on its node."""
-    job = host.slurm_job or os.environ.get("SLURM_JOB_ID", "")
-    if not str(job).isdigit():
+    job = host.slurm_job or slurmenv.job_id()
+    if job is None:
         raise StateError(f"host {host.name} is node {host.slurm} of a Slurm job, and no job is known",
                          "run it inside the allocation `testbed up` ran in (salloc / sbatch)")
     return [SRUN, f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host.slurm}",

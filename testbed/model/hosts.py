@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.common.errors import TopologyError
+from testbed.common import slurmenv
+from testbed.common.errors import TopologyError, shown
 from testbed.model.fields import MAX_NODE_NAME, check_name, ipv4, mapping, unknown_keys
 
 LOCAL_HOST = "local"
@@ -25,7 +26,7 @@ DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(
 USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 PROGRAM_RE = re.compile(r"^[A-Za-z0-9_./+-]{1,255}$")
 
-SLURM_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SLURM_NODE_RE = slurmenv.NODE_RE
 
 HOST_KEYS = ("name", "address", "user", "port", "key", "known_hosts", "accept_new_host_key", "underlay", "testbed",
              "slurm", "slurm_job")
@@ -161,8 +162,9 @@ def _slurm_host(d: dict, name: str, path: str, address: str, underlay: str) -> H
     if not isinstance(node, str) or not SLURM_NODE_RE.fullmatch(node):
         raise TopologyError(f"{path}.slurm", f"invalid Slurm node name {node!r}" if node is not None else "missing",
                             "the node's name as Slurm knows it (scontrol show hostnames), e.g. slurm: gpu17")
-    if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
-        raise TopologyError(f"{path}.slurm_job", f"a Slurm job id is a positive integer, got {job!r}")
+    if job is not None and (isinstance(job, bool) or not isinstance(job, int) or not 1 <= job <= slurmenv.MAX_JOB_ID):
+        raise TopologyError(f"{path}.slurm_job", f"a Slurm job id is an integer from 1 to {slurmenv.MAX_JOB_ID}, "
+                            f"got {shown(job)}")
     ssh = [k for k in SSH_ONLY_KEYS if k in d]
     if ssh:
         raise TopologyError(f"{path}.{ssh[0]}", f"{ssh[0]} is an SSH setting; a Slurm node is reached through srun",

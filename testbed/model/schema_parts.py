@@ -86,7 +86,7 @@ HOST = {
     "slurm": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
               "description": "this host is that node of a Slurm job, reached through srun (no SSH); "
                              "`testbed up --hosts slurm` writes it"},
-    "slurm_job": {"type": "integer", "minimum": 1,
+    "slurm_job": {"type": "integer", "minimum": 1, "maximum": 2**32 - 1,
                   "description": "the Slurm job whose steps reach the node (default: the job testbed runs in)"},
 }
 

@@ -14,7 +14,8 @@ import pytest
 
 from testbed.common.errors import StateError, TopologyError
 from testbed.hosts import kinds, slurmfiles, slurmjob, slurmstep
-from testbed.hosts.slurmjob import assign, expand_hostlist, from_job, guard_here, host_names
+from testbed.common.hostlist import expand as expand_hostlist
+from testbed.hosts.slurmjob import assign, from_job, guard_here, host_names
 from testbed.hosts.slurmstep import step_argv
 from testbed.model.hosts import host_from_json, parse_hosts
 from testbed.model.topology import load_topology_dict
