@@ -10,8 +10,8 @@ direction over the whole run (start-up and evaluation included) per iteration. D
 are rank 0's medians (after the same warm-up), then the median over the cell's runs.
 
 ``ternary_table`` pairs ternary and exact PacTrain by repeat (same checkpoint, back to back):
-the median ratio of their steady iteration times with a bootstrap 95 % interval
-(``testbed.runs.stats``).
+the median ratio of their steady iteration times with its interval (95 % from 6 pairs, else
+the min-max, marked so: ``testbed.runs.stats``).
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ def _paired_lines(rows: list[dict], baseline: str) -> None:
             ratio, n = r.get(f"{name}_ratio"), r.get(f"{name}_pairs") or 0
             if ratio is None:
                 continue
-            ci = (f" [{r[f'{name}_ci95_low']:.2f}-{r[f'{name}_ci95_high']:.2f}]"
-                  if r.get(f"{name}_ci95_low") is not None else "")
+            ci = (f" [{r[f'{name}_ci_low']:.2f}-{r[f'{name}_ci_high']:.2f}: {r[f'{name}_interval']}]"
+                  if r.get(f"{name}_ci_low") is not None else "")
             parts.append(f"{what} x{ratio:.2f}{ci} ({n} pair{'s' if n != 1 else ''}: {r[f'{name}_verdict']})")
         if parts and r["variant"] != baseline and r["base_scheme"] != baseline:
             plain(f"{r['scheme']} / {baseline}: " + "; ".join(parts))

@@ -84,8 +84,8 @@ def table(runs: list[RunData], target: float | None = None, include_unproven: bo
     and training hyper-parameters; when the runs span several world sizes, the scheme
     column names it ("spardl 0.01 (4 ranks)"). Each row is also set against ``baseline``'s
     (a scheme, at the same bandwidth, world size and training hyper-parameters) over paired
-    repeats: the median ratio of time to target and of iteration time, a paired bootstrap
-    95 % interval and a verdict (:mod:`testbed.runs.stats`)."""
+    repeats: the median ratio of time to target and of iteration time, its interval (95 %
+    from 6 pairs, else the min-max with its coverage) and a verdict (:mod:`testbed.runs.stats`)."""
     groups: dict[tuple[str, int, str, str], list[RunData]] = {}
     for r in runs:
         groups.setdefault((r.bw, _world(r), r.label, freeze(_hyper(r))), []).append(r)
@@ -154,8 +154,9 @@ def _baseline(row: dict, rows: list[dict], scheme: str = "allreduce") -> dict | 
     return same[0] if len(same) == 1 else None
 
 
-PAIRED = ("ratio", "ci95_low", "ci95_high", "pairs", "verdict")
-"""The keys of a row's paired comparison, per metric (tta_sustained_ratio, iter_ratio_ci95_low, ...)."""
+PAIRED = ("ratio", "ci_low", "ci_high", "interval", "pairs", "verdict")
+"""The keys of a row's paired comparison, per metric (tta_sustained_ratio, iter_ci_low, ...;
+``interval`` says what the interval is: 95 % from 6 pairs, else the min-max and its coverage)."""
 
 
 def _paired(row: dict, mine: list[RunData], base: list[RunData], target: float | None) -> None:

@@ -59,7 +59,7 @@ def test_ternary_is_paired_with_exact_by_repeat(tmp_path, monkeypatch):
     text = et.ternary_table(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| 100 Mbit"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "0.50x [0.50, 0.50] (3 pairs)"  # every repeat's pair: half the time
+    assert cells[1] == "0.50x [0.50, 0.50] (3 pairs, min-max)"  # every repeat's pair: half the time
     assert cells[2].startswith("0.55x")  # 1.6 / 2.9 MB
     assert cells[3:] == ["0.220", "0.110"]
 
