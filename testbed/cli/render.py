@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from testbed.common.digits import ascii_int
 from testbed.common.errors import TestbedError
 
 PIPED_WIDTH = 200
@@ -30,16 +31,34 @@ PIPED_WIDTH = 200
 and cut a report's table cells to ``pactr…``; COLUMNS still decides where it is set."""
 
 
+MAX_SIZE_DIGITS = 4
+"""COLUMNS and LINES of at most 9999 are taken; a larger or malformed one is left out."""
+
+
+def _environ() -> dict[str, str]:
+    """The environment Rich reads, less a COLUMNS or LINES that is no size: Rich passes what
+    ``str.isdigit`` takes to ``int`` (``COLUMNS=²`` failed every command at import), and a
+    huge width would pad lines to it; without them it asks the terminal, as where unset."""
+    env = dict(os.environ)
+    for name in ("COLUMNS", "LINES"):
+        if name in env and not ascii_int(env[name], MAX_SIZE_DIGITS):
+            del env[name]
+    return env
+
+
+ENVIRON = _environ()
+
+
 def _width() -> int | None:
     try:
         tty = sys.stdout.isatty()
     except (AttributeError, ValueError):
         tty = False
-    return None if tty or os.environ.get("COLUMNS", "").isdigit() else PIPED_WIDTH
+    return None if tty or "COLUMNS" in ENVIRON else PIPED_WIDTH
 
 
-out = Console(emoji=False, width=_width())  # emoji off: ":factory:" in a message stays text
-err = Console(stderr=True, soft_wrap=True, emoji=False)
+out = Console(emoji=False, width=_width(), _environ=ENVIRON)  # emoji off: ":factory:" in a message stays text
+err = Console(stderr=True, soft_wrap=True, emoji=False, _environ=ENVIRON)
 
 _click = typer.BadParameter.__module__.rpartition(".")[0]  # click, or the copy typer vendors
 ClickException: type[Exception] = importlib.import_module(f"{_click}.exceptions").ClickException

@@ -25,6 +25,7 @@ from testbed.common.version import __version__
 from testbed.plan import naming
 from testbed.engine.apply import FAULT_ENV, Progress, apply_plan  # noqa: F401  (FAULT_ENV: the tests' hook)
 from testbed.nodes import get as get_backend
+from testbed.common.digits import ascii_int
 from testbed.common.errors import StateError, TestbedError, shown
 from testbed.plan.ledger import Ledger
 from testbed.common.state import global_lock
@@ -231,7 +232,7 @@ class Testbed:
                                f"links: {', '.join(l.name for l in links)}")
         idx = spec[6:-1] if spec.startswith("links[") and spec.endswith("]") else spec
         for l in links:
-            if spec in (l.name, f"{l.a}-{l.b}", f"{l.b}-{l.a}") or (idx.isdigit() and int(idx) == l.index):
+            if spec in (l.name, f"{l.a}-{l.b}", f"{l.b}-{l.a}") or ascii_int(idx) == l.index:
                 return [l]
         raise TestbedError(f"no link '{spec}' in testbed '{self.name}'",
                            f"links: {', '.join(l.name for l in links)}")

@@ -37,6 +37,7 @@ from testbed.common.version import __version__
 from testbed.net.underlay import check_underlay
 from testbed.monitor import sd
 from testbed.plan import naming
+from testbed.common.digits import ascii_int
 from testbed.common.errors import StateError, TestbedError
 
 
@@ -233,11 +234,12 @@ def _keep_copies(tb, copies: dict) -> None:
         links = list(topo.links)
         for key, shapes in copies.items():
             shapes = dict_of(shapes, "copy")
-            if not str(key).isdigit() or int(key) >= len(links) or set(shapes) - set(DIRECTIONS):
+            i = ascii_int(str(key))
+            if i is None or i >= len(links) or set(shapes) - set(DIRECTIONS):
                 raise TestbedError(f"the request's copy names no link of this testbed: {str(key)[:40]!r}")
-            l = links[int(key)]
+            l = links[i]
             new = {d: shape_from_dict(dict_of(shapes[d], "shape")) if d in shapes else l.shape(d) for d in DIRECTIONS}
-            links[int(key)] = replace(l, forward=new["forward"], reverse=new["reverse"])
+            links[i] = replace(l, forward=new["forward"], reverse=new["reverse"])
         state["topology"] = topo.with_links(links).to_dict()
         ledger.write_state(state)
 

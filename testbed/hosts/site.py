@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed.common import procs
+from testbed.common.digits import ascii_int
 from testbed.common.errors import StateError, TestbedError
 from testbed.hosts.local import LOCAL
 from testbed.hosts.runplace import CodeTree, LocalRun, RemoteRun, RunPlace
@@ -224,11 +225,12 @@ class SshSite(Site):
             raise StateError(f"host {self.host} answered counters without counters")
         out: dict[tuple[int, str], dict] = {}
         for key, c in got.items():
-            i, _, d = str(key).partition("/")
-            if not i.isdigit() or d not in DIRECTIONS or not isinstance(c, dict):
-                raise StateError(f"host {self.host} answered a malformed counter key {key!r}")
-            if (int(i), d) in wanted:
-                out[(int(i), d)] = {k: v for k, v in c.items() if isinstance(v, (int, float))}
+            text, _, d = str(key).partition("/")
+            i = ascii_int(text)
+            if i is None or d not in DIRECTIONS or not isinstance(c, dict):
+                raise StateError(f"host {self.host} answered a malformed counter key {str(key)[:40]!r}")
+            if (i, d) in wanted:
+                out[(i, d)] = {k: v for k, v in c.items() if isinstance(v, (int, float))}
         return out
 
     def open_run(self, run_dir, mounts, code=None):

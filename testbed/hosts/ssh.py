@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from testbed.common import rootless
+from testbed.common.digits import is_ascii_int
 from testbed.common.errors import StateError, TestbedError
 from testbed.common.files import check_regular
 from testbed.common.version import __version__
@@ -351,7 +352,7 @@ class Remote:
         """Refuse a login that is not root there (before running testbed with it)."""
         status, out, err = run(self.client(), ["id", "-u"], timeout=60)
         uid = out.decode(errors="replace").strip()
-        if status != 0 or not uid.isdigit():
+        if status != 0 or not is_ascii_int(uid, 10):
             raise StateError(f"host {self.host.name}: `id -u` failed: {(err or out).decode(errors='replace')[-300:]}")
         if uid != "0":
             raise StateError(f"host {self.host.name}: user {self.host.user} is uid {uid} there, not root",

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed.common.digits import ascii_int
 from testbed.common.errors import TestbedError, shown
 from testbed.model.units import Rate, UnitError
 
@@ -108,7 +109,8 @@ def parse_spec(spec: str, where: str = "--cross-traffic") -> Flow:
             raise TestbedError(f"{where} {spec!r}: {o!r} is not one of flows=N, rate=R, on=T, off=T")
         if k in d:
             raise TestbedError(f"{where} {spec!r}: {k}= is given twice", "give each of flows, rate, on, off once")
-        d[k] = int(v) if k == "flows" and v.isdigit() else v
+        n = ascii_int(v) if k == "flows" else None
+        d[k] = v if n is None else n  # flows=²: text, which flow_from_dict refuses by name
     return flow_from_dict(d, f"{where} {spec!r}")
 
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from testbed.common.digits import ascii_int
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_json
 
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9464`` too; an empty host means 127.0.0.1) -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    host, sep, text = value.rpartition(":")
+    port = ascii_int(text, 5)
+    if not sep or port is None or port > 65535:
         raise ValueError(f"{value!r} is not HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", port
 
 
 def hostport(host: str, port: int) -> str:
