@@ -55,7 +55,7 @@ class Counts:
     missing: list[int]
     """Ranks whose file is missing, damaged or written without the recorder."""
     volumes: dict = field(default_factory=dict)
-    """rank -> its gradient volume (testbed.runs.volume.parse; None: its file has none)."""
+    """rank -> its gradient volume's digest (testbed.runs.volume.parse; None: its file has none)."""
 
 
 def read_counts(run_dir: Path, world: int) -> Counts:
@@ -64,9 +64,11 @@ def read_counts(run_dir: Path, world: int) -> Counts:
     missing, volumes = [], {}
     for r in range(world):
         try:
-            doc = read_json(run_dir / f"collectives{r}.json", "json", "collectives file")
+            # "records": 64 MiB, for the built-in trainer's per-iteration volume (about 30 bytes an iteration)
+            doc = read_json(run_dir / f"collectives{r}.json", "records", "collectives file")
             groups, ops, sends, lost = _parse(doc)
-            volumes[r] = volume.parse(doc)
+            volumes[r] = volume.parse(doc, r)  # its digest: the lists go with the document
+            del doc
         except (OSError, ValueError, TypeError, KeyError, RecursionError, TestbedError):
             missing.append(r)
             continue

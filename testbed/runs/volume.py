@@ -32,21 +32,27 @@ OWN_HOOK = ("your own hook: no floor is known for what it must send; that every 
 NOT_TRAINER = "not the built-in trainer: no gradient volume to check"
 
 
-def parse(doc: dict) -> dict | None:
-    """A rank's ``volume`` (None when its file has none), checked field by field: ValueError
-    or TypeError when it is not as workloads.volume writes it."""
+def parse(doc: dict, rank: int = 0) -> dict | None:
+    """A rank's ``volume`` (None when its file has none), checked field by field (ValueError
+    or TypeError when it is not as workloads.volume writes it) and judged at once, so that only
+    its digest is kept: ``scheme``, ``checked``, ``elements``, ``iterations`` (checked),
+    ``lost`` (not checked), ``short`` (its first failing iteration: (index, rank, what fell
+    short); None when none) and ``nshort`` (how many failed)."""
     v = doc.get("volume")
     if v is None:
         return None
     if not isinstance(v, dict) or not isinstance(v.get("scheme"), str) or not isinstance(v.get("checked"), bool):
         raise ValueError("volume")
-    n = len(_ints(v.get("floor")))
-    out = {"scheme": v["scheme"][:100], "checked": v["checked"], "elements": _int(v.get("elements")),
-           "floor": _ints(v["floor"]), "carried": _ints(v.get("carried")),
-           "handed": None if v.get("handed") is None else _ints(v["handed"]), "lost": set(_ints(v.get("lost")))}
-    if len(out["carried"]) != n or (out["handed"] is not None and len(out["handed"]) != n):
+    scheme, n = v["scheme"][:100], _int(v.get("elements"))
+    floor, carried = _ints(v.get("floor")), _ints(v.get("carried"))
+    handed = None if v.get("handed") is None else _ints(v["handed"])
+    lost = set(_ints(v.get("lost")))
+    if len(carried) != len(floor) or (handed is not None and len(handed) != len(floor)):
         raise ValueError("volume: lists of different lengths")
-    return out
+    short = [] if not v["checked"] else [(i, rank, said) for i, said in _short(scheme, n, floor, carried, handed, lost)]
+    gone = sum(1 for i in lost if i < len(floor))
+    return {"scheme": scheme, "checked": v["checked"], "elements": n, "iterations": len(floor) - gone, "lost": gone,
+            "short": short[0] if short else None, "nshort": len(short)}
 
 
 def _int(v) -> int:
@@ -61,12 +67,26 @@ def _ints(v) -> list[int]:
     return [_int(x) for x in v]
 
 
+def _short(scheme: str, n: int, floor: list[int], carried: list[int], handed: list[int] | None, lost: set[int]):
+    """(iteration index, what fell short) for each failing iteration of one rank."""
+    for i, (f, c) in enumerate(zip(floor, carried)):
+        if i in lost:
+            continue
+        h = handed[i] if handed is not None else n
+        if h < n:
+            yield i, (f"DDP handed {scheme}'s hook {h:,} of the model's {n:,} gradient elements: {n - h:,} never "
+                      "reached a collective")
+        elif c < f:
+            yield i, f"its collectives carried {c:,} bytes, {f - c:,} short of the {f:,} bytes {scheme} must move for " \
+                     f"its {n:,} gradient elements"
+
+
 def judge(volumes: dict[int, dict | None], trainer: bool) -> dict:
-    """``volumes``: rank -> its parsed volume (None: none in its file); ``trainer``: the
-    built-in trainer ran (every rank must then have one). The check's result: ``checked``,
-    ``scheme``, ``elements``, ``iterations`` (checked, per rank), ``lost`` (not checked),
-    ``reason`` (the first shortfall, one line; empty when none) and ``note`` (what was not
-    checked, and why)."""
+    """``volumes``: rank -> its digest (:func:`parse`; None: none in its file); ``trainer``:
+    the built-in trainer ran (every rank must then have one). The check's result:
+    ``checked``, ``scheme``, ``elements``, ``iterations`` (checked, per rank), ``lost`` (not
+    checked, all ranks), ``reason`` (the first shortfall, one line; empty when none) and
+    ``note`` (what was not checked, and why)."""
     out = {"checked": False, "scheme": None, "elements": None, "iterations": 0, "lost": 0, "reason": "", "note": ""}
     absent = sorted(r for r, v in volumes.items() if v is None)
     if len(absent) == len(volumes):
@@ -79,40 +99,20 @@ def judge(volumes: dict[int, dict | None], trainer: bool) -> dict:
     if absent:
         out["reason"] = f"rank(s) {_list(absent)} left no gradient volume, which the others recorded"
         return out
-    first = next(iter(volumes.values()))
-    out.update(scheme=first["scheme"], elements=first["elements"])
-    if not all(v["checked"] for v in volumes.values()):
-        out["note"] = OWN_HOOK if first["scheme"] == "hook" else f"scheme {first['scheme']}: no floor is known"
+    digests = [v for _, v in sorted(volumes.items()) if v is not None]
+    out.update(scheme=digests[0]["scheme"], elements=digests[0]["elements"])
+    if not all(v["checked"] for v in digests):
+        out["note"] = OWN_HOOK if digests[0]["scheme"] == "hook" else f"scheme {digests[0]['scheme']}: no floor is known"
         return out
-    short = []
-    for r, v in sorted(volumes.items()):
-        out["lost"] += len(v["lost"])
-        out["iterations"] = max(out["iterations"], len(v["floor"]) - len(v["lost"]))
-        short += _short(r, v)
-    out["checked"] = True
+    out.update(checked=True, iterations=max(v["iterations"] for v in digests), lost=sum(v["lost"] for v in digests))
+    short = [v["short"] for v in digests if v["short"] is not None]
+    nshort = sum(v["nshort"] for v in digests)
     if not out["iterations"]:
         out["reason"] = "no training iteration of any rank could be checked (none made, or their counts were lost)"
     elif short:
         i, r, said = min(short)
-        more = f" (and {len(short) - 1} more rank-iterations short)" if len(short) > 1 else ""
+        more = f" (and {nshort - 1} more rank-iterations short)" if nshort > 1 else ""
         out["reason"] = f"rank {r} iteration {i + 1}: {said}{more}"
-    return out
-
-
-def _short(rank: int, v: dict) -> list[tuple[int, int, str]]:
-    """(iteration index, rank, what fell short) for each failing iteration of one rank."""
-    out = []
-    scheme, n = v["scheme"], v["elements"]
-    for i, (floor, carried) in enumerate(zip(v["floor"], v["carried"])):
-        if i in v["lost"]:
-            continue
-        handed = v["handed"][i] if v["handed"] is not None else n
-        if handed < n:
-            out.append((i, rank, f"DDP handed {scheme}'s hook {handed:,} of the model's {n:,} gradient elements: "
-                                 f"{n - handed:,} never reached a collective"))
-        elif carried < floor:
-            out.append((i, rank, f"its collectives carried {carried:,} bytes, {floor - carried:,} short of the "
-                                 f"{floor:,} bytes {scheme} must move for its {n:,} gradient elements"))
     return out
 
 

@@ -33,11 +33,11 @@ def test_every_built_in_scheme_meets_its_floor_in_every_iteration(tmp_path, sche
     res = train(2, tmp_path / "run", "--scheme", scheme, "--max-iters", "3", "--eval-every", "3", *flags, env=env,
                 domains=domains)
     assert res.ok, res.logs
-    volumes = {r: proof_volume.parse(json.loads((tmp_path / f"collectives{r}.json").read_text())) for r in range(2)}
-    verdict = proof_volume.judge(volumes, trainer=True)
+    docs = [json.loads((tmp_path / f"collectives{r}.json").read_text()) for r in range(2)]
+    verdict = proof_volume.judge({r: proof_volume.parse(doc, r) for r, doc in enumerate(docs)}, trainer=True)
     assert verdict["checked"] and verdict["reason"] == "", verdict
     assert verdict["iterations"] == res.summary()["iterations"] and verdict["lost"] == 0
-    for v in volumes.values():
+    for v in (doc["volume"] for doc in docs):
         assert v["scheme"] == scheme and v["elements"] * 4 == res.summary()["dense_bytes"]
         assert v["handed"] in (None, [v["elements"]] * len(v["floor"]))  # every bucket reached the hook
         last = len(v["floor"]) - 1  # compressed by then: the floor is within 5 % of what it carried
