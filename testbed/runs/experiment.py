@@ -265,6 +265,12 @@ class _Run:
             self.traffic.stop()
             self.traffic.flush(self.run_dir / "traffic.jsonl")
 
+    def _workload(self) -> str:
+        """What the ranks run, for the proof (testbed.runs.volume.WORKLOADS)."""
+        if self.req.code is not None:
+            return "code"
+        return "trainer" if self.req.module == "workloads.train" else "module"
+
     def write_summary(self) -> dict:
         """summary.json, written by testbed once (it replaces the workload's part rank 0 wrote;
         the user's code's part is made from its records in memory). With the exporter on,
@@ -283,7 +289,7 @@ class _Run:
                             workload=workload, dilation=self.req.dilation)
         summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
         apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
-                             self.end_all, trainer=self.req.code is None and self.req.module == "workloads.train"))
+                             self.end_all, self._workload()))
         if trace is not None:
             rates, late = RateTimeline.from_run(run_dir, self.shapes, self.req.dilation)
             trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)

@@ -129,12 +129,12 @@ def _list(v) -> list:
 
 
 def judge(counts: Counts, run_cuts: list[Cut], measured: dict[tuple[int, str], int | None],
-          bottlenecks: dict[int, str] | None = None, trainer: bool = False) -> dict:
+          bottlenecks: dict[int, str] | None = None, workload: str = "code") -> dict:
     """The verdict and, per cut link and direction, bound and measured bytes. ``bottlenecks``
     (index -> name): the links the run shapes; a run none of whose collectives had to cross
-    any of them proves nothing about them. ``trainer``: the built-in trainer ran, so every
-    rank must show its gradients' volume (testbed.runs.volume), which is checked wherever
-    the files hold one."""
+    any of them proves nothing about them. ``workload``: what the ranks ran
+    (testbed.runs.volume.WORKLOADS: the built-in trainer's ranks must each show their
+    gradients' volume, which is checked wherever the files hold one)."""
     links, short, crossing = {}, [], set()
     for cut in run_cuts:
         b = bound(cut, counts.totals)
@@ -143,7 +143,7 @@ def judge(counts: Counts, run_cuts: list[Cut], measured: dict[tuple[int, str], i
         short += _short(cut, b, rows)
         if b.forward or b.reverse or b.shared:
             crossing.add(cut.index)
-    grads = volume.judge(counts.volumes, trainer) if not counts.missing else None
+    grads = volume.judge(counts.volumes, workload) if not counts.missing else None
     proof = {"verdict": "passed", "reason": "", "tolerance": TOLERANCE, "links": links,
              "collectives": counts.by_kind, "uncounted": counts.uncounted,
              "unbounded": unbounded(counts.totals), "gradients": grads}
@@ -199,10 +199,10 @@ def _ranks(rs) -> str:
     return ",".join(map(str, rs)) if len(rs) <= 8 else f"{rs[0]}..{rs[-1]} ({len(rs)})"
 
 
-def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: dict, trainer: bool = False) -> dict:
+def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: dict, workload: str = "code") -> dict:
     """The proof of a finished run: its ranks' counts against the counters of every link
-    (and, where they recorded one, their gradients' volume; ``trainer``: the built-in
-    trainer ran, which must have)."""
+    (and, where they recorded one, their gradients' volume; ``workload``: what the ranks
+    ran, testbed.runs.volume.WORKLOADS: the built-in trainer's must have)."""
     measured = {}
     for l in topology.links:
         for d in DIRECTIONS:
@@ -213,7 +213,7 @@ def prove(run_dir: Path, topology, workers: dict[str, int], start: dict, end: di
     except TrafficUnproven as e:
         return {"verdict": "unproven", "reason": e.message, "tolerance": TOLERANCE, "links": {}}
     return judge(counts, cuts(workers, topology.links), measured,
-                 {l.index: l.name for l in topology.links if l.bottleneck}, trainer)
+                 {l.index: l.name for l in topology.links if l.bottleneck}, workload)
 
 
 def apply(summary: dict, proof: dict) -> None:

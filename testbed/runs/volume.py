@@ -29,7 +29,10 @@ USER_CODE = ("your own code: the proof sees only the bytes it hands to torch.dis
              "collectives is not caught)")
 OWN_HOOK = ("your own hook: no floor is known for what it must send; that every iteration's gradients reached "
             "a collective is not checked")
-NOT_TRAINER = "not the built-in trainer: no gradient volume to check"
+OTHER_MODULE = ("not the built-in trainer (another of testbed's workloads): the proof sees only the bytes it hands "
+                "to torch.distributed; no gradient volume is checked")
+WORKLOADS = ("trainer", "code", "module")
+"""What the ranks ran: the built-in trainer, your own script or module, another of testbed's modules."""
 
 
 def parse(doc: dict, rank: int = 0) -> dict | None:
@@ -81,20 +84,21 @@ def _short(scheme: str, n: int, floor: list[int], carried: list[int], handed: li
                      f"its {n:,} gradient elements"
 
 
-def judge(volumes: dict[int, dict | None], trainer: bool) -> dict:
-    """``volumes``: rank -> its digest (:func:`parse`; None: none in its file); ``trainer``:
-    the built-in trainer ran (every rank must then have one). The check's result:
+def judge(volumes: dict[int, dict | None], workload: str = "code") -> dict:
+    """``volumes``: rank -> its digest (:func:`parse`; None: none in its file); ``workload``
+    (:data:`WORKLOADS`): what the ranks ran (the built-in trainer's must each have one). The
+    check's result:
     ``checked``, ``scheme``, ``elements``, ``iterations`` (checked, per rank), ``lost`` (not
     checked, all ranks), ``reason`` (the first shortfall, one line; empty when none) and
     ``note`` (what was not checked, and why)."""
     out = {"checked": False, "scheme": None, "elements": None, "iterations": 0, "lost": 0, "reason": "", "note": ""}
     absent = sorted(r for r, v in volumes.items() if v is None)
     if len(absent) == len(volumes):
-        if trainer:
+        if workload == "trainer":
             out["reason"] = (f"rank(s) {_list(absent)} left no gradient volume (the trainer records one in its "
                              "collectives file): that the gradients reached the collectives is not shown")
         else:
-            out["note"] = USER_CODE
+            out["note"] = USER_CODE if workload == "code" else OTHER_MODULE
         return out
     if absent:
         out["reason"] = f"rank(s) {_list(absent)} left no gradient volume, which the others recorded"

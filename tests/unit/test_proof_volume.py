@@ -27,7 +27,7 @@ def _volume(floor=N * 4, carried=None, handed=N, iters=3, scheme="allreduce", ch
             "carried": carried or [floor] * iters, "lost": list(lost)}
 
 
-def _proof(tmp_path, trainer=True, **volumes) -> dict:
+def _proof(tmp_path, workload="trainer", **volumes) -> dict:
     """Eight ranks whose links carried plenty; ``volumes``: rank (r0..r7) -> its volume (None: none)."""
     _write(tmp_path)
     for r in range(8):
@@ -35,7 +35,7 @@ def _proof(tmp_path, trainer=True, **volumes) -> dict:
         if v is not None:
             f = tmp_path / f"collectives{r}.json"
             f.write_text(json.dumps(json.loads(f.read_text()) | {"volume": v}))
-    return judge(read_counts(tmp_path, 8), cuts(WORKERS, THREE), _measured(10**9, 10**9), trainer=trainer)
+    return judge(read_counts(tmp_path, 8), cuts(WORKERS, THREE), _measured(10**9, 10**9), workload=workload)
 
 
 def test_a_built_in_run_whose_every_iteration_met_its_floor_passes(tmp_path):
@@ -77,14 +77,15 @@ def test_the_built_in_trainer_must_leave_a_volume(tmp_path):
     proof = _proof(tmp_path)
     assert proof["verdict"] == "unproven" and "rank(s) 0, 1, 2, 3, 4, 5, 6, 7 left no gradient volume" \
         in proof["reason"]
-    proof = _proof(tmp_path, every=_volume(), r3=None, trainer=False)  # one rank without: no user's code either
+    proof = _proof(tmp_path, every=_volume(), r3=None, workload="code")  # one rank without: no user's code either
     assert proof["verdict"] == "unproven" and "rank(s) 3 left no gradient volume, which the others" in proof["reason"]
 
 
 def test_your_own_code_passes_on_its_collectives_and_says_what_is_not_checked(tmp_path):
-    proof = _proof(tmp_path, trainer=False)
+    proof = _proof(tmp_path, workload="code")
     assert proof["verdict"] == "passed"
     assert proof["gradients"]["checked"] is False and proof["gradients"]["note"] == volume.USER_CODE
+    assert _proof(tmp_path, workload="module")["gradients"]["note"] == volume.OTHER_MODULE  # e.g. workloads.collective
     proof = _proof(tmp_path, every=_volume(scheme="hook", checked=False, floor=0, carried=[4, 4, 4]))
     assert proof["verdict"] == "passed" and proof["gradients"]["note"] == volume.OWN_HOOK
 
@@ -104,7 +105,7 @@ def _table(capsys, proof: dict) -> str:
 
 
 def test_the_run_table_says_what_a_user_scripts_proof_does_not_show(tmp_path, capsys):
-    text = _table(capsys, _proof(tmp_path, trainer=False))
+    text = _table(capsys, _proof(tmp_path, workload="code"))
     assert "proven the bytes every rank handed to torch.distributed crossed the shaped links" in text, text
     assert "not proven your own code: the proof sees only the bytes it hands to torch.distributed; that its " \
            "gradients were exchanged at all is not checked (an exchange through files or its own sockets beside " \

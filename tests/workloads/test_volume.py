@@ -34,7 +34,7 @@ def test_every_built_in_scheme_meets_its_floor_in_every_iteration(tmp_path, sche
                 domains=domains)
     assert res.ok, res.logs
     docs = [json.loads((tmp_path / f"collectives{r}.json").read_text()) for r in range(2)]
-    verdict = proof_volume.judge({r: proof_volume.parse(doc, r) for r, doc in enumerate(docs)}, trainer=True)
+    verdict = proof_volume.judge({r: proof_volume.parse(doc, r) for r, doc in enumerate(docs)}, "trainer")
     assert verdict["checked"] and verdict["reason"] == "", verdict
     assert verdict["iterations"] == res.summary()["iterations"] and verdict["lost"] == 0
     for v in (doc["volume"] for doc in docs):
@@ -76,5 +76,5 @@ def test_the_ledger_bins_bytes_by_iteration_and_leaves_lost_ranges_unchecked(tmp
     doc = ledger.to_dict()["volume"]
     assert doc["carried"] == [40, 40, 0, 40]  # the group of one rank moves nothing
     assert doc["handed"] == [10] * 4 and doc["floor"] == [20] * 4 and doc["lost"] == [1, 2, 3]
-    verdict = proof_volume.judge({0: proof_volume.parse({"volume": doc})}, trainer=True)
+    verdict = proof_volume.judge({0: proof_volume.parse({"volume": doc})}, "trainer")
     assert verdict["checked"] and verdict["reason"] == "" and verdict["lost"] == 3 and verdict["iterations"] == 1
