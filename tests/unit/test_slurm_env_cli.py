@@ -28,6 +28,9 @@ from tests.hostile_slurm import job_ids, node_lists, node_names, valid_job_id, v
 LIMIT_AS = 1 << 30  # the CLI needs about 300 MB of address space; a product of ranges multiplied out, far more
 MAX_RSS_MB = 200  # the CLI's peak is about 30 MB
 TIMEOUT_S = 30.0
+MAX_ARG_STRLEN = 131072
+"""Bytes of the longest ``NAME=VALUE`` (with its NUL) Linux passes in an environment: a longer
+value is cut to fit, as no job's environment can hold more."""
 TOPO = {"name": "slm",
         "nodes": {"s1": {"kind": "switch", "host": "a"}, "s2": {"kind": "switch", "host": "b"},
                   "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
@@ -81,9 +84,15 @@ def _cli(place: Path, args: list[str], slurm: dict[str, str]) -> tuple[int, list
     return p.returncode, err.splitlines(), int(out.rpartition("MAXRSS_KB ")[2]) / 1024
 
 
+def _fit(name: str, value: str) -> str:
+    """``value`` as an environment can hold it: at most MAX_ARG_STRLEN bytes with its name."""
+    return os.fsdecode(os.fsencode(value)[:MAX_ARG_STRLEN - len(name) - 2])
+
+
 def _refused(place: Path, args: list[str], slurm: dict[str, str], names: list[str]) -> None:
     """The command fails in one line (and a hint), naming the first of ``names`` (the
     variables the command reads, in its order) whose value is wrong."""
+    slurm = {k: _fit(k, v) for k, v in slurm.items()}
     code, lines, rss = _cli(place, args, slurm)
     assert rss < MAX_RSS_MB, (rss, slurm)
     assert code == 1 and lines and lines[0].startswith("error: "), (code, lines[:3], slurm)
