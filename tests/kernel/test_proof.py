@@ -68,6 +68,38 @@ for _ in range(3):
 dist.barrier()
 dist.destroy_process_group()
 '''
+FILES = r'''
+import os, time, torch, torch.distributed as dist
+run = os.environ["TESTBED_RUN_DIR"]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Linear(1000, 100)  # 100,100 parameters: 400 kB of gradients a step, averaged through files
+for step in range(3):
+    loss = model(torch.randn(8, 1000)).square().mean()
+    model.zero_grad()
+    loss.backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    torch.save(flat, f"{run}/grad{step}.{rank}.tmp")
+    os.rename(f"{run}/grad{step}.{rank}.tmp", f"{run}/grad{step}.{rank}.pt")
+    while not all(os.path.exists(f"{run}/grad{step}.{r}.pt") for r in range(world)):
+        time.sleep(0.01)
+    avg = sum(torch.load(f"{run}/grad{step}.{r}.pt") for r in range(world)) / world
+    with torch.no_grad():
+        for p, g in zip(model.parameters(), avg.split([p.numel() for p in model.parameters()])):
+            p -= 0.01 * g.view_as(p)
+    dist.all_reduce(loss.detach())  # the only collective: the loss, 4 bytes a step
+dist.barrier()
+dist.destroy_process_group()
+'''
+BROKEN_TOPK = ("import sys, torch, torch.distributed as dist\n"
+               "from workloads import train\n"
+               "from workloads.schemes import topk\n"
+               "def quiet(state, bucket):  # the bucket comes back unaveraged; a 4-byte token instead\n"
+               "    dist.all_reduce(torch.zeros(1))\n"
+               "    f = torch.futures.Future(); f.set_result(bucket.buffer()); return f\n"
+               "topk.topk_hook = quiet\n"
+               "train.main(sys.argv[1:])\n")
 QUIET_HOOK = ("import torch\n"
               "def keep(process_group):\n"
               "    def hook(state, bucket):\n"
@@ -121,6 +153,8 @@ def test_every_scheme_and_the_example_pass_the_proof_at_100mbit(tproof4):
             assert s["dense_iterations"] < s["iterations"], s  # its compact all-reduce ran
         assert (s["status"], s["proof"]) == ("ok", "passed"), (scheme, s.get("proof_reason"))
         assert s["collectives"]["collectives"]["train"], s["collectives"]  # the training's own exchange counted
+        g = s["proof_gradients"]  # every iteration's gradients reached the scheme's collectives, at its floor
+        assert g["checked"] and g["iterations"] == s["iterations"] and g["lost"] == 0, (scheme, g)
         assert s["bottleneck"]["measured_from"] == "training start"
         for name, row in s["proof_links"].items():  # every link (the workers' own too) carried its bound
             assert row["bound_bytes"] > 0 and row["measured_bytes"] >= row["bound_bytes"], (scheme, name, row)
@@ -159,3 +193,23 @@ def test_one_rank_that_leaves_by_another_ranks_link_is_caught(tproof):
     for name, row in links.items():  # every other link carried its bound: only w7's was bypassed
         if not name.startswith("w7-s2"):
             assert row["measured_bytes"] >= row["bound_bytes"], (name, row)
+
+
+def test_what_the_proof_promises_for_your_own_code_and_for_the_built_in_trainer(tproof4, monkeypatch):
+    """A script that averages its gradients through files and all-reduces only its loss ends ok,
+    and its table and summary say what that does not show; the built-in trainer whose topk hook
+    returns without communicating (run through -m, with a 4-byte token a bucket) is not ok."""
+    script = tproof4 / "files.py"
+    script.write_text(FILES)
+    rc, out, s = _run(tproof4, "--script", str(script), testbed="tproof4")
+    assert rc == 0 and (s["status"], s["proof"]) == ("ok", "passed"), out
+    assert s["proof_gradients"]["checked"] is False and "through files" in s["proof_gradients"]["note"], s
+    text = " ".join(out.replace("\u2502", " ").split())
+    assert "not proven your own code: the proof sees only the bytes it hands to torch.distributed; that its " \
+           "gradients were exchanged at all is not checked" in text, out
+    (tproof4 / "broken_topk.py").write_text(BROKEN_TOPK)
+    monkeypatch.chdir(tproof4)
+    rc, out, s = _run(tproof4, "-m", "broken_topk", "--", "--scheme", "topk", *SHORT, testbed="tproof4")
+    assert rc == 1 and "the run is unproven: the gradients did not all reach the collectives: rank 0 iteration 1: " \
+        "its collectives carried" in out, out
+    assert (s["status"], s["proof"]) == ("unproven", "unproven") and s["proof_gradients"]["checked"] is True, s
