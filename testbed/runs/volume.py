@@ -52,10 +52,12 @@ def parse(doc: dict, rank: int = 0) -> dict | None:
     lost = set(_ints(v.get("lost")))
     if len(carried) != len(floor) or (handed is not None and len(handed) != len(floor)):
         raise ValueError("volume: lists of different lengths")
-    short = [] if not v["checked"] else [(i, rank, said) for i, said in _short(scheme, n, floor, carried, handed, lost)]
+    short = _short(scheme, n, floor, carried, handed, lost) if v["checked"] else iter(())
+    first = next(short, None)  # the first failing iteration, and how many more: not every line
     gone = sum(1 for i in lost if i < len(floor))
     return {"scheme": scheme, "checked": v["checked"], "elements": n, "iterations": len(floor) - gone, "lost": gone,
-            "short": short[0] if short else None, "nshort": len(short)}
+            "short": None if first is None else (first[0], rank, first[1]),
+            "nshort": (first is not None) + sum(1 for _ in short)}
 
 
 def _int(v) -> int:
@@ -132,8 +134,8 @@ def promise(summary: dict) -> list[tuple[str, str]]:
         return []
     links = "the bytes every rank handed to torch.distributed crossed the shaped links (each link >= its bound)"
     if g.get("checked") is True:
-        lost = g.get("lost") or 0
-        return [("proven", f"{links}; every iteration's {g.get('elements') or 0:,} gradient elements reached "
+        lost, n = (v if type(v) is int else 0 for v in (g.get("lost"), g.get("elements")))
+        return [("proven", f"{links}; every iteration's {n:,} gradient elements reached "
                            f"{g.get('scheme')}'s collectives, carrying at least what it must send"
                            + (f" ({lost} rank-iterations with lost counts not checked)" if lost else ""))]
     return [("proven", links), ("not proven", str(g.get("note") or "the gradients' volume"))]

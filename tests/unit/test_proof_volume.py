@@ -116,6 +116,8 @@ def test_the_run_table_says_a_built_in_runs_gradients_reached_their_collectives(
     text = _table(capsys, _proof(tmp_path, every=_volume(scheme="topk", floor=800)))
     assert "every iteration's 10,000 gradient elements reached topk's collectives, carrying at least what it must " \
            "send" in text and "not proven" not in text, text
+    text = _table(capsys, _proof(tmp_path, every=_volume(carried=[0, N * 4, N * 4], lost=[0])))
+    assert "carrying at least what it must send (8 rank-iterations with lost counts not checked)" in text, text
     text = _table(capsys, _proof(tmp_path, every=_volume(scheme="hook", checked=False, floor=0)))
     assert "not proven your own hook: no floor is known for what it must send" in text, text
 
