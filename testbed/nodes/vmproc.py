@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.common import procs
+from testbed.common.digits import ascii_int
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text
 from testbed.nodes.vmqemu import node_of, qemu_pids, qemu_trouble
 from testbed.plan.actions import ApplyContext, Action, register
 
-READY_TIMEOUT = float(os.environ.get("TESTBED_VM_READY_TIMEOUT", "180"))
+READY_TIMEOUT = float(ascii_int(os.environ.get("TESTBED_VM_READY_TIMEOUT", ""), 6) or 180)
+"""Seconds a VM's agent may take to answer after boot (``TESTBED_VM_READY_TIMEOUT``, whole
+seconds; anything else: 180)."""
 BOOT_GRACE_S = 5.0
 """How long QEMU may take to appear after StartVM (a helper joins the namespace, then execs it)."""
 STOP_GRACE_S, KILL_WAIT_S = 3.0, 3.0
