@@ -27,6 +27,7 @@ splices two frames.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
 from collections.abc import Iterator
@@ -122,15 +123,15 @@ class Sender:
         self.mac = auth.Mac(token)
         self.sender = sender or auth.new_sender()
         self._fixed = MAGIC + self.sender
-        self._counter = auth.Counter(counter)
+        self._count = auth.counter(counter)
 
     def head(self, tail: bytes) -> bytes:
         """The next datagram's header (a fresh counter) with ``tail`` (frame number, part, parts)."""
-        return self._fixed + self._counter.next_bytes() + tail
+        return self._fixed + next(self._count).to_bytes(auth.COUNTER_BYTES, "big") + tail
 
     def seal(self, tail: bytes, body: memoryview | bytes) -> tuple[bytes, bytes]:
         """(header, tag) of the next datagram carrying ``body``: send header + body + tag."""
-        head = self.head(tail)
+        head = self._fixed + next(self._count).to_bytes(auth.COUNTER_BYTES, "big") + tail  # head(), inlined
         return head, self.mac.tag(head, body)
 
     def keepalive(self) -> bytes:
@@ -166,7 +167,8 @@ class Receiver:
         is authentic, not ours and new (its counter is then remembered); else
         :data:`REJECTED`, :data:`REFLECTED` or :data:`REPLAYED`."""
         end = n - TAG_BYTES
-        if end < HEADER_BYTES or datagram[:SENDER_AT] != MAGIC or not self.mac.verify(datagram, end):
+        if (end < HEADER_BYTES or datagram[:SENDER_AT] != MAGIC
+                or not hmac.compare_digest(self.mac.tag(datagram[:end]), datagram[end:n])):
             return REJECTED
         if datagram[SENDER_AT:COUNTER_AT] == self.own:
             return REFLECTED

@@ -4,6 +4,7 @@ loopback UDP, with Unix datagram socket pairs standing in for the veths' packet 
 
 from __future__ import annotations
 
+import hmac
 import io
 import os
 import socket
@@ -74,6 +75,11 @@ def test_the_key_is_derived_and_neither_it_nor_the_token_is_ever_sent():
     tx = wire.Sender(TOKEN)
     d = _datagram(tx, b"frame" * 10) + tx.keepalive()
     assert TOKEN not in d and key not in d and key[:16] not in d and key[16:] not in d
+
+
+def test_the_tag_is_hmac_sha256_truncated():
+    head, body = os.urandom(wire.HEADER_BYTES), os.urandom(5000)
+    assert auth.Mac(TOKEN).tag(head, body) == hmac.digest(auth.link_key(TOKEN), head + body, "sha256")[:16]
 
 
 def test_a_valid_datagram_opens_and_its_frame_is_where_the_header_says():
