@@ -153,7 +153,9 @@ class Lab:
         proc = subprocess.Popen(self.a.enter("unshare", "-n", "sleep", "infinity"), stdin=subprocess.DEVNULL)
         self.local = Host("local", f"{LOCAL_SUBNET}2", proc)
         deadline = time.monotonic() + 10
-        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(self.a.ns("net")).st_ino:
+        # until unshare made its own: the process starts in ours, then nsenter takes it to a's
+        before = {os.stat("/proc/self/ns/net").st_ino, os.stat(self.a.ns("net")).st_ino}
+        while os.stat(f"/proc/{proc.pid}/ns/net").st_ino in before:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("could not make the baseline's namespace")
             time.sleep(0.01)
