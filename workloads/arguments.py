@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from workloads import schemes
+from workloads.profiles import gpu_seconds
 from workloads.names import DATASET_NAMES, MODEL_NAMES, DatasetError
 
 DIST_BACKENDS = ("auto", "gloo", "nccl")
@@ -115,9 +116,14 @@ def _parser(raise_errors: bool) -> _Parser:
                    help="paper-scale traffic: replace forward and backward by this many seconds per iteration "
                         "(e.g. measured on your GPU); the real model's parameters, DDP buckets, hooks and "
                         "collectives, synthetic gradients; no accuracy. Needs --max-iters")
+    p.add_argument("--gpu-time", default=None, metavar="SECONDS|GPU",
+                   help="real training at a GPU's speed: hold each iteration's real forward and backward to K x "
+                        "this many seconds (K: --dilation), or a GPU's profile for the model and batch (h100); "
+                        "iterations whose compute could not keep up are counted as overruns (workloads.pacing)")
     p.add_argument("--dilation", type=float, default=1.0, metavar="K",
                    help="time dilation (set by `testbed run --dilation`, which also slows every shaped link "
-                        "K-fold): sleep K x --compute-time, record every duration divided by K")
+                        "K-fold): sleep K x --compute-time (or hold the real compute to K x --gpu-time), record "
+                        "every duration divided by K")
     p.add_argument("--backend", choices=DIST_BACKENDS, default="auto",
                    help="auto: nccl when CUDA is available, else gloo")
     p.add_argument("--iface", default=None,
@@ -202,6 +208,8 @@ def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None 
     d["pretrain_dataset"] = pretrain_dataset
     if args.dilation != 1:  # runs at different K are compared, never averaged
         d["dilation"] = args.dilation
+    if getattr(args, "gpu_time_s", None) is not None:  # the GPU a run stands for changes its times
+        d["gpu_time_s"] = args.gpu_time_s
     return d
 
 
@@ -237,8 +245,11 @@ def validate(args: argparse.Namespace):
     if args.dilation != 1.0:
         if not (math.isfinite(args.dilation) and 1 <= args.dilation <= MAX_DILATION):
             raise ValueError(f"--dilation is a factor in [1, {MAX_DILATION:g}], got {args.dilation}")
-        if args.compute_time is None:
-            raise ValueError("--dilation needs --compute-time: real compute cannot be slowed K-fold")
+        if args.compute_time is None and args.gpu_time is None:
+            raise ValueError("--dilation needs --compute-time or --gpu-time: real compute cannot be slowed K-fold, "
+                             "only held to K x a stated time")
+    if args.gpu_time is not None:
+        _check_gpu_time(args)
     if args.compute_time is not None:
         if not (math.isfinite(args.compute_time) and 0 <= args.compute_time <= 3600):
             raise ValueError(f"--compute-time is seconds per iteration in [0, 3600], got {args.compute_time}")
@@ -249,6 +260,16 @@ def validate(args: argparse.Namespace):
             if given:
                 raise ValueError(f"--compute-time measures traffic, not accuracy: {flag} does not apply")
     return scheme
+
+
+def _check_gpu_time(args: argparse.Namespace) -> None:
+    """--gpu-time resolved to seconds in ``args.gpu_time_s`` (a number, or a profile's)."""
+    if args.compute_time is not None:
+        raise ValueError("--gpu-time holds real compute to a GPU's time; --compute-time replaces it: give one")
+    seconds = gpu_seconds(str(args.gpu_time), args.model, args.batch_size, args.width)
+    if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+        raise ValueError(f"--gpu-time is seconds per iteration in (0, 3600], got {args.gpu_time}")
+    args.gpu_time_s = seconds
 
 
 def _regular(path: Path) -> bool:

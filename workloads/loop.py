@@ -22,6 +22,7 @@ import torch.nn as nn
 from workloads import collectives, compat, data, records
 from workloads.evaluation import evaluate, sync_buffers
 from workloads.measure import DDPTimes
+from workloads.pacing import Pacer
 
 
 @dataclass
@@ -39,6 +40,14 @@ class Progress:
     time_to_target_s: float | None = None
     reached_target: bool = False
     """--stop-at-target and the target is reached: stop."""
+    overruns: int = 0
+    """--gpu-time: iterations whose real compute missed a deadline (``workloads.pacing``)."""
+    late_max_s: float = 0.0
+    """--gpu-time: the latest miss, real seconds."""
+    real_compute_max_s: float = 0.0
+    """--gpu-time: the longest real compute of an iteration, real seconds."""
+    need_max: float = 0.0
+    """--gpu-time: the pacer's largest ``need`` (K x it meets every deadline)."""
 
 
 @dataclass
@@ -62,6 +71,8 @@ class Loop:
     counters: records.IfaceCounters | None = None
     it_log: records.JsonlWriter | None = None
     ev_log: records.JsonlWriter | None = None
+    pacer: Pacer | None = None
+    """--gpu-time: the real compute held to K x T per iteration."""
 
     def run(self) -> Progress:
         """Epochs of iterations until ``total`` (or the target, with --stop-at-target)."""
@@ -98,12 +109,16 @@ class Loop:
         after_step = getattr(self.state, "after_step", None)
         collectives.iteration()  # the proof counts this iteration's gradient volume from here
         t0 = time.perf_counter()
+        if self.pacer:
+            self.pacer.start()
         self.opt.zero_grad(set_to_none=True)
         if self.synthetic is None:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             loss = nn.functional.cross_entropy(self.ddp(x), y)
         else:
             loss = self.ddp()  # sleeps the stated forward time; backward: the stated rest
+        if self.pacer:
+            self.pacer.forward_done()  # held to its deadline; the backward's are in the pacer's hooks
         loss.backward()  # DDP's hooks communicate; returns when all buckets are reduced
         if before_step:
             before_step()
@@ -125,6 +140,13 @@ class Loop:
         payload = self.state.take_payload_bytes()
         progress.iter_s.append(dt)
         progress.payloads.append(payload)
+        late = None
+        if self.pacer:
+            progress.overruns += self.pacer.overran()
+            progress.late_max_s = max(progress.late_max_s, self.pacer.late)
+            progress.real_compute_max_s = max(progress.real_compute_max_s, self.pacer.real)
+            progress.need_max = max(progress.need_max, self.pacer.need)
+            late = self.pacer.late / self.args.dilation
         if self.synthetic is not None:
             loss = None  # no loss without a forward pass
         elif not math.isfinite(loss):
@@ -135,7 +157,7 @@ class Loop:
             self.it_log.write({"rank": self.rank, "iter": it, "epoch": epoch, "time": time.time(), "iter_s": dt,
                                "compute_s": compute_s, "comm_s": comm_s, "overlap_s": overlap_s, "loss": loss,
                                "payload_bytes": payload, "buffer_bytes": buffers[-1] if buffers else None,
-                               "tx_bytes": tx, "rx_bytes": rx})
+                               "tx_bytes": tx, "rx_bytes": rx, "paced_late_s": late})
         if self.rank == 0 and self.args.log_every and it % self.args.log_every == 0:
             print(f"epoch {epoch} iter {it}/{self.total} loss {loss if loss is None else round(loss, 4)} "
                   f"{dt * 1000:.0f} ms "

@@ -50,6 +50,8 @@ ITER_FIELDS = {
                     "are compacted); null for other schemes",
     "tx_bytes": "interface transmit byte counter after the iteration (null without --iface)",
     "rx_bytes": "interface receive byte counter after the iteration (null without --iface)",
+    "paced_late_s": "--gpu-time: how late this rank's real compute met its latest deadline, emulated seconds "
+                    "(0: on time; over 2 % of the budget the iteration overran); null without --gpu-time",
 }
 EVAL_FIELDS = {
     "iter": "iterations completed",
@@ -87,6 +89,9 @@ SUMMARY_FIELDS = {
                            "(max_rss_bytes_all_ranks counts every shared page once per rank); null where unknown",
     "dilation": "time dilation K (1: none): every shaped link ran K times slower, the stated compute took K "
                 "times longer, and every duration here is the measured one divided by K",
+    "gpu_time_s": "--gpu-time: the GPU compute per iteration T the run stands for (null: none)",
+    "compute_budget_s": "--gpu-time: K x T, what each iteration's real forward and backward were held to",
+    "overruns": "--gpu-time: iterations whose real compute missed a deadline, summed over ranks (0: validated)",
 }
 
 

@@ -32,6 +32,12 @@ class Totals:
     max_rss_bytes_all_ranks: float
     pss_bytes_all_ranks: float | None = None
     """The ranks' proportional set sizes at the end, summed: the memory they hold together."""
+    overruns: int = 0
+    """--gpu-time: iterations that overran, summed over ranks (``workloads.pacing``)."""
+    late_max_s: float = 0.0
+    real_compute_max_s: float = 0.0
+    need_max: float = 0.0
+    """--gpu-time: over all ranks and iterations (real seconds)."""
 
 
 def gather(progress: Progress, world: int, device: torch.device) -> Totals:
@@ -42,10 +48,16 @@ def gather(progress: Progress, world: int, device: torch.device) -> Totals:
     pss = pss_bytes()
     rss = torch.tensor([max_rss_bytes()], dtype=torch.float64, device=device)
     sums = torch.tensor([max_rss_bytes(), pss if pss is not None else math.nan], dtype=torch.float64, device=device)
+    paced = torch.tensor([progress.late_max_s, progress.real_compute_max_s, progress.need_max], dtype=torch.float64,
+                         device=device)
+    overruns = torch.tensor([progress.overruns], dtype=torch.float64, device=device)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    dist.all_reduce(paced, op=dist.ReduceOp.MAX)
     dist.all_reduce(sums)
+    dist.all_reduce(overruns)
     pss_all = float(sums[1]) if math.isfinite(float(sums[1])) else None
-    return Totals(float(pay[0] / pay[1]), float(pay[2] / world), float(rss[0]), float(sums[0]), pss_all)
+    return Totals(float(pay[0] / pay[1]), float(pay[2] / world), float(rss[0]), float(sums[0]), pss_all,
+                  int(overruns[0]), float(paced[0]), float(paced[1]), float(paced[2]))
 
 
 def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, *, world: int, backend: str,
@@ -74,8 +86,20 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
                                     "spardl_teams_used")},
         "init": pretrained, "from_scratch": pretrained is None,
         "compute_time_s": args.compute_time, "accuracy_measured": args.compute_time is None,
-        "dilation": args.dilation,
+        "dilation": args.dilation, **_paced(args, totals),
         "max_rss_bytes_per_rank": totals.max_rss_bytes_per_rank,
         "max_rss_bytes_all_ranks": totals.max_rss_bytes_all_ranks,
         "pss_bytes_all_ranks": totals.pss_bytes_all_ranks,
         "placement": placement}
+
+
+def _paced(args: argparse.Namespace, totals: Totals) -> dict:
+    """--gpu-time's fields (null without it): the GPU's seconds T, the budget K x T, the
+    iterations that overran it (summed over ranks), the latest miss and the longest real
+    compute (real seconds), and the smallest K whose deadlines that real compute meets."""
+    t = getattr(args, "gpu_time_s", None)
+    if t is None:
+        return {"gpu_time_s": None, "compute_budget_s": None, "overruns": None}
+    return {"gpu_time_s": t, "compute_budget_s": t * args.dilation, "overruns": totals.overruns,
+            "overrun_late_max_s": totals.late_max_s, "real_compute_max_s": totals.real_compute_max_s,
+            "dilation_fits": math.ceil(args.dilation * totals.need_max)}

@@ -36,6 +36,7 @@ from workloads.distributed import init_distributed, set_determinism
 from workloads.loop import Loop
 from workloads.measure import DDPTimes
 from workloads.models import build_model
+from workloads.pacing import Pacer
 from workloads.summary import gather, summary
 from workloads.synthetic import SyntheticCompute
 
@@ -92,6 +93,8 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     synthetic = SyntheticCompute(model, args.compute_time * args.dilation, args.seed * 1000 + rank) \
         if args.compute_time is not None else None
     masks = _prune(args, model, ds, rank, device, synthetic) if scheme.prunes else None
+    # --gpu-time: the real compute held to K x T (after pruning's own passes, which are not iterations)
+    pacer = Pacer(model, args.gpu_time_s * args.dilation) if getattr(args, "gpu_time_s", None) else None
     total, per_epoch = _iterations(args, ds, world, synthetic)
     if synthetic and masks is not None:  # the DDP module is the wrapper: its names carry a prefix
         masks = {f"model.{k}": v for k, v in masks.items()}
@@ -119,7 +122,7 @@ def train(args, scheme, ds, rank, world, device, backend) -> int:
     ev_log = records.JsonlWriter(out / "eval.jsonl") if out and rank == 0 and synthetic is None else None
 
     loop = Loop(args, ds, rank, world, device, model, ddp, state, opt, sched, timers, synthetic, total, per_epoch,
-                counters, it_log, ev_log)
+                counters, it_log, ev_log, pacer)
     start = time.time()
     collectives.training()
     progress = loop.run()

@@ -233,12 +233,27 @@ def _render_summary(s: dict) -> None:
 def _dilation_rows(s: dict) -> list[tuple[str, str]]:
     """A dilated run's K, and whether --dilation auto validated it."""
     k = s.get("dilation")
+    paced = _paced_rows(s)
     if not isinstance(k, (int, float)) or k == 1:
-        return []
+        return paced
     said = {True: "validated", False: "not validated"}.get(s.get("dilation_validated"), "-")
     curve = ", ".join(f"K {c['k']:g}: {c['median_iter_s'] * 1000:.0f} ms" for c in s.get("dilation_curve") or []
                       if isinstance(c.get("median_iter_s"), (int, float)))
-    return [("time dilation", f"K = {k:g}, {said}" + (f" ({curve})" if curve else "") + "; times in emulated seconds")]
+    return [("time dilation", f"K = {k:g}, {said}" + (f" ({curve})" if curve else "") + "; times in emulated seconds"),
+            *paced]
+
+
+def _paced_rows(s: dict) -> list[tuple[str, str]]:
+    """--gpu-time: the budget the real compute was held to, and whether it kept up."""
+    t, over = s.get("gpu_time_s"), s.get("overruns")
+    if not isinstance(t, (int, float)) or not isinstance(over, int):
+        return []
+    text = f"real compute held to K x {t * 1000:.2f} ms = {s.get('compute_budget_s') or 0:.3f} s per iteration: "
+    if over == 0:
+        return [("GPU speed", text + "kept up in every iteration")]
+    fits = s.get("dilation_fits")
+    return [("GPU speed", text + f"{over} rank-iterations overran (latest miss {s.get('overrun_late_max_s', 0):.3f} s"
+             f" real): not validated" + (f"; K >= {fits} meets every deadline" if isinstance(fits, int) else ""))]
 
 
 def _proof_rows(s: dict) -> list[tuple[str, str]]:

@@ -75,10 +75,15 @@ _GENERAL = [  # (name, type, typer option), in --help order
                                                    "traffic: forward and backward replaced by this many seconds per "
                                                    "iteration (e.g. measured on your GPU); real parameters, buckets, "
                                                    "hooks and collectives; no accuracy. Needs --max-iters.")),
+    ("gpu_time", Optional[str], typer.Option(None, "--gpu-time", metavar="SECONDS|GPU", help="Real training at a "
+                                             "GPU's speed: each iteration's real forward and backward held to K x "
+                                             "this many seconds (K: --dilation; a GPU profile for the model and "
+                                             "batch: h100). Iterations the CPU could not keep up with are counted; "
+                                             "the run is validated only without any (docs/dilation.md).")),
 ]
 _FLAGS = {"width": "--width", "depth": "--depth", "data_dir": "--data-dir", "max_iters": "--max-iters",
           "lr": "--lr", "target_acc": "--target-acc", "init": "--init", "eval_every": "--eval-every",
-          "compute_time": "--compute-time"}
+          "compute_time": "--compute-time", "gpu_time": "--gpu-time"}
 """The general options passed on only when given (the workload's defaults apply otherwise)."""
 
 

@@ -94,8 +94,9 @@ def _auto_range(text: str, spec: str) -> Auto:
 def check(req, given: str | None = None) -> None:
     """Refuse a dilated run whose emulation dilation would distort (one line each).
 
-    * without ``--compute-time``: real compute runs at this machine's speed, it cannot be
-      made K times slower, so the emulated time of a step would be wrong;
+    * without ``--compute-time`` or ``--gpu-time``: real compute runs at this machine's
+      speed; it cannot be made K times slower, only held to K x a stated time (``--gpu-time``,
+      workloads.pacing), so the emulated time of a step would be wrong;
     * the user's own code or another module: its compute is real and its records' times
       are its own (testbed cannot divide them);
     * cross-traffic: TCP's own clocks (the minimum retransmission timeout, delayed ACKs,
@@ -108,12 +109,15 @@ def check(req, given: str | None = None) -> None:
         return
     name = given or f"{k:g}"
     if req.code is not None or req.workload is None:
-        raise TestbedError(f"--dilation {name} applies to the built-in trainer with --compute-time only: "
-                           f"{req.scheme}'s compute is real and its times are its own",
+        raise TestbedError(f"--dilation {name} applies to the built-in trainer with --compute-time or --gpu-time "
+                           f"only: {req.scheme}'s compute is real and its times are its own",
                            "run your code without --dilation")
-    if req.workload.options.compute_time is None:
-        raise TestbedError(f"--dilation {name} needs --compute-time: real compute cannot be made K times slower",
-                           "state the compute per iteration with --compute-time SECONDS (e.g. measured on your GPU)")
+    options = req.workload.options
+    if options.compute_time is None and getattr(options, "gpu_time", None) is None:
+        raise TestbedError(f"--dilation {name} needs --compute-time or --gpu-time: real compute cannot be made K "
+                           "times slower, only held to K x a stated time",
+                           "state the GPU's compute per iteration with --gpu-time SECONDS (real training) or "
+                           "--compute-time SECONDS (traffic only)")
     if req.cross_traffic:
         raise TestbedError(f"--dilation {name} with --cross-traffic: TCP's own timers (RTO, delayed ACKs) are not "
                            f"dilated, so a flow's share of a slowed link is not its share of the emulated one",

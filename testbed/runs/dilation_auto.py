@@ -4,7 +4,8 @@ machine, and run at it.
 A run at K = 1, then 2, 4, 8, ... (or from ``auto:FIRST-LAST``'s FIRST; each a whole run of its own, ``RUN_ID-k1``, ``-k2``, ...)
 until two successive K give median iteration times (in emulated seconds) within
 ``TOLERANCE`` of each other: the machine's own overheads no longer move the result, so the
-larger K is *validated*. The last run is the result; its summary keeps the curve
+larger K is *validated* (a ``--gpu-time`` run, whose real compute is held to K x T, also
+needs both runs free of overruns: every iteration's compute met its deadlines). The last run is the result; its summary keeps the curve
 (``dilation_curve``: K, median iteration seconds, run id) and ``dilation_validated``. When
 the ladder's last K (64 for plain ``auto``) is reached without agreement the last run is kept, marked not validated, and
 the curve says how far it got.
@@ -41,7 +42,8 @@ def run_auto(req: RunRequest, run_one: Callable[[RunRequest], dict], say: Callab
     for k in auto.ladder():
         say(f"--dilation auto: a run at K = {k:g}")
         summary = run_one(replace(req, dilation=k, run_id=f"{base}-k{k:g}", spec=req.spec))
-        curve.append({"k": k, "median_iter_s": summary.get("median_iter_s"), "run_id": summary["run_id"]})
+        curve.append({"k": k, "median_iter_s": summary.get("median_iter_s"), "run_id": summary["run_id"],
+                      "overruns": summary.get("overruns")})
         if len(curve) >= 2 and _agree(curve[-2], curve[-1]):
             validated = True
             break
@@ -55,8 +57,10 @@ def run_auto(req: RunRequest, run_one: Callable[[RunRequest], dict], say: Callab
 
 
 def _agree(a: dict, b: dict) -> bool:
+    """Two successive runs agree, and (a --gpu-time run) neither overran its budget."""
     x, y = a["median_iter_s"], b["median_iter_s"]
-    return isinstance(x, (int, float)) and isinstance(y, (int, float)) and agree(x, y)
+    return isinstance(x, (int, float)) and isinstance(y, (int, float)) and agree(x, y) \
+        and not a.get("overruns") and not b.get("overruns")
 
 
 def _point(c: dict) -> str:

@@ -43,11 +43,20 @@ def summarise(run_dir: Path, run_id: str, request: dict, links: list[Link], star
         "topology": request["testbed"], "params": request.get("params", {}), "bottleneck_shapes": shapes,
         "bottleneck": _bottleneck(links, *(train_start or (start, duration)), end, iters, dilation),
         "run_s": duration, "testbed_version": __version__, "code_version": code_version(),
-        "dilation": dilation, "dilation_validated": None if dilation == 1 else False,
+        "dilation": dilation, "dilation_validated": _validated(summary, dilation),
     })
     summary["bottleneck"]["measured_from"] = "training start" if train_start else "launch"
     summary["mean_wire_tx_bytes_per_iteration"] = _mean_wire_tx(run_dir, summary.get("world_size", 0))
     return summary
+
+
+def _validated(workload: dict, dilation: float) -> bool | None:
+    """A --gpu-time run (real compute held to K x T) is validated when no iteration of any rank
+    overran its budget (the workload's ``overruns``), at any K; a --compute-time run only by
+    ``--dilation auto`` (testbed.runs.dilation_auto); an undilated one needs nothing (None)."""
+    if workload.get("gpu_time_s") is not None:
+        return workload.get("overruns") == 0
+    return None if dilation == 1 else False
 
 
 def _bottleneck(links: list[Link], start: dict, duration: float, end: dict, iters: int, k: float = 1.0) -> dict:

@@ -1,0 +1,50 @@
+"""Real training at a GPU's speed (issue 58, item 1a): a short run whose real forward and
+backward are held to K x T ends ok, proven, validated, with its accuracy measured and its
+iterations at the GPU's time; a budget the CPU cannot keep is counted and un-validates the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import dumbbell
+from tests.kernel.conftest import cli, cli_json
+
+pytestmark = pytest.mark.kernel
+SHORT = ["--max-iters", "6", "--eval-every", "3", "--bw", "100mbit"]
+
+
+def test_a_run_held_to_a_gpus_time_is_proven_and_one_the_cpu_cannot_keep_is_not_validated(tmp_path, clean_kernel):
+    topo = tmp_path / "rgpu.yaml"
+    topo.write_text(yaml.safe_dump(dumbbell("rgpu", rate="1gbit")))
+    cli_json("up", str(topo))
+    out = str(tmp_path / "runs")
+    try:
+        # T = 0.1 s a step at K = 8: 0.8 s of budget for the CNN's ~0.1 s of real compute
+        held = cli_json("run", "allreduce", "-t", "rgpu", "--out", out, "--gpu-time", "0.1", "--dilation", "8",
+                        *SHORT)
+        tight = cli("run", "allreduce", "-t", "rgpu", "--out", out, "--gpu-time", "0.0001", *SHORT)
+    finally:
+        cli("down", "rgpu")
+    assert (held["status"], held["proof"], held["dilation"], held["dilation_validated"]) == ("ok", "passed", 8, True)
+    assert held["overruns"] == 0 and held["gpu_time_s"] == 0.1 and held["compute_budget_s"] == pytest.approx(0.8)
+    assert held["accuracy_measured"] is True and held["final_accuracy"] > 0.2  # real training: 10 classes, 6 steps
+    recs = [json.loads(x) for x in (Path(held["run_dir"]) / "rank0.jsonl").read_text().splitlines()]
+    # each iteration's compute is T in emulated seconds (the budget / K, by DDP's own timers); the
+    # rest is the links' (2.2 MB in one bucket, reduced once the backward ends: ~0.18 s at 100 Mbit)
+    assert all(r["paced_late_s"] is not None and r["paced_late_s"] <= 0.02 * 0.1 for r in recs)
+    assert all(r["compute_s"] == pytest.approx(0.1, rel=0.05) for r in recs), [r["compute_s"] for r in recs]
+    assert all(r["iter_s"] >= 0.1 + 0.15 for r in recs), [r["iter_s"] for r in recs]
+    assert "--gpu-time" in held["request"]["workload_args"]
+
+    assert tight.returncode == 0, tight.stderr  # the run itself is fine: its timing is the CPU's
+    assert "rank-iterations overran" in tight.stdout and "not validated" in tight.stdout, tight.stdout
+    s = json.loads(_last_summary(Path(out)).read_text())
+    assert s["overruns"] >= 6 and s["dilation_validated"] is False and s["dilation_fits"] > 1
+
+
+def _last_summary(out: Path) -> Path:
+    return max(out.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)

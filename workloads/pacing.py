@@ -1,0 +1,98 @@
+"""``--gpu-time T``: real training held to a GPU's speed, every iteration's compute K x T.
+
+The forward and backward passes are real (real data, gradients and accuracy) but run on a
+CPU, hundreds of times slower than the GPU they stand for. ``testbed run --dilation K``
+slows every link K-fold and divides every recorded time by K; so the run is the GPU cluster
+in slow motion as long as every iteration's compute takes exactly K x T. :class:`Pacer`
+holds it there on the schedule :class:`workloads.synthetic.SyntheticCompute` sleeps for a
+stated compute (so the two modes agree at equal T): the forward pass ends a third of the
+budget after the iteration starts, and each parameter's gradient is handed to DDP at its
+deadline in the backward's other two thirds, spread over the parameters by size in the
+order the backward makes them. DDP then launches each bucket's collective when the GPU would have, and its overlap
+with the rest of the backward is the GPU's, not the CPU's.
+
+A deadline the real compute reaches late is a miss; an iteration with a miss later than
+``TOLERANCE`` of the budget is an **overrun**: the CPU could not keep up with K x T, so that
+iteration's timing is the CPU's, not the emulated GPU's. Overruns are counted (with the
+latest miss) per iteration and in the summary, and a run with any is not validated: raise K
+until the CPU's real compute fits. The schedule spreads the backward by parameter size, as
+the paper-scale mode does, while a CPU's (or a GPU's) backward spends its time by layer; so a
+deadline can be missed with the whole compute inside the budget. The pacer keeps, per
+iteration, the largest share of a deadline's offset that the real compute up to it took
+(``need``): K x ``need`` is the smallest K that meets every deadline, and the summary's
+``dilation_fits`` is its largest over ranks and iterations.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.nn as nn
+
+TOLERANCE = 0.02
+"""A deadline missed by more than this share of the budget makes the iteration an overrun
+(a sleep's own wake-up is late by about 0.1 ms; a budget is tens of ms to seconds)."""
+FORWARD_SHARE = 1 / 3
+"""The forward pass's share of the budget, as SyntheticCompute's."""
+
+
+class Pacer:
+    """The budget ``seconds`` (K x T) per iteration for ``model``'s real forward and backward.
+
+    Per iteration: :meth:`start` before the forward pass, :meth:`forward_done` after it,
+    then the backward (each parameter's gradient waits for its deadline in a hook that runs
+    before DDP's own), then :meth:`end`, which returns how late the latest deadline was met."""
+
+    def __init__(self, model: nn.Module, seconds: float):
+        self.seconds = seconds
+        params = [p for p in model.parameters() if p.requires_grad]
+        total = sum(p.numel() for p in params)
+        backward = seconds * (1 - FORWARD_SHARE)
+        self._t0 = 0.0
+        self.late = 0.0
+        """Of the current iteration: the latest deadline's lateness, seconds (0: all met)."""
+        self.real = 0.0
+        """Of the current iteration: the real compute so far, seconds (the time since the start
+        less the time slept waiting for deadlines)."""
+        self._slept = 0.0
+        self.need = 0.0
+        """Of the current iteration: the largest real compute up to a deadline over that
+        deadline's offset (<= 1: every deadline could be met; K x this is the K that fits)."""
+        self._per_element = backward / total
+        self._ready = 0
+        """Elements whose gradients were handed over this iteration."""
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._handed)
+
+    def _handed(self, param) -> None:
+        """A gradient is ready: it is due once the backward's share of every gradient ready so
+        far has elapsed (in the order autograd makes them, which is not quite the parameters'
+        reverse order: a layer's weight and bias come in either order)."""
+        self._ready += param.numel()
+        self._wait(self.seconds * FORWARD_SHARE + self._ready * self._per_element)
+
+    def _wait(self, offset: float) -> None:
+        now = time.perf_counter()
+        self.real = max(self.real, now - self._t0 - self._slept)
+        self.need = max(self.need, self.real / offset)
+        due = self._t0 + offset
+        if now < due:
+            time.sleep(due - now)
+            self._slept += time.perf_counter() - now
+        else:
+            self.late = max(self.late, now - due)
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.late = self.real = self._slept = self.need = 0.0
+        self._ready = 0
+
+    def forward_done(self) -> None:
+        self._wait(self.seconds * FORWARD_SHARE)
+
+    def end(self) -> float:
+        """The iteration's latest miss, seconds (after the backward returned)."""
+        return self.late
+
+    def overran(self) -> bool:
+        return self.late > TOLERANCE * self.seconds
