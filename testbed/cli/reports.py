@@ -19,6 +19,43 @@ _COLUMNS = ("scheme", "runs", "TTA (s)", "TTA / allreduce", "final acc", "iter (
 
 def register(app: typer.Typer) -> None:
     app.command()(report)
+    app.command()(compose)
+
+
+def compose(
+    accuracy_run: Path = typer.Argument(..., metavar="ACCURACY_RUN", help="A real run (accuracy per iteration, "
+                                        "at any speed)."),
+    time_run: Path = typer.Argument(..., metavar="TIME_RUN", help="A paper-scale run of the same scheme, model and "
+                                    "ranks (--compute-time T: the GPU's step), proven."),
+    target_acc: Optional[float] = typer.Option(None, "--target-acc", metavar="FRACTION",
+                                               help="Time to this accuracy, sustained (3 evaluations in a row)."),
+    as_json: bool = JsonOpt,
+):
+    """Time-to-accuracy in a GPU's regime: the accuracy of a real run against the emulated
+    time of a paper-scale run, iteration by iteration (docs/dilation.md)."""
+    with guard(as_json):
+        from testbed.runs.compose import compose as composed
+
+        if target_acc is not None and not 0 < target_acc <= 1:
+            raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
+        c = composed(accuracy_run, time_run)
+        tta = c.tta(target_acc) if target_acc is not None else None
+        result = {"accuracy_run": str(accuracy_run), "time_run": str(time_run), "points": c.points,
+                  "seconds_per_state": {str(k): v for k, v in c.seconds_per_state.items()}, "flags": c.flags,
+                  "target_accuracy": target_acc, "time_to_target_s": tta}
+        if as_json:
+            emit(result)
+            return
+        t = Table("iteration", "accuracy", "emulated s", title=Text("composed: accuracy against the GPU's time"))
+        for p in c.points:
+            t.add_row(*lit(str(p["iter"]), f"{p['accuracy']:.4f}", f"{p['train_s']:.2f}"))
+        out.print(t)
+        for k, v in c.seconds_per_state.items():
+            plain(f"time run: {v * 1000:.1f} ms an iteration at {k:,} bytes")
+        if target_acc is not None:
+            plain(f"time to a sustained {target_acc:g}: " + (f"{tta:.2f} s" if tta is not None else "not reached"))
+        for f in c.flags:
+            err.print(Text(f"warning: {f}", style="yellow"), highlight=False)
 
 
 def report(
@@ -32,8 +69,8 @@ def report(
                                           "to compare with (status unproven) beside proven ones; bypassed and "
                                           "failed runs are never ranked."),
     baseline: str = typer.Option("allreduce", "--baseline", metavar="SCHEME", help="The scheme (or variant label) "
-                                 "every row is set against over paired repeats: median ratio, bootstrap 95 % "
-                                 "interval, verdict."),
+                                 "every row is set against over paired repeats: median ratio, its interval (95 % "
+                                 "from 6 pairs, else the min-max, said so), verdict."),
     as_json: bool = JsonOpt,
 ):
     """Tables and plots comparing schemes by time-to-accuracy, per bandwidth (proven runs only)."""
