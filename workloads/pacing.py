@@ -11,16 +11,17 @@ deadline in the backward's other two thirds, spread over the parameters by size 
 order the backward makes them. DDP then launches each bucket's collective when the GPU would have, and its overlap
 with the rest of the backward is the GPU's, not the CPU's.
 
-A deadline the real compute reaches late is a miss; an iteration with a miss later than
-``TOLERANCE`` of the budget is an **overrun**: the CPU could not keep up with K x T, so that
-iteration's timing is the CPU's, not the emulated GPU's. Overruns are counted (with the
+A deadline the real compute reaches late is a miss. An iteration whose real compute (the
+waits left out) took longer than K x T, or that missed a deadline by more than ``TOLERANCE``
+of it, is an **overrun**: the CPU could not keep up with K x T, so that iteration's timing is
+the CPU's, not the emulated GPU's. Overruns are counted (with the
 latest miss) per iteration and in the summary, and a run with any is not validated: raise K
 until the CPU's real compute fits. The schedule spreads the backward by parameter size, as
 the paper-scale mode does, while a CPU's (or a GPU's) backward spends its time by layer; so a
-deadline can be missed with the whole compute inside the budget. The pacer keeps, per
-iteration, the largest share of a deadline's offset that the real compute up to it took
-(``need``): K x ``need`` is the smallest K that meets every deadline, and the summary's
-``dilation_fits`` is its largest over ranks and iterations.
+small parameter's slot can be missed with the whole compute inside the budget (hence the
+looser gradient tolerance). The pacer keeps, per iteration, the share of the budget it needed
+(``need``): K x ``need`` is the smallest K at which it would not have overrun, and the
+summary's ``dilation_fits`` is its largest over ranks and iterations.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ import time
 
 import torch.nn as nn
 
-TOLERANCE = 0.02
-"""A deadline missed by more than this share of the budget makes the iteration an overrun
-(a sleep's own wake-up is late by about 0.1 ms; a budget is tens of ms to seconds)."""
+TOLERANCE = 0.10
+"""A deadline (the forward's end, a gradient's slot) missed by more than this share of the
+budget makes the iteration an overrun, and so does real compute (waits left out) longer than
+the budget. Not tighter, because the schedule gives a small parameter a slot by its size, a
+few microseconds, while the real backward of its layer takes milliseconds whatever K is: the
+first convolution (a few hundred weights, the largest image) is the backward's last gradient,
+so an iteration's compute ends a few ms of real time late however large K is (measured: 1-4 %
+of K x T for the CNN at K x T = 0.8 s); a larger K shrinks that share."""
 FORWARD_SHARE = 1 / 3
 """The forward pass's share of the budget, as SyntheticCompute's."""
 
@@ -50,15 +56,18 @@ class Pacer:
         backward = seconds * (1 - FORWARD_SHARE)
         self._t0 = 0.0
         self.late = 0.0
-        """Of the current iteration: the latest deadline's lateness, seconds (0: all met)."""
+        """Of the current iteration: the latest miss, seconds (0: every deadline met)."""
         self.real = 0.0
         """Of the current iteration: the real compute so far, seconds (the time since the start
         less the time slept waiting for deadlines)."""
         self._slept = 0.0
         self.need = 0.0
-        """Of the current iteration: the largest real compute up to a deadline over that
-        deadline's offset (<= 1: every deadline could be met; K x this is the K that fits)."""
+        """Of the current iteration: the budget's share it needed to be no overrun (<= 1: it
+        was none; K x this is the smallest K at which it would not have been, the real
+        compute's seconds being what they were): the real compute over the budget, the
+        latest miss over its tolerance."""
         self._per_element = backward / total
+        self._total = total
         self._ready = 0
         """Elements whose gradients were handed over this iteration."""
         for p in params:
@@ -70,11 +79,13 @@ class Pacer:
         reverse order: a layer's weight and bias come in either order)."""
         self._ready += param.numel()
         self._wait(self.seconds * FORWARD_SHARE + self._ready * self._per_element)
+        if self._ready >= self._total:
+            self.need = max(self.need, self.real / self.seconds, self.late / (TOLERANCE * self.seconds))
 
     def _wait(self, offset: float) -> None:
+        """Sleep until ``offset`` after the start, or note how late it already was."""
         now = time.perf_counter()
         self.real = max(self.real, now - self._t0 - self._slept)
-        self.need = max(self.need, self.real / offset)
         due = self._t0 + offset
         if now < due:
             time.sleep(due - now)
@@ -95,4 +106,4 @@ class Pacer:
         return self.late
 
     def overran(self) -> bool:
-        return self.late > TOLERANCE * self.seconds
+        return self.real > self.seconds or self.late > TOLERANCE * self.seconds

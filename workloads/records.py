@@ -51,7 +51,7 @@ ITER_FIELDS = {
     "tx_bytes": "interface transmit byte counter after the iteration (null without --iface)",
     "rx_bytes": "interface receive byte counter after the iteration (null without --iface)",
     "paced_late_s": "--gpu-time: how late this rank's real compute met its latest deadline, emulated seconds "
-                    "(0: on time; over 2 % of the budget the iteration overran); null without --gpu-time",
+                    "(0: on time; over 10 % of the budget the iteration overran); null without --gpu-time",
 }
 EVAL_FIELDS = {
     "iter": "iterations completed",
