@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import statistics
 import sys
@@ -77,6 +78,34 @@ def dilation(folder: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def gpu_speed(folder: Path) -> str:
+    """docs/dilation.md's --gpu-time against --compute-time table, from benchmarks.gpu_speed's
+    runs: per mode, the median over the runs of each run's median steady iteration (rank 0,
+    the first left out), its min-max, the ratio to the paper-scale mode's, the overruns, the
+    proofs and what accuracy was measured."""
+    modes: dict[str, list[RunData]] = {}
+    for r in _ok(folder):
+        mode = "direct (--gpu-time)" if r.summary.get("gpu_time_s") is not None else "paper-scale (--compute-time)"
+        modes.setdefault(mode, []).append(r)
+    med: dict[str, list[float]] = {}
+    for mode, runs in modes.items():
+        for r in runs:
+            its = [x["iter_s"] for x in read_jsonl(r.path / "rank0.jsonl") if isinstance(x.get("iter_s"), (int, float))]
+            med.setdefault(mode, []).append(statistics.median(its[1:]) * 1000)
+    base = statistics.median(med.get("paper-scale (--compute-time)") or [math.nan])
+    out = ["| mode | runs | median iteration ms | min-max | / paper-scale | overruns | proofs | final accuracy |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for mode, runs in sorted(modes.items()):
+        ts, m = med[mode], statistics.median(med[mode])
+        over = [r.summary.get("overruns") for r in runs]
+        accs = [r.summary.get("final_accuracy") for r in runs]
+        out.append(f"| {mode} | {len(runs)} | {m:.1f} | {min(ts):.1f}-{max(ts):.1f} | {m / base:.3f} | "
+                   f"{sum(over) if None not in over else '-'} | "
+                   f"{', '.join(sorted({str(r.summary.get('proof')) for r in runs}))} | "
+                   f"{'not measured' if None in accs else f'{statistics.median(accs):.3f}'} |")
+    return "\n".join(out) + "\n"
+
+
 def memory(folder: Path) -> str:
     """One row per run: what it ran, at how many ranks and which K, whether it was proven,
     and the memory it held (the largest models that fit, docs/results/scaling.md)."""
@@ -99,6 +128,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "strong_scaling": lambda folder: strong_scaling.markdown(_ok(folder)),
     "strong_scaling_validation": lambda folder: strong_scaling.validation_markdown(_ok(folder)),
     "dilation": dilation,
+    "gpu_speed": gpu_speed,
     "claims_pactrain": claims_tables.pactrain_claims,
     "claims_tta": claims_tables.tta_table,
     "claims_prune": claims_tables.prune_table,
