@@ -33,7 +33,7 @@ class RunData:
     def label(self) -> str:
         s = self.summary
         name = s.get("scheme", "?")
-        if name == "topk" and s.get("topk_ratio") is not None:
+        if name in ("topk", "gtopk") and s.get("topk_ratio") is not None:
             name += f" {s['topk_ratio']:g}"
         if name == "spardl" and s.get("spardl_density") is not None:
             name += f" {s['spardl_density']:g}"

@@ -217,7 +217,7 @@ def test_the_declarations_import_no_torch():
     ("prunex:sparsity=", None, "scheme variant 'prunex:sparsity=': prunex_sparsity has no value"),
     ("topk:0.1:ratio=0.2", None, "scheme variant 'topk:0.1:ratio=0.2': topk_ratio is set twice"),
     ("nope", None, "unknown scheme 'nope'; choose one of: allreduce, fp16, topk, powersgd, terngrad, pactrain, "
-     "spardl, prunex, hier-allreduce"),
+     "spardl, gtopk, prunex, hier-allreduce"),
     ("", None, "the scheme is empty; a scheme, or a variant"),
 ])
 def test_variant_specs_parse_as_before(spec, name, values):

@@ -17,7 +17,7 @@ from workloads.collectives import RECORDER_ENTRIES
 from .launch import train
 
 SCHEMES = [  # (scheme, its flags, switch domains): each one's compressed path within a few iterations
-    ("allreduce", [], None), ("fp16", [], None), ("topk", [], None),
+    ("allreduce", [], None), ("fp16", [], None), ("topk", [], None), ("gtopk", [], None),
     ("powersgd", ["--max-iters", "5", "--powersgd-start-iter", "2"], None), ("terngrad", [], None),
     ("pactrain", ["--stable-iters", "1"], None), ("pactrain", ["--stable-iters", "1", "--no-ternary"], None),
     ("spardl", [], None), ("spardl", [], [1, 1]), ("hier-allreduce", [], [1, 1]),

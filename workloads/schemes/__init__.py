@@ -74,6 +74,8 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("pactrain", "pruning + mask tracker + compact all-reduce + ternary (pactrain:exact: without)", "pactrain",
            prunes=True),
     Scheme("spardl", "SparDL: sparse reduce-scatter, global residual collection, Bruck all-gather", "spardl"),
+    Scheme("gtopk", "gTop-k: global top-k by recursive doubling of (value, position) pairs (SparDL's baseline)",
+           "gtopk"),
     Scheme("prunex", "PruneX: ADMM channel pruning + hierarchical compact all-reduce via switch leaders", "prunex"),
     Scheme("hier-allreduce", "dense hierarchical all-reduce via switch leaders (PruneX without pruning)", "prunex",
            function="attach_hier"),

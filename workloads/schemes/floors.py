@@ -9,6 +9,8 @@ communicating (or communicates a token) does not.
 
     fp16            2 bytes a gradient element (the half-precision all-reduce)
     topk            k values + k int32 positions, k = max(1, ceil(ratio x n)): 8k bytes (all-gather)
+    gtopk           8k bytes a round of recursive doubling, log2(m) rounds (m: the largest power
+                    of two <= P); a rank folded in beyond m sends its 8k once
     powersgd        per gradient matrix (rows x cols, rank r = min(rows, cols, rank)): the smaller
                     of the matrix and its P and Q factors, (rows + cols) x r elements; the
                     vanilla all-reduce before ``start_powerSGD_iter`` is larger
@@ -56,6 +58,13 @@ def powersgd(state, bucket) -> int:
     return total * bucket.buffer().element_size()
 
 
+def gtopk(state, bucket) -> int:
+    if state.world == 1:
+        return 0
+    rounds = state.power.bit_length() - 1 if state.rank < state.power else 1  # a folded rank sends once
+    return 8 * max(1, math.ceil(state.ratio * _n(bucket))) * rounds
+
+
 def terngrad(state, bucket) -> int:
     return _n(bucket)
 
@@ -94,7 +103,7 @@ def hierarchical(state, bucket) -> int:
 
 
 FLOORS: dict[str, Callable[[object, object], int]] = {
-    "fp16": fp16, "topk": topk, "powersgd": powersgd, "terngrad": terngrad, "pactrain": pactrain,
+    "fp16": fp16, "topk": topk, "gtopk": gtopk, "powersgd": powersgd, "terngrad": terngrad, "pactrain": pactrain,
     "spardl": spardl, "prunex": hierarchical, "hier-allreduce": hierarchical,
 }
 """Scheme name -> floor(state, bucket): bytes its hook hands to collectives for the bucket."""

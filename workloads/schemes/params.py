@@ -174,8 +174,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("stable_iters", int, 3, "K iterations of an unchanged mask before a bucket is compacted",
           ("pactrain",), Range(1)),
     # topk
-    Param("topk_ratio", float, 0.01, "fraction of elements sent", ("topk",), Range(0, 1, low_open=True),
-          positional=("topk",), summary_key=True),
+    Param("topk_ratio", float, 0.01, "fraction of elements sent", ("topk", "gtopk"), Range(0, 1, low_open=True),
+          positional=("topk", "gtopk"), summary_key=True),
     # terngrad, and pactrain's ternary quantisation
     Param("terngrad_clip", float, 2.5, "clip to N std deviations (0: off)", ("terngrad", "pactrain"), Range(0),
           positional=("terngrad",), needs="ternary"),
