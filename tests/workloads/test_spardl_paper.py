@@ -123,10 +123,12 @@ def _adaptive_rule(rank, world, teams, rule):
     if rule == "adaptive":
         me = next(t for t in teams if rank in t).index(rank)
         assert state.h[tuple(id(q) for q in params)].h == refs[me][0]
+        # the summary's trajectory (issue 58): the h this rank's block used, call by call
+        assert state.stats()["spardl_h_trajectory"] == [[hs[me] for hs in hs_seen]]
         assert len({tuple(h) for h in hs_seen}) > 1, "h adapted"
         assert over, "a union beyond k was cut to its k largest"
     else:
-        assert not state.h
+        assert not state.h and state.stats()["spardl_h_trajectory"] is None
 
 
 @pytest.mark.slow

@@ -93,6 +93,9 @@ def next_h(h: int, step: int, inertia: bool, union: int, k: int, d: int) -> tupl
     return max(h + step, int(k / d)), step, inertia
 
 
+H_TRAJECTORY_MAX = 10_000
+"""Adaptive h values kept per bucket for the summary (a few bytes each)."""
+
 @dataclass
 class _H:
     h: int
@@ -114,6 +117,9 @@ class SparDLState(Accounting):
     """``adaptive`` (the published code's h, per bucket) or ``fixed`` (h = k // d)."""
     h: dict = field(default_factory=dict)
     """bucket key -> _H (adaptive h)."""
+    h_trajectory: dict = field(default_factory=dict)
+    """bucket key -> the h each of its calls used, in order (adaptive h; the summary's
+    ``spardl_h_trajectory``, at most ``H_TRAJECTORY_MAX`` a bucket)."""
     last_selected: int = 0
     """Entries in the last bucket's final selection (for tests and records)."""
     last_union: int = 0
@@ -136,7 +142,8 @@ class SparDLState(Accounting):
     def stats(self) -> dict:
         """For the summary (``workloads.summary``): the number of teams d this run used
         (``--spardl-d 0`` leaves the choice to ``--spardl-teams``; a published run states it)."""
-        return {"spardl_teams_used": len(self.teams)}
+        return {"spardl_teams_used": len(self.teams),
+                "spardl_h_trajectory": list(self.h_trajectory.values()) if self.h_trajectory else None}
 
     @property
     def peers(self) -> tuple[int, ...]:
@@ -291,6 +298,9 @@ def _reduce_bucket(state: SparDLState, buf: torch.Tensor, residual: torch.Tensor
         hs.h = min(b, max(1, hs.h))  # at least one entry; no more than the block holds
     avg, new = sparse_allreduce(state, residual + buf, None if hs is None else hs.h)
     if hs is not None:
+        seen = state.h_trajectory.setdefault(id(hs), [])
+        if len(seen) < H_TRAJECTORY_MAX:
+            seen.append(hs.h)
         hs.h, hs.step, hs.inertia = next_h(hs.h, hs.step, hs.inertia, state.last_union, k, d)
     residual.copy_(new)
     return buf.copy_(avg)
