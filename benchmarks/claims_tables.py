@@ -9,6 +9,9 @@ pairs, and, for a paper's claim, a verdict by the rule of ``verdict``:
 
     not judged          fewer than 6 pairs: no interval reaches 95 %, so no verdict (the
                         row says the pairs' direction all the same)
+    beyond the paper's  the whole interval lies past the paper's figure, further from "no
+    figure              effect" (a larger speed-up than claimed): not "reproduced", which
+                        would hide that the paper's own figure lies outside our interval
     reproduced          the interval reaches the paper's figure (holds it, or for an "up
                         to X" claim, reaches X)
     same direction      the interval lies on the paper's side of "no effect", short of its figure
@@ -132,6 +135,8 @@ def verdict(c: dict, paper: float | tuple[float, float], null: float = 1.0, up_t
     side = 1 if b > null else -1
     if lo <= null <= hi or (side > 0 and hi < null) or (side < 0 and lo > null):
         return "not reproduced"
+    if (side > 0 and lo > b) or (side < 0 and hi < a):
+        return "beyond the paper's figure"
     if math.isinf(hi) or lo == 0:  # a run that never held the target: the direction, not the size
         return "same direction"
     reaches = (hi >= b if side > 0 else lo <= a) if up_to else lo <= b and a <= hi

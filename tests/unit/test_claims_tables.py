@@ -24,6 +24,10 @@ def _run(scheme: str, rep: int, *, bw: str = "100mbit", acc: float = 0.96, tta_i
 @pytest.mark.parametrize("c, paper, kw, want", [
     ({"mid": 1.5, "lo": 1.3, "hi": 1.7, "n": 8}, 8.72, {"up_to": True}, "same direction"),
     ({"mid": 9.0, "lo": 8.0, "hi": 9.5, "n": 8}, 8.72, {"up_to": True}, "reproduced"),
+    # one rule for results beyond the paper's figure (issue 58): said so, in either direction
+    ({"mid": 9.5, "lo": 9.0, "hi": 10.0, "n": 8}, 8.72, {"up_to": True}, "beyond the paper's figure"),
+    ({"mid": 8.0, "lo": 7.5, "hi": 9.0, "n": 8}, (1.25, 7.05), {}, "beyond the paper's figure"),
+    ({"mid": 0.2, "lo": 0.1, "hi": 0.3, "n": 8}, (0.35, 0.45), {}, "beyond the paper's figure"),
     ({"mid": 1.1, "lo": 0.9, "hi": 1.3, "n": 8}, 8.72, {"up_to": True}, "not reproduced"),
     ({"mid": 0.7, "lo": 0.6, "hi": 0.8, "n": 8}, 8.72, {"up_to": True}, "not reproduced"),
     ({"mid": 1.2, "lo": 1.1, "hi": 1.3, "n": 8}, (1.25, 7.05), {}, "reproduced"),
