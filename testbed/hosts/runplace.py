@@ -129,7 +129,9 @@ class RemoteRun(RunPlace):
         return ()
 
     def environment(self, backend, info, gpu):
-        return {}, None  # that host's testbed adds the node's own environment
+        # that host's testbed adds the node's own environment; CUDA_VISIBLE_DEVICES is as the
+        # node numbers its GPUs (a container's or a VM's one GPU is 0 there, not its host index)
+        return {}, backend.cuda_visible(info, gpu)
 
     def command(self, backend, info, argv, env):
         env = {k: self.rewrite(v) for k, v in env.items()}
