@@ -17,7 +17,8 @@ from a sticky folder of Mallory's. So :func:`testbed.common.rootless.enter` fork
 **oracle** before it joins them (:func:`start_oracle`): a process that stays outside, holds
 nothing of the command's, and answers the real owner and mode of a folder handed to it by
 descriptor over a socket pair (SCM_RIGHTS). It ends when the last process holding the
-pair's other end does (and with the command that entered). Without an oracle inside a
+pair's other end does: not with the command that entered, whose child inside still cleans up
+(and asks) after a `kill -9` of it; it ignores the terminal's signals for the same reason. Without an oracle inside a
 user namespace (a program of the user's own, started there), an owner that is the overflow
 uid counts as root's for a folder that only its owner may write and is refused for one
 that all may write (whose it is cannot be told).
@@ -26,7 +27,6 @@ that all may write (whose it is cannot be told).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -39,7 +39,6 @@ from testbed.common.errors import TestbedError
 
 _FACTS = struct.Struct("qqq")
 """The oracle's answer: uid, mode, and the user's own uid as the host knows it."""
-_PR_SET_PDEATHSIG = 1
 _oracle: socket.socket | None = None
 _lock = threading.Lock()
 
@@ -86,9 +85,10 @@ def start_oracle() -> None:
         theirs.close()
         _oracle = mine
         return
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # it ends when every asker has closed its end, not with the command that entered: that
+        # command's child inside goes on cleaning up after a `kill -9` of its parent, and asks
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
         _close_all_but(theirs.fileno())
         _answer(theirs)
     finally:
