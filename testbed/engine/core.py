@@ -38,7 +38,7 @@ from testbed.hosts.site import LocalSite, ShapeChange, Site
 from testbed.plan.actions import ApplyContext
 from testbed.engine.preflight import local_plan, preflight
 from testbed.plan.plan import Endpoint, NodeInfo, Plan
-from testbed.engine.teardown import down, down_all, list_testbeds  # noqa: F401  (the library's API)
+from testbed.engine.teardown import down, down_all, list_testbeds, require_root  # noqa: F401  (the library's API)
 from testbed.model.topology import DIRECTIONS, Link, Topology, load_topology_dict
 from testbed.model.units import Duration, Loss, Rate
 
@@ -115,6 +115,7 @@ class Testbed:
 
         ``exporter``: HOST:PORT (port 0: any free one) for this testbed's link exporter, a
         host process announced to Prometheus through a file-SD target; None starts none."""
+        require_root()  # an ordinary user's program: into their rootless namespaces first (their state is there)
         with global_lock():
             plan = cls.preflight(topology, exporter)
             ledger = Ledger(topology.name)
@@ -133,6 +134,7 @@ class Testbed:
 
     @classmethod
     def attach(cls, name: str) -> "Testbed":
+        require_root()  # an ordinary user's program: into their rootless namespaces, where their testbeds are
         ledger = Ledger(name)
         state = ledger.read_state()
         if state is None and ledger.state_damaged():

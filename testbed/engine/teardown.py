@@ -16,6 +16,8 @@ without a tag, or tagged by another state directory, are never touched.
 
 from __future__ import annotations
 
+import atexit
+import os
 from collections.abc import Callable
 
 from testbed.plan import actions, naming
@@ -27,14 +29,22 @@ from testbed.nodes import BACKENDS  # (importing the backends registers their ac
 from testbed.nodes import cgroup
 from testbed.plan import tunnel_action  # noqa: F401  (registers StartTunnel, named in ledgers)
 from testbed.plan.ledger import Ledger
+from testbed.common import rootless
 from testbed.common.state import global_lock
 from testbed.net import netns
 from testbed.net.rtnl import Rtnl
 
 
 def require_root() -> None:
-    import os
-
+    """Root, or an ordinary user inside their rootless namespaces. An ordinary user's process
+    outside them (the library in a program of theirs, `testbed validate`) enters them here
+    (:func:`testbed.common.rootless.enter`: the process forks, the rest of the program runs
+    in the child, inside them, and the parent exits with its status; call it before the
+    program starts threads); when the program ends, the namespaces' holder is stopped if no
+    testbed is left up, as after a `testbed` command."""
+    if os.geteuid() != 0 and rootless.needed():
+        rootless.enter()
+        atexit.register(lambda: rootless.release(busy=bool(list_testbeds())))
     if os.geteuid() != 0:
         raise TestbedError("building a testbed needs root, or an ordinary user's rootless namespaces "
                            "(network namespaces, veth, tc)",

@@ -128,6 +128,38 @@ def test_a_user_builds_shapes_measures_and_takes_down_three_switch(users):
     _await_nothing_left(user, home)
 
 
+README_EXAMPLE = """
+import time
+
+from testbed import Testbed, load_topology
+
+with Testbed.up(load_topology({topo!r})) as tb:
+    server = tb.spawn("w4", ["iperf3", "-s", "-1"])
+    time.sleep(1)  # the server listens
+    tb.exec("w0", ["iperf3", "-c", tb.address("w4"), "-t", "2"])
+print("done")
+"""
+"""The README's example (a 2 s test instead of iperf3's default 10)."""
+
+
+def test_the_readmes_python_example_and_validate_work_as_a_user(users):
+    """Issue 57: the library entered no rootless namespaces itself, so the README's example
+    (and `testbed validate`, which checks as `up` would) failed for an ordinary user with
+    "building a testbed needs root"; it now enters them, and leaves nothing when it ends."""
+    user, home = USERS[0], users[USERS[0]]
+    before = kernel_snapshot()
+    python = str(Path(TESTBED).with_name("python"))
+    r = subprocess.run(["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", f"USER={user}", "LANG=C.UTF-8",
+                        f"PATH={Path(TESTBED).parent}:/usr/sbin:/usr/bin:/sbin:/bin", python, "-c",
+                        README_EXAMPLE.format(topo=str(THREE_SWITCH))], cwd=home, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "receiver" in r.stdout, r.stdout + r.stderr  # iperf3's client report
+    _ok(as_user(user, "validate", str(THREE_SWITCH)))
+    assert kernel_snapshot() == before
+    _await_nothing_left(user, home)
+
+
 def test_the_main_job_trains_rootless_with_the_bottleneck_proof(users, tmp_path):
     user, home = USERS[0], users[USERS[0]]
     r = as_user(user, "run", "pactrain", "--bw", "100mbit", "--max-iters", "12", "--eval-every", "6",
