@@ -207,10 +207,6 @@ class VmBackend(Backend):
     node_master = BRIDGE  # the link's end joins the bridge with the VM's tap
     shares_host_gpus = False  # a VM sees only a GPU passed through to it
 
-    def cuda_visible(self, info, gpu: int | None) -> str:
-        # a GPU passed through (gpu_pci:) is the guest's only one, numbered 0 there (a host
-        # index, or none, would hide it from a script that picks cuda:LOCAL_RANK)
-        return "0" if dict(info.options).get("gpu_pci") else ""
 
     # ------------------------------------------------------------- host-wide duties
     def checks(self) -> list[Check]:
