@@ -6,6 +6,7 @@ its own clock; a budget the CPU cannot keep is counted and un-validates the run.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -43,14 +44,19 @@ def test_a_run_held_to_a_gpus_time_is_proven_and_one_the_cpu_cannot_keep_is_not_
     assert all(r["iter_s"] >= 0.1 + 0.15 for r in recs), [r["iter_s"] for r in recs]
     assert "--gpu-time" in held["request"]["workload_args"]
 
-    # (b) composed: the direct run's accuracy against the paper-scale run's time agrees with the
-    # direct run's own clock between its evaluations (iterations 3 to 6: start-up left out)
+    # (b) composed: the direct run's accuracy against the paper-scale run's time; between its
+    # evaluations (iterations 3 to 6) each iteration takes the time run's steady median, which is
+    # near the direct run's own clock (within 5 % on a quiet machine, benchmarks.gpu_speed:
+    # docs/dilation.md; here loosely, as the suite's load moves both runs' communication)
     c = cli_json("compose", held["run_dir"], timed["run_dir"])
+    steady = [json.loads(x)["iter_s"] for x in (Path(timed["run_dir"]) / "rank0.jsonl").read_text().splitlines()][1:]
     own = {e["iter"]: e["train_s"] for e in map(json.loads, (Path(held["run_dir"]) / "eval.jsonl").read_text().splitlines())}
     mine = {p["iter"]: p["train_s"] for p in c["points"]}
     assert sorted(mine) == sorted(own) == [3, 6]
     assert c["flags"] == ["the time run's dilation K = 8 was not validated (--dilation auto)"]
-    assert mine[6] - mine[3] == pytest.approx(own[6] - own[3], rel=0.05)
+    assert list(c["seconds_per_state"].values()) == [pytest.approx(statistics.median(steady))]  # one state
+    assert mine[6] - mine[3] == pytest.approx(3 * statistics.median(steady))
+    assert mine[6] - mine[3] == pytest.approx(own[6] - own[3], rel=0.5)
 
     assert tight.returncode == 0, tight.stderr  # the run itself is fine: its timing is the CPU's
     assert "rank-iterations overran" in tight.stdout and "not validated" in tight.stdout, tight.stdout

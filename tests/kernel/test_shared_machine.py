@@ -89,8 +89,8 @@ def test_report_never_writes_through_what_another_user_planted(users, shared_tmp
     r = cli("report", str(runs))
     assert root_file.read_bytes() == b"root's own\n", "report run by root wrote through the attacker's link"
     assert r.returncode == 1 and "belongs to uid" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = cli("report", str(runs), "--out", str(runs / "mine"))  # under a folder the attacker can rename
-    assert r.returncode == 1 and f"{runs} belongs to uid" in r.stderr, r.stderr
+    r = cli("report", str(runs), "--out", str(runs / "mine"))  # under folders the attacker can rename
+    assert r.returncode == 1 and f"{runs.parent} belongs to uid" in r.stderr, r.stderr  # the first from /
     assert root_file.read_text() == "root's own\n" and not (runs / "mine").exists()
 
 

@@ -212,7 +212,7 @@ def test_vectorised_per_layer_clip_and_scale_equal_the_per_layer_loop():
 
 def test_registry_lists_the_choices():
     assert list(schemes.SCHEMES) == ["allreduce", "fp16", "topk", "powersgd", "terngrad", "pactrain", "spardl",
-                                     "prunex", "hier-allreduce", "hook"]
+                                     "gtopk", "prunex", "hier-allreduce", "hook"]
     with pytest.raises(ValueError, match="unknown scheme 'topk2'; choose one of: allreduce, fp16, topk"):
         schemes.get("topk2")
 
