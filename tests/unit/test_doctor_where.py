@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -52,8 +53,13 @@ def test_a_slurm_variable_that_is_not_slurms_is_refused_in_one_line_before_the_c
     monkeypatch.setenv("SLURMD_NODENAME", "gpu08")
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(doctor, "run_checks", lambda: pytest.fail("the checks ran"))
-    with pytest.raises(SystemExit) as e:
-        main(["doctor"])
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["doctor"])
+    finally:  # a failing command ignores SIGINT and SIGTERM on its way out (render.quiet_exit): not
+        for s, h in kept.items():  # this test process's, whose later children would inherit it
+            signal.signal(s, h)
     assert e.value.code == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"error: {name}={value!r} is not a ") and err[1].startswith("  hint: ") and len(err) == 2
