@@ -58,7 +58,7 @@ def start(base: Path) -> str:
     try:  # the spawner: ends with its parent, the command that entered
         os.setsid()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _keep_only(listener.fileno())
+        keep_only(listener.fileno())
         _Spawner(listener, owner).serve()
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -66,7 +66,7 @@ def start(base: Path) -> str:
         os._exit(0)
 
 
-def _keep_only(fd: int) -> None:
+def keep_only(fd: int) -> None:
     """Close every descriptor but ``fd`` (the command's locks and pipes are not the
     spawner's to hold); stdin, stdout and stderr become /dev/null."""
     null = os.open(os.devnull, os.O_RDWR)

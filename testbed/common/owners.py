@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
+from testbed.common.outside import keep_only
 
 _FACTS = struct.Struct("qqq")
 """The oracle's answer: uid, mode, and the user's own uid as the host knows it."""
@@ -89,7 +90,7 @@ def start_oracle() -> None:
         # command's child inside goes on cleaning up after a `kill -9` of its parent, and asks
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
-        _close_all_but(theirs.fileno())
+        keep_only(theirs.fileno())
         _answer(theirs)
     finally:
         os._exit(0)
@@ -102,17 +103,6 @@ def forget_oracle() -> None:
     if _oracle is not None:
         _oracle.close()
         _oracle = None
-
-
-def _close_all_but(keep: int) -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for std in (0, 1, 2):
-        os.dup2(null, std)
-    os.close(null)
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) > 2 and int(name) != keep:
-            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
-                os.close(int(name))
 
 
 def _answer(conn: socket.socket) -> None:
