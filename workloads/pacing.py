@@ -47,7 +47,8 @@ class Pacer:
 
     Per iteration: :meth:`start` before the forward pass, :meth:`forward_done` after it,
     then the backward (each parameter's gradient waits for its deadline in a hook that runs
-    before DDP's own), then :meth:`end`, which returns how late the latest deadline was met."""
+    before DDP's own); then ``late``, ``real`` and ``need`` describe the iteration and
+    :meth:`overran` judges it."""
 
     def __init__(self, model: nn.Module, seconds: float):
         self.seconds = seconds
@@ -100,10 +101,6 @@ class Pacer:
 
     def forward_done(self) -> None:
         self._wait(self.seconds * FORWARD_SHARE)
-
-    def end(self) -> float:
-        """The iteration's latest miss, seconds (after the backward returned)."""
-        return self.late
 
     def overran(self) -> bool:
         return self.real > self.seconds or self.late > TOLERANCE * self.seconds

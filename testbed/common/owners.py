@@ -27,6 +27,7 @@ that all may write (whose it is cannot be told).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -59,6 +60,7 @@ def in_user_namespace() -> bool:
     return first != [b"0", b"0", b"4294967295"]
 
 
+@functools.cache
 def overflow_uid() -> int:
     """The uid every owner not mapped into this user namespace shows as."""
     try:
