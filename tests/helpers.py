@@ -49,7 +49,7 @@ def three_switch(name: str, workers: set[str] | None = None) -> dict:
     return topo
 
 
-def _await_line(proc, text: bytes, timeout: float) -> None:
+def await_line(proc, text: bytes, timeout: float) -> None:
     """Read ``proc``'s stdout until a line holds ``text`` (then leave the rest unread)."""
     import select
 
@@ -68,7 +68,7 @@ def iperf3(tb, seconds: float, *extra: str, server: str = "w1", client: str = "w
     """One iperf3 TCP test client -> server inside a testbed; iperf3's JSON result."""
     srv = tb.spawn(server, ["iperf3", "-s", "-1", "--forceflush", "-B", tb.address(server)],
                    stdout=subprocess.PIPE)
-    _await_line(srv, b"Server listening", 30)  # on another host: after SSH and the relay start
+    await_line(srv, b"Server listening", 30)  # on another host: after SSH and the relay start
     try:
         r = tb.exec(client, ["iperf3", "-c", tb.address(server), "-t", str(seconds), "-J", *extra],
                     capture_output=True, text=True, timeout=seconds + 30)

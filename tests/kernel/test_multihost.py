@@ -14,6 +14,7 @@ import yaml
 from pathlib import Path
 
 from .conftest import cli, cli_json
+from tests.helpers import await_line
 
 pytest.importorskip("paramiko")
 if shutil.which("sshd") is None and not __import__("os").path.exists("/usr/sbin/sshd"):
@@ -51,13 +52,18 @@ def _goodput(name: str, server: str, client: str, address: str, seconds: int = 4
     import sys
 
     srv = subprocess.Popen([sys.executable, "-m", "testbed.cli", "exec", "--testbed", name, server, "--",
-                            "iperf3", "-s", "-1", "-p", "5301"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            "iperf3", "-s", "-1", "--forceflush", "-p", "5301"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
     try:
-        time.sleep(1.5)
+        # not a fixed sleep: over SSH under the suite's load the server listened after 1.5 s and
+        # iperf3 -J answered "error" with exit 0 (CI at b310b3a: KeyError 'sum_received')
+        await_line(srv, b"Server listening", 30)
         r = cli("exec", "--testbed", name, client, "--", "iperf3", "-c", address, "-p", "5301", "-t", str(seconds),
                 "-O", "1", "-J")
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
+        end = json.loads(r.stdout)["end"]
+        assert "sum_received" in end, r.stdout[-2000:]
+        return end["sum_received"]["bits_per_second"]
     finally:
         srv.kill()
         srv.wait()
