@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import subprocess
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -275,3 +277,71 @@ def user_processes_left(user: str, timeout: float = 15.0) -> list[str]:
     while (left := user_processes(user)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def tensorboard_scalars(folder) -> dict[str, list[tuple[int, float, float]]]:
+    """Every scalar of the TensorBoard event files in ``folder``, read back by TensorBoard's own
+    reader (all of them: no reservoir sampling): tag -> [(step, value, wall time)]."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def records_as_scalars(run_dir) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """What a run's records say TensorBoard should show (independently of testbed's writer):
+    folder -> tag -> [(step, value)], from rank*.jsonl, eval.jsonl and links.jsonl."""
+    from pathlib import Path
+
+    tags = {"loss": "train/loss", "iter_s": "iteration/seconds", "compute_s": "iteration/compute_seconds",
+            "comm_s": "iteration/comm_seconds", "overlap_s": "iteration/overlap_seconds",
+            "payload_bytes": "payload/bytes", "tx_bytes": "interface/tx_bytes", "rx_bytes": "interface/rx_bytes"}
+    run_dir, out = Path(run_dir), {}
+    for f in sorted(run_dir.glob("rank*.jsonl")):
+        folder = out.setdefault(f.stem, {})
+        for r in map(json.loads, f.read_text().splitlines()):
+            for k, tag in tags.items():
+                if isinstance(r.get(k), (int, float)):
+                    folder.setdefault(tag, []).append((r["iter"], float(r[k])))
+    for e in map(json.loads, (run_dir / "eval.jsonl").read_text().splitlines()):
+        out.setdefault("eval", {}).setdefault("eval/accuracy", []).append((e["iter"], e["accuracy"]))
+    n: dict = {}
+    for s in map(json.loads, (run_dir / "links.jsonl").read_text().splitlines()):
+        key = f"links/{s['link']}/{s['direction']}"
+        n[key] = n.get(key, 0) + 1
+        out.setdefault("links", {}).setdefault(f"{key}/utilisation", []).append((n[key], s["utilisation"]))
+    return out
+
+
+BROKEN = {"pyproject.toml": '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+                            '[project]\nname = "testbed-broken-plugin"\nversion = "0.1"\n'
+                            '[project.entry-points."testbed.backends"]\nbroken = "broken_testbed:Backend"\n'
+                            '[project.entry-points."testbed.schemes"]\nbrokenscheme = "broken_testbed_gone:attach"\n'
+                            '[tool.setuptools]\npy-modules = ["broken_testbed"]\n',
+          "broken_testbed.py": "raise ImportError('this plugin is broken on purpose')\n"}
+
+
+def venv_with_plugins(tmp_path) -> Path:
+    """A fresh venv holding the toy plugin (examples/plugin) and a broken one, pip-installed
+    from their source trees; torch, testbed and the rest come from this venv (a .pth), which
+    never sees the plugins. Its ``bin/testbed`` is what pip writes for a console script."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "_testbed_base.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    toy = shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "plugin", tmp_path / "toy")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name, text in BROKEN.items():
+        (broken / name).write_text(text)
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                        "--no-deps", "--no-build-isolation", "--no-index", str(toy), str(broken)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    exe = venv / "bin" / "testbed"
+    exe.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom testbed.cli import main\nsys.exit(main())\n")
+    exe.chmod(0o755)
+    return exe

@@ -71,18 +71,26 @@ def report(
     baseline: str = typer.Option("allreduce", "--baseline", metavar="SCHEME", help="The scheme (or variant label) "
                                  "every row is set against over paired repeats: median ratio, its interval (95 % "
                                  "from 6 pairs, else the min-max, said so), verdict."),
+    tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR", help="Also write TensorBoard "
+                                               "event files from every run's records into DIR, one TensorBoard "
+                                               "run per testbed run (`tensorboard --logdir DIR`)."),
     as_json: bool = JsonOpt,
 ):
     """Tables and plots comparing schemes by time-to-accuracy, per bandwidth (proven runs only)."""
     with guard(as_json):
+        from testbed.runs import tensorboard as events
         from testbed.runs.report import find_runs, write
 
+        if tensorboard is not None:
+            events.require()
         if target_acc is not None and not 0 < target_acc <= 1:
             raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
         runs = find_runs(dirs, warn=lambda m: err.print(Text(f"warning: {m}", style="yellow")))
         if not runs:
             raise TestbedError("no readable runs in " + ", ".join(map(str, dirs)), "see the warnings above")
         result = write(runs, out_dir or dirs[0] / "report", target_acc, include_unproven, baseline)
+        if tensorboard is not None:
+            result["tensorboard"] = events.write(events.folders([r.path for r in runs]), tensorboard)
         if as_json:
             emit(result)
             return
@@ -97,6 +105,9 @@ def report(
                 out.print(Text(f"{r['scheme']}: {'; '.join(r['failed'])}", style="yellow"), highlight=False,
                           markup=False)
         plain(f"written to {result['out']}: {', '.join(result['files'])}")
+        if tensorboard is not None:
+            plain(f"TensorBoard event files of {len(runs)} run{'s' if len(runs) != 1 else ''} in {tensorboard}: "
+                  f"`tensorboard --logdir {tensorboard}`")
 
 
 def _cells(r: dict) -> list[str]:

@@ -27,6 +27,9 @@ checked (a million repeats took 1.7 GB before `-t nosuch` was refused)."""
 RunExporterOpt = typer.Option(True, "--exporter/--no-exporter",
                               help="Serve the training metrics (and, for a testbed brought up here, its link "
                                    "metrics) to Prometheus on loopback, announced through file-based discovery.")
+TensorBoardOpt = typer.Option(False, "--tensorboard", help="Write TensorBoard event files from the records into "
+                              "each run's tensorboard/ folder as they grow (per rank: iteration times, bytes, "
+                              "payload, loss; accuracy; link utilisation): `tensorboard --logdir OUT`.")
 TopologyOpt = typer.Option(None, "--topology", metavar="FILE", help="Topology to bring up (default three_switch).")
 TimeoutOpt = typer.Option(300.0, "--timeout", metavar="SECONDS",
                           help="Seconds without progress from any rank before the run is stopped.")
@@ -75,6 +78,7 @@ def run(
     timeout: float = TimeoutOpt,
     dilation: Optional[str] = DilationOpt,
     exporter: bool = RunExporterOpt,
+    tensorboard: bool = TensorBoardOpt,
     as_json: bool = JsonOpt,
     workload: dict = None,
 ):
@@ -87,12 +91,15 @@ def run(
     with guard(as_json):
         from testbed.model.flows import parse_spec
         from testbed.runs import dilation as dilations
+        from testbed.runs import tensorboard as events
         from testbed.runs.experiment import RunRequest
         from testbed.runs.preflight import preflight
 
         code = user_code(ctx, scheme, script, module)  # SCHEME checked there when it is one
         rate = _rate(bw) if bw is not None else None
         check_timeout(timeout)
+        if tensorboard:
+            events.require()
         k = dilations.parse(dilation) if dilation is not None else 1.0
         if not (math.isfinite(trace_window) and trace_window > 0):
             raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
@@ -102,7 +109,7 @@ def run(
         shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate, out=out_dir,
                        timeout=timeout, exporter=exporter, bw_trace=bw_trace, trace_format=trace_format,
                        trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows,
-                       dilation=1.0 if isinstance(k, dilations.Auto) else k)
+                       dilation=1.0 if isinstance(k, dilations.Auto) else k, tensorboard=tensorboard)
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
@@ -296,6 +303,7 @@ def sweep(
     dilation: Optional[str] = typer.Option(None, "--dilation", metavar="K", help="Time dilation of every run (with "
                                            "--compute-time; find K with `testbed run --dilation auto`)."),
     exporter: bool = RunExporterOpt,
+    tensorboard: bool = TensorBoardOpt,
     as_json: bool = JsonOpt,
     workload: dict = None,
 ):
@@ -303,15 +311,18 @@ def sweep(
     built-in schemes from one shared pre-trained checkpoint."""
     with guard(as_json):
         from testbed.runs import grid
+        from testbed.runs import tensorboard as events
         from testbed.runs.sweep import SweepRequest
 
         code = own_code(ctx, script, module)
         params = grid.parse(param or [])
         rates = _rates(bw)
         check_timeout(timeout)
+        if tensorboard:
+            events.require()
         shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir, timeout=timeout,
                       testbed=testbed_name(testbed) if testbed else None, exporter=exporter,
-                      dilation=_sweep_dilation(dilation))
+                      dilation=_sweep_dilation(dilation), tensorboard=tensorboard)
         if code is not None:
             req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
                                **shared)

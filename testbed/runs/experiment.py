@@ -50,6 +50,7 @@ from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_fil
 from testbed.runs.sampling import LinkSampler, Progress, TrainStart, train_start
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
 from testbed.runs.summary import mark, rank_tx_bytes, summarise
+from testbed.runs.tensorboard import RunEvents
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
 from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
@@ -152,6 +153,8 @@ class _Run:
         the proof's measured bytes (and what each rank put on its own link)."""
         self.t_start, self.duration, self.t_end = 0.0, 0.0, 0.0
         self.train_start: TrainStart | None = None
+        self.events: RunEvents | None = None
+        """--tensorboard: the event files, brought up to date every second and at the end."""
 
     def get_testbed(self) -> None:
         """Attach or bring up the testbed, and hold its run lock."""
@@ -234,6 +237,8 @@ class _Run:
         self.t_start = time.time()
         self.train_start = train_start(tb, self.bottlenecks, self.run_dir, self.t_start)  # rank 0 on any host
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
+        if req.tensorboard:
+            self.events = RunEvents(self.run_dir, self.run_dir / "tensorboard")
         self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout * req.dilation, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,
                                  code=req.code.tree(req.out) if req.code is not None else None)
@@ -244,10 +249,13 @@ class _Run:
         """Until every rank has exited 0 (RankFailed when one fails or the run times out)."""
         progress = Progress(self.run_dir, len(self.tb.workers), self.sampler, self.traffic, on_status)
         every = Every(1.0, self.monitor.check)
+        events = Every(1.0, self.events.update) if self.events is not None else None
 
         def tick():
             progress.tick()
             every()
+            if events is not None:
+                events()
         self.launcher.wait(tick)
 
     def collect(self) -> None:
@@ -264,6 +272,8 @@ class _Run:
         if self.traffic is not None:
             self.traffic.stop()
             self.traffic.flush(self.run_dir / "traffic.jsonl")
+        if self.events is not None:
+            self.events.update()  # every rank's last records (another host's are here by now)
 
     def _workload(self) -> str:
         """What the ranks run, for the proof (testbed.runs.volume.WORKLOADS)."""
@@ -322,6 +332,8 @@ class _Run:
                     self.traffic.flush(self.run_dir / "traffic.jsonl")
         if self.exporter is not None:
             self.exporter.close()
+        if self.events is not None:
+            self.events.close()
         if self.sampler:
             with contextlib.suppress(OSError):  # a line the full disk refused, flushed again
                 self.sampler.close()

@@ -104,6 +104,9 @@ class RunRequest:
     dilation: float = 1.0
     """Time dilation K (:mod:`testbed.runs.dilation`): every link and the stated compute K
     times slower, every recorded duration divided by K."""
+    tensorboard: bool = False
+    """Write TensorBoard event files from the records into ``<run>/tensorboard/`` as they grow
+    (:mod:`testbed.runs.tensorboard`)."""
     spec: WorkloadSpec | None = None
     """workloads.train's options, typed (the grid point's included); when not given, parsed
     once from ``scheme``, ``workload_args`` and ``params`` on first use (:attr:`workload`)."""

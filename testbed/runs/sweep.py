@@ -55,6 +55,8 @@ class SweepRequest:
     """The shared checkpoint to make (or reuse) when ``init`` is None (None: none, as for
     ``--compute-time`` runs, which measure traffic only)."""
     exporter: bool = True
+    tensorboard: bool = False
+    """Every run writes TensorBoard event files into its own directory (RunRequest.tensorboard)."""
     params: dict[str, list[str]] = field(default_factory=dict)
     """The parameter grid (:mod:`testbed.runs.grid`): every run gets one of its points."""
     code: UserCode | None = None
@@ -247,4 +249,5 @@ def _request(req: SweepRequest, scheme: str, point: dict, rep: int, init: Path |
         spec = spec.replace(seed=spec.seed + rep, **({"init": init} if init else {}))
     return RunRequest(scheme=scheme, workload_args=req.workload_args, spec=spec, params=point, code=req.code,
                       testbed=testbed, bw=bw, out=sweep_dir, timeout=req.timeout, run_id=run_id,
-                      extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter, dilation=req.dilation)
+                      extra={"repeat": rep, "sweep": sweep_dir.name}, exporter=req.exporter, dilation=req.dilation,
+                      tensorboard=req.tensorboard)

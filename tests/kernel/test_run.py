@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dumbbell, three_switch
+from testbed.runs import tensorboard as events
+from tests.helpers import dumbbell, records_as_scalars, tensorboard_scalars, three_switch
 from tests.kernel.conftest import cli, cli_json, pids_of_this_session, run
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -37,11 +38,13 @@ def _htb_rates(ns: str, devs=("l2a", "l2b")) -> list[str]:
 
 
 def test_two_schemes_cross_the_shaped_bottleneck_and_report_compares_them(tmp_path, clean_kernel):
+    tensorboard = events.available()  # the round trip of its event files too, where TensorBoard is installed
     topo = _topology(tmp_path, dumbbell("rdb", rate="1gbit"))
     runs = tmp_path / "runs"
     summaries = {}
     for scheme in ("allreduce", "pactrain"):
-        s = cli_json("run", scheme, "--topology", str(topo), "--bw", "200mbit", "--out", str(runs), *SHORT)
+        live = ["--tensorboard"] if scheme == "pactrain" and tensorboard else []
+        s = cli_json("run", scheme, "--topology", str(topo), "--bw", "200mbit", "--out", str(runs), *live, *SHORT)
         summaries[scheme] = s
         assert s["status"] == "ok" and s["scheme"] == scheme and s["world_size"] == 2 and s["iterations"] == 12
         assert s["bw"] == "200mbit"
@@ -80,6 +83,22 @@ def test_two_schemes_cross_the_shaped_bottleneck_and_report_compares_them(tmp_pa
         assert head == b"\x89PNG\r\n\x1a\n" or f.endswith((".json", ".csv")), f
     never = cli_json("report", str(runs), "--target-acc", "0.99")["rows"]
     assert [(r["tta_s"], r["reached"], r["ok"]) for r in never] == [(None, 0, 1)] * 2, "shown, not dropped"
+    if tensorboard:
+        _tensorboard_matches_the_records(Path(summaries["pactrain"]["run_dir"]), runs, tmp_path / "tb")
+
+
+def _tensorboard_matches_the_records(run_dir: Path, runs: Path, logdir: Path) -> None:
+    """The live event files (run --tensorboard) and report --tensorboard's, read back by
+    TensorBoard's own reader, hold every record's value at its step."""
+    want = records_as_scalars(run_dir)
+    assert set(want) == {"rank0", "rank1", "eval", "links"} and want["links"]
+    rep = cli_json("report", str(runs), "--tensorboard", str(logdir))
+    folders = {Path(r["run"]).name: Path(r["logdir"]) for r in rep["tensorboard"]["runs"]}
+    for where in (run_dir / "tensorboard", folders[run_dir.name]):
+        for folder, tags in want.items():
+            got = tensorboard_scalars(where / folder)
+            for tag, values in tags.items():
+                assert [(s, pytest.approx(v, rel=1e-6)) for s, v, _ in got[tag]] == values, (where, folder, tag)
 
 
 def test_an_existing_testbed_is_used_left_up_and_its_shape_restored(tmp_path, clean_kernel):
