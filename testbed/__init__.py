@@ -15,6 +15,7 @@ _LAZY = {
     "Topology": "testbed.model.topology",  # YAML, the model
     "load_topology": "testbed.model.topology",
     "load_topology_dict": "testbed.model.topology",
+    "load_plugins": "testbed.engine.plugins",  # as load: installed packages' backends and link types
 }
 
 
@@ -22,8 +23,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), "load" if name == "load_plugins" else name)
     raise AttributeError(f"module 'testbed' has no attribute {name!r}")
 
 
-__all__ = ["Testbed", "TestbedError", "Topology", "load_topology", "load_topology_dict", "__version__"]
+__all__ = ["Testbed", "TestbedError", "Topology", "load_plugins", "load_topology", "load_topology_dict",
+           "__version__"]

@@ -92,7 +92,7 @@ def _parser(raise_errors: bool) -> _Parser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.raise_errors = raise_errors
     p.add_argument("--scheme", default="allreduce",
-                   help=f"one of: {', '.join(schemes.SCHEMES)}; or {schemes.VARIANT_HELP}")
+                   help=f"one of: {', '.join(schemes.names())}; or {schemes.VARIANT_HELP}")
     p.add_argument("--model", default="cnn", help=f"one of: {', '.join(MODEL_NAMES)}")
     p.add_argument("--width", type=float, default=1.0, help="channel/embedding multiplier")
     p.add_argument("--depth", type=int, default=None, help="cap on blocks/convs/layers per stage")

@@ -119,6 +119,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             gc.freeze()
 
 
+def _plugins() -> None:
+    """Backends, link types and schemes of installed packages registered; one warning line
+    per plugin skipped (testbed.engine.plugins)."""
+    from testbed.engine import plugins
+    from workloads.schemes import PLUGIN_WARNINGS, names
+
+    names()  # the schemes' entry points read (the warnings of those skipped)
+    lines = [*plugins.load(), *PLUGIN_WARNINGS]
+    if lines:
+        from rich.text import Text
+
+        from testbed.cli.render import err
+
+        for line in lines:
+            err.print(Text(f"warning: {line}", style="yellow"), highlight=False)
+
+
 def _stdout_gone() -> None:
     """Exit as a command killed by SIGPIPE would (141), with stdout pointed at /dev/null so
     that the interpreter's last flush does not fail again."""
@@ -130,6 +147,7 @@ def _stdout_gone() -> None:
 def _main(argv: Optional[Sequence[str]]) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host.dispatch(argv)  # `testbed _host OP ...` over SSH: never parsed here
+    _plugins()
     as_json = _wants_json(argv)
     entered = False
     try:

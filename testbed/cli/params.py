@@ -154,7 +154,7 @@ def scheme_variant(spec: str) -> str:
     from workloads.schemes import parse_variant
 
     try:
-        parse_variant(spec)
+        parse_variant(spec)[0].check_installed()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     return spec

@@ -34,6 +34,7 @@ import subprocess
 import sys
 
 from testbed.common.version import __version__
+from testbed.engine import plugins
 from testbed.net.underlay import check_underlay
 from testbed.monitor import sd
 from testbed.plan import naming
@@ -355,6 +356,7 @@ def main(op: str, args: list[str]) -> int:
     if op.startswith("--controller=") and args:
         controller, op, args = op.partition("=")[2], args[0], args[1:]
     holding = op == "apply" and args[1:] == ["--hold"]
+    plugins.load()  # a share may name a plugin's actions, as the controller's plan made them
     if holding:
         args = args[:1]
     try:

@@ -14,7 +14,7 @@ import yaml
 from pathlib import Path
 
 from .conftest import cli, cli_json
-from tests.helpers import await_line
+from tests.helpers import await_line, venv_with_plugins
 
 pytest.importorskip("paramiko")
 if shutil.which("sshd") is None and not __import__("os").path.exists("/usr/sbin/sshd"):
@@ -394,3 +394,47 @@ def test_your_own_code_runs_across_hosts_from_a_copy_of_its_directory(clean_lab,
     # each run's copy: the script's directory without its runs, then only the module's package
     names = sorted({p.split("/code/", 1)[1] for p in copied if "__pycache__" not in p})  # theirs
     assert names == ["mypkg", "mypkg/__init__.py", "mypkg/train.py", "sib.py", "train.py"], names
+
+
+
+def test_a_scheme_and_a_link_type_installed_as_a_package_work_here_and_on_another_host(clean_lab, tmp_path):
+    """`pip install` of a plugin package: its scheme trains across hosts (the rank on h1 finds
+    it through h1's own installation), its link type is made on h1 by h1's agent (an action
+    of the plugin's own, which only an agent that loaded the plugin can read back), and a
+    broken plugin beside it is one warning line; the testbed without the packages refuses both."""
+    lab = clean_lab
+    exe = venv_with_plugins(tmp_path)
+    topo = _two_host_dumbbell(lab, "pmh")
+    topo["hosts"] = lab.host_specs(testbed=str(exe))[:1]
+    topo["links"][0].update(type="jumbo", mtu=4000)  # w0-s1, on h1
+    path = _write(tmp_path, topo)
+
+    def fresh(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+
+    plain = cli("validate", str(path))  # this venv has no plugins
+    assert plain.returncode != 0 and "links[0]" in plain.stderr, plain.stderr  # its mtu: no key of veth's
+    assert "unknown scheme 'toyscheme'" in cli("run", "toyscheme", "--testbed", "pmh").stderr
+    up = fresh("up", str(path), "--json")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        warned = [l for l in up.stderr.splitlines() if "broken" in l]
+        assert warned == ["warning: plugin backend 'broken' of package 'testbed-broken-plugin' is skipped: "
+                          "ImportError: this plugin is broken on purpose"], up.stderr
+        ns = json.loads(up.stdout)["nodes"]
+        w0 = next(n for n in ns if n["name"] == "w0")
+        link = lab.hosts[0].in_mounts("ip", "-n", w0["netns"], "link", "show").stdout
+        assert "mtu 4000" in link, link
+        ledger = lab.hosts[0].in_mounts("cat", "/run/testbed/pmh/ledger.jsonl").stdout
+        assert '"JumboVeth"' in ledger, ledger[-2000:]
+        r = fresh("run", "toyscheme", "--testbed", "pmh", "--bw", "200mbit", "--out", str(tmp_path / "runs"),
+                  "--max-iters", "6", "--eval-every", "6", "--json")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        s = json.loads(r.stdout)
+        assert s["status"] == "ok" and s["scheme"] == "toyscheme" and s["iterations"] == 6, s
+        assert json.loads((Path(s["run_dir"]) / "placement.json").read_text())["ranks"][0]["host"] == "h1"
+        assert s["mean_payload_bytes"] == s["dense_bytes"]  # the toy hook hands every gradient over
+    finally:
+        down = fresh("down", "pmh", "--json")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert lab.leftovers() == {}

@@ -21,7 +21,8 @@ from importlib import import_module
 
 from workloads.schemes.params import PARAMETERS, Choice, Param, Range
 
-__all__ = ["SCHEMES", "VARIANT_HELP", "Choice", "Param", "Range", "Scheme", "SchemeOptions", "check_values", "get",
+__all__ = ["PLUGIN_GROUP", "SCHEMES", "VARIANT_HELP", "Choice", "Param", "PluginError", "Range", "Scheme",
+           "SchemeOptions", "check_values", "get",
            "hyper", "names", "options", "parameter", "parameters", "parse_variant", "register", "summary_values"]
 
 
@@ -36,12 +37,42 @@ class Scheme:
     function: str = "attach"
     """The module's attach function."""
 
+    package: str = ""
+    """The installed package (distribution) a plugin scheme comes from; "" for the built-in
+    ones and those registered in code."""
+
+    @property
+    def module_path(self) -> str:
+        """The attach function's module: one of this package's, or (a plugin's, or a scheme
+        registered from outside, :func:`register`) a dotted path of its own."""
+        return self.module if self.package or "." in self.module else f"{__name__}.{self.module}"
+
+    def check_installed(self) -> None:
+        """PluginError when a plugin's module cannot be found (its package's own
+        ``__init__`` is imported to look; the module itself, with its torch, is not)."""
+        from importlib.util import find_spec
+
+        if not self.package:
+            return
+        try:
+            found = find_spec(self.module_path) is not None
+        except (ImportError, ValueError) as e:
+            raise PluginError(f"scheme {self.name!r} of package {self.package!r}: {self.module_path} cannot be "
+                              f"imported: {e}") from None
+        if not found:
+            raise PluginError(f"scheme {self.name!r} of package {self.package!r}: no module {self.module_path}; "
+                              "reinstall the package, or uninstall it")
+
     @property
     def attach(self) -> Callable:
-        """Its attach function; ``module`` is a module of this package, or a dotted path (a
-        scheme registered from outside, :func:`register`)."""
-        return getattr(import_module(self.module if "." in self.module else f"{__name__}.{self.module}"),
-                       self.function)
+        """Its attach function (a plugin's module is imported only now: in the ranks)."""
+        try:
+            return getattr(import_module(self.module_path), self.function)
+        except (ImportError, AttributeError) as e:
+            if not self.package:
+                raise
+            raise PluginError(f"scheme {self.name!r} of package {self.package!r} cannot be loaded from "
+                              f"{self.module_path}:{self.function}: {e}") from None
 
     @property
     def parameters(self) -> tuple[Param, ...]:
@@ -82,6 +113,38 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in [
     Scheme("hook", "your own DDP communication hook, by import path (--hook package.module:factory)", "hook"),
 ]}
 
+class PluginError(ValueError):
+    """A scheme installed as a package (entry point group ``testbed.schemes``) is broken."""
+
+
+PLUGIN_GROUP = "testbed.schemes"
+"""Entry-point group of schemes installed as packages: ``NAME = "package.module:attach"``."""
+PLUGIN_WARNINGS: list[str] = []
+"""One line per plugin entry that was skipped (a clash with a registered name, a bad name)."""
+_plugins_read = False
+
+
+def _read_plugins() -> None:
+    """Register the schemes that installed packages declare (once, on first use of the
+    registry), without importing them: a broken one fails where it is used, by name."""
+    global _plugins_read
+    if _plugins_read:
+        return
+    _plugins_read = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        module, _, function = ep.value.partition(":")
+        if ep.name in SCHEMES or not ep.name or ":" in ep.name or not module or not function:
+            why = "already a scheme" if ep.name in SCHEMES else "not NAME = package.module:function"
+            PLUGIN_WARNINGS.append(f"plugin scheme {ep.name!r} of package {dist!r} is skipped: {why}")
+            continue
+        summary = (ep.dist.metadata.get("Summary") if ep.dist is not None else None) or f"from package {dist}"
+        SCHEMES[ep.name] = Scheme(ep.name, f"{summary} (package {dist})", module.strip(),
+                                  function=function.strip(), package=dist)
+
+
 _BY_NAME: dict[str, Param] = {p.name: p for p in PARAMETERS}
 for _p in PARAMETERS:  # a declaration naming a scheme that does not exist is a bug, found at import
     assert set(_p.schemes) <= set(SCHEMES), f"{_p.name}: unknown scheme in {_p.schemes}"
@@ -97,11 +160,14 @@ def register(scheme: Scheme) -> None:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered scheme's name, in registry order (``allreduce`` first)."""
+    """Every registered scheme's name, in registry order (``allreduce`` first; the installed
+    packages' last)."""
+    _read_plugins()
     return tuple(SCHEMES)
 
 
 def get(name: str) -> Scheme:
+    _read_plugins()
     if name not in SCHEMES:
         raise ValueError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEMES)}")
     return SCHEMES[name]
