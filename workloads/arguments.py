@@ -32,6 +32,11 @@ Rank, world size and the rendezvous come from torchrun's environment (RANK, WORL
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT); without them it runs as a single process.
 """
 
+DEFAULT_TARGETS = {"digits": 0.9}
+"""--target-acc when none is given (and the run trains: not with --compute-time), per data
+set: digits' 90 %, which the quick start's run (``testbed run pactrain --bw 100mbit``, 8
+ranks) reaches at its 20th of 75 iterations (docs/results/network.md's records). None for the
+others, whose targets depend on the model and the run's length: name one."""
 TRAIN_PARAMS = ("model", "dataset", "width", "depth", "batch_size", "lr", "momentum", "weight_decay", "lr_schedule",
                 "epochs", "max_iters", "bucket_cap_mb")
 """Arguments besides a scheme's own that change a run's results (the summary's ``hyper``)."""
@@ -61,6 +66,16 @@ def parse_args(argv=None, raise_errors: bool = False) -> argparse.Namespace:
     if args.target_acc is not None and not 0 < args.target_acc <= 1:
         p.error(f"--target-acc is a fraction in (0, 1], got {args.target_acc} (90%% is 0.9)")
     return args
+
+
+def target(args: argparse.Namespace) -> float | None:
+    """The accuracy time-to-accuracy is measured to: --target-acc, else the data set's
+    default (:data:`DEFAULT_TARGETS`) when the run trains (not with --compute-time). Not
+    written back into ``args``: the command line a sweep or a launcher renders stays the
+    user's."""
+    if args.target_acc is not None or args.compute_time is not None:
+        return args.target_acc
+    return DEFAULT_TARGETS.get(args.dataset)
 
 
 def render(args: argparse.Namespace) -> list[str]:
@@ -107,7 +122,8 @@ def _parser(raise_errors: bool) -> _Parser:
     p.add_argument("--lr-schedule", choices=["const", "cosine"], default="const")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=0, help="iterations between evaluations (0: each epoch)")
-    p.add_argument("--target-acc", type=float, default=None, help="accuracy for time-to-accuracy (0-1)")
+    p.add_argument("--target-acc", type=float, default=None,
+                   help="accuracy for time-to-accuracy (0-1; default: 0.9 on digits, none on the others)")
     p.add_argument("--stop-at-target", action="store_true", help="stop once --target-acc is reached")
     p.add_argument("--init", default=None, help="checkpoint from python -m workloads.pretrain")
     _add_scheme_flags(p)

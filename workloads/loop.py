@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from workloads import collectives, compat, data, records
+from workloads import arguments, collectives, compat, data, records
 from workloads.evaluation import evaluate, sync_buffers
 from workloads.measure import DDPTimes
 from workloads.pacing import Pacer
@@ -169,7 +169,7 @@ class Loop:
             sync_buffers(self.model, self.world)
             acc, test_loss = evaluate(self.model, self.ds, self.rank, self.world, self.device)
         progress.accuracy = acc
-        target = self.args.target_acc
+        target = arguments.target(self.args)
         if target is not None and progress.time_to_target_s is None and acc >= target:
             progress.time_to_target_s = progress.train_s
         if self.rank == 0:

@@ -68,7 +68,7 @@ SUMMARY_FIELDS = {
     "wall_s": "seconds from the first iteration to the end, evaluations included",
     "train_s": "training seconds, evaluations excluded",
     "final_accuracy": "accuracy of the last evaluation",
-    "target_accuracy": "--target-acc or null",
+    "target_accuracy": "--target-acc, else the data set's default when the run trains (digits: 0.9), else null",
     "time_to_target_s": "train_s at the first evaluation reaching the target, or null",
     "mean_iter_s": "mean iteration seconds (rank 0)",
     "median_iter_s": "median iteration seconds (rank 0)",

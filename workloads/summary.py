@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from workloads import data, schemes
-from workloads.arguments import hyper_params
+from workloads.arguments import hyper_params, target
 from workloads.loop import Progress
 from workloads.measure import max_rss_bytes, pss_bytes
 
@@ -75,7 +75,7 @@ def summary(args: argparse.Namespace, scheme: schemes.Scheme, ds: data.Dataset, 
         "world_size": world,
         "backend": backend, "iterations": progress.iterations, "epochs": round(progress.iterations / per_epoch, 4),
         "wall_s": wall_s, "train_s": progress.train_s, "final_accuracy": progress.accuracy,
-        "target_accuracy": args.target_acc, "time_to_target_s": progress.time_to_target_s,
+        "target_accuracy": target(args), "time_to_target_s": progress.time_to_target_s,
         "mean_iter_s": statistics.fmean(progress.iter_s), "median_iter_s": statistics.median(progress.iter_s),
         "mean_payload_bytes": totals.mean_payload_bytes, "final_payload_bytes": totals.final_payload_bytes,
         "dense_bytes": dense_bytes,

@@ -220,8 +220,8 @@ def _render_summary(s: dict) -> None:
         ("iterations", str(s.get("iterations"))),
         ("final accuracy", f"{s.get('final_accuracy') or 0:.4f}" if s.get("accuracy_measured", True)
          else f"not measured (--compute-time {s.get('compute_time_s')} s)"),
-        ("time to target", "not reached" if s.get("target_accuracy") and tta is None else
-         ("-" if tta is None else f"{tta:.1f} s")),
+        (f"time to {s['target_accuracy']:g} accuracy" if s.get("target_accuracy") else "time to target",
+         "not reached" if s.get("target_accuracy") and tta is None else ("-" if tta is None else f"{tta:.1f} s")),
         ("mean iteration", f"{(s.get('mean_iter_s') or 0) * 1000:.0f} ms"),
         *_dilation_rows(s),
         ("payload / iteration", "-" if s.get("mean_payload_bytes") is None else f"{s['mean_payload_bytes']:,.0f} B"),
