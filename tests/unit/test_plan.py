@@ -19,6 +19,7 @@ def test_a_switch_holds_at_most_1023_ports():
     assert len(load_topology_dict(star(1023)).workers) == 1023
 
 
+@pytest.mark.slow  # the quick pass under 2 minutes; the suite runs it
 def test_kernel_names_fit_at_1024_workers_with_long_user_names():
     t = load_topology_dict(star(1023, name="x" * 32, prefix="worker-with-a-very-long-name-" + "y" * 25))
     plan = make_plan(t, ipaddress.ip_network("10.50.0.0/16"))

@@ -78,6 +78,7 @@ def _expand(value: str) -> tuple[list[str] | StateError, float, float]:
     return got, peak, seconds
 
 
+@pytest.mark.slow  # the quick pass under 2 minutes; the suite runs it
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(value=node_lists)
 @example(value="x[0-65535]y[0-65535]")

@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from tests.hostile_slurm import job_ids, node_lists, node_names, valid_job_id, valid_node_name
 
+pytestmark = pytest.mark.slow  # real CLI processes per example: the suite runs them, the quick pass does not
+
 LIMIT_AS = 1 << 30  # the CLI needs about 300 MB of address space; a product of ranges multiplied out, far more
 MAX_RSS_MB = 200  # the CLI's peak is about 30 MB
 TIMEOUT_S = 30.0

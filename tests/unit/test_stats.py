@@ -26,7 +26,7 @@ def test_below_six_pairs_the_interval_is_the_min_max_labelled_with_its_true_cove
     assert "95" not in label
 
 
-@pytest.mark.parametrize("n", [6, 8, 12])
+@pytest.mark.parametrize("n", [6, pytest.param(8, marks=pytest.mark.slow), pytest.param(12, marks=pytest.mark.slow)])
 def test_from_six_pairs_the_95_percent_interval_holds_the_median_95_percent_of_the_time(n):
     """The interval's coverage, measured: 1000 samples of n log-normal ratios whose median is
     known (1.0), 1500 times; it must hold it in at least 95 % of them (less 3 standard errors), and it

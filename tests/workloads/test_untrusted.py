@@ -235,6 +235,7 @@ def _as(user: str, *argv: str) -> None:
     subprocess.run(["runuser", "-u", user, "--", *argv], check=True, capture_output=True, cwd="/")
 
 
+@pytest.mark.slow  # the quick pass under 2 minutes; the suite runs it
 def test_pretraining_refuses_a_directory_another_user_owns_and_others_may_write(other_user):
     user, uid, place = other_user
     shared = place / "tmp"
