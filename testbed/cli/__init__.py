@@ -27,7 +27,7 @@ from typing import Optional
 
 import typer
 
-from testbed.cli import doctor, host, images, links, monitor, reports, runs, selftest, testbeds
+from testbed.cli import doctor, graph, host, images, links, monitor, reports, runs, selftest, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
 from testbed.common import rootless
@@ -58,6 +58,7 @@ def _root(version: Optional[bool] = typer.Option(None, "--version", is_eager=Tru
 testbeds.register(app)
 runs.register(app)
 reports.register(app)
+graph.register(app)
 doctor.register(app)
 selftest.register(app)
 host.register(app)
@@ -86,7 +87,13 @@ def _command(argv: Sequence[str]) -> str | None:
 
 
 def _needs_namespaces(argv: Sequence[str]) -> bool:
-    return _command(argv) in KERNEL_COMMANDS and not {"--help", "-h"} & set(_own(argv))
+    own = _own(argv)
+    if {"--help", "-h"} & set(own):
+        return False
+    if _command(argv) == "graph":  # a running testbed's (a topology FILE's needs nothing)
+        return any(a in ("-t", "--testbed", "--serve") or a.startswith("--testbed=") for a in own) or \
+            not any(a.endswith((".yaml", ".yml", ".json")) for a in own)
+    return _command(argv) in KERNEL_COMMANDS
 
 
 def _needs_state(argv: Sequence[str]) -> bool:
