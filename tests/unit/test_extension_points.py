@@ -61,33 +61,9 @@ class ToyBackend(NetnsBackend):
         return [Check("toy engine", True, "a toy answers")]
 '''
 
-LINK = '''
-from testbed.common.errors import TopologyError
-from testbed.plan.actions import CreateVeth
-from testbed.plan.links import LinkKind
-
-
-class Jumbo(LinkKind):
-    """A veth pair of its own MTU, on one host, only where written."""
-
-    name = "jumbo"
-    description = "a veth pair with an MTU of its own"
-    keys = ("mtu",)
-    schema = {"mtu": {"type": "integer", "minimum": 1280, "maximum": 9000}}
-
-    def joins(self, host_a, host_b):
-        return host_a == host_b
-
-    def validate(self, options, path):
-        mtu = options.get("mtu", 9000)
-        if isinstance(mtu, bool) or not isinstance(mtu, int) or not 1280 <= mtu <= 9000:
-            raise TopologyError(f"{path}.mtu", f"mtu must be 1280..9000, got {mtu!r}")
-        return (("mtu", mtu),)
-
-    def plan(self, ctx, link, a, b):
-        return [(a.host, CreateVeth(a.ns, a.ifname, b.ns, b.ifname, master=a.master, peer_master=b.master,
-                                    link=link.index, index=ctx.alloc(a.host, a.ns), mtu=dict(link.options)["mtu"]))]
-'''
+LINK = (ROOT / "examples" / "plugin" / "toy_testbed" / "link.py").read_text()
+"""The toy link type is the example plugin's (examples/plugin): registered here by one call,
+there by an entry point (tests/workloads/test_plugins.py)."""
 
 SCHEME = '''
 from dataclasses import dataclass
