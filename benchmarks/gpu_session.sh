@@ -34,6 +34,10 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.csv" 2>&1
 "$py" -m benchmarks.machine >"$OUT/machine.json"
 step selftest 230 "$py" -m benchmarks.selftest --gpu --record "$OUT/selftest"
+# a stock script that takes cuda:LOCAL_RANK, under plain torchrun and across a testbed
+step stock-torchrun 60 "$py" -m torch.distributed.run --standalone --nproc-per-node 2 examples/ddp_gpu_style.py 20
+step stock-testbed 90 testbed run --script examples/ddp_gpu_style.py --topology topologies/dumbbell.yaml \
+    --out "$OUT/stock" --json -- 20
 step compute-fp32 60 "$py" -m benchmarks.compute_time --device cuda --record "$OUT/compute-fp32"
 step compute-bf16 60 "$py" -m benchmarks.compute_time --device cuda --amp --record "$OUT/compute-bf16"
 step schemes 90 "$py" -m benchmarks.schemes --device cuda --ranks 0 --reps 10 --record "$OUT/schemes"

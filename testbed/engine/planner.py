@@ -61,7 +61,8 @@ def _node_table(plan: Plan) -> None:
     hosts = plan.subnet.hosts()
     for rank, w in enumerate(topology.workers):
         plan.nodes[w.name] = NodeInfo(w.name, "worker", w.backend, naming.node_netns(name, w.name),
-                                      naming.WORKER_IFACE, str(next(hosts)), rank, w.gpu, w.host)
+                                      naming.WORKER_IFACE, str(next(hosts)), rank, w.gpu, w.host,
+                                      backend(w.backend).own_gpu(w))
     for i, s in enumerate(topology.switches):
         plan.nodes[s.name] = NodeInfo(s.name, "switch", None, naming.fabric_netns(name), naming.bridge_ifname(i),
                                       None, host=s.host)

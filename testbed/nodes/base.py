@@ -98,6 +98,11 @@ class Backend(abc.ABC):
     """Whether a process in the node sees every GPU of the host (a namespace does), so that
     workers without ``gpu:`` can be spread over them at run time."""
 
+    def own_gpu(self, node) -> bool:
+        """Whether the topology's ``node`` has a GPU of its own that only it sees (recorded in
+        its NodeInfo as ``own_gpu``; the node then numbers it 0)."""
+        return False
+
     def cuda_visible(self, info, gpu: int | None) -> str:
         """CUDA_VISIBLE_DEVICES for a rank in the node given host GPU ``gpu`` (None: no GPU)."""
         return "" if gpu is None else str(gpu)

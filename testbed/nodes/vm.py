@@ -275,6 +275,14 @@ class VmBackend(Backend):
     def python(self, info) -> str:
         return sys.executable  # the guest runs the host's interpreter (its root is the host's, copy-on-write)
 
+    def own_gpu(self, node) -> bool:
+        return bool(dict(node.options).get("gpu_pci"))  # passed through: the guest's only GPU
+
+    def cuda_visible(self, info, gpu: int | None) -> str:
+        # the guest sees the GPU passed through to it (gpu_pci:) and no other, as its GPU 0; a
+        # host index would hide it, and a VM without one has none to show
+        return "0" if info.own_gpu else ""
+
     def environment(self, info) -> dict[str, str]:
         keep = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONHASHSEED", "VIRTUAL_ENV")
         env = {k: os.environ[k] for k in keep if k in os.environ}

@@ -37,6 +37,9 @@ class NodeInfo:
     rank: int | None = None
     gpu: int | None = None
     host: str = LOCAL
+    own_gpu: bool = False
+    """The node has a GPU of its own that only it sees (a VM's passed-through one): inside, it
+    is GPU 0 whatever ``gpu`` says (Backend.own_gpu decides, when planned)."""
 
 
 @dataclass(frozen=True)
