@@ -6,16 +6,14 @@ the lag of both is measured by ``benchmarks/remote_lag.py``)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 
 from testbed.hosts.answer import parse_answer
+from testbed.common import lines
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
 from testbed.hosts.ssh import Remote, remote_line
-
-MAX_ANSWER = 64 << 20
 
 
 class AgentSession:
@@ -32,15 +30,17 @@ class AgentSession:
         stopped answering (or an agent that ended) as :meth:`Remote.failure` says."""
         import paramiko
 
-        line = (json.dumps({"op": op, "payload": payload}) + "\n").encode()
+        line = lines.encode({"op": op, "payload": payload})
         with self._lock:
             try:
                 chan = self._open()
                 chan.settimeout(timeout)
                 chan.sendall(line)
-                got = self._reader.readline(MAX_ANSWER + 1)
-                if not got.endswith(b"\n"):
-                    raise EOFError(f"the agent ended ({self._ended()})" if not got else "an answer over the bound")
+                try:
+                    got = lines.read_line(self._reader)
+                except EOFError as e:
+                    raise EOFError(f"the agent ended ({self._ended()})" if str(e) == lines.ENDED else str(e)) \
+                        from None
             except (OSError, EOFError, paramiko.SSHException) as e:  # socket.timeout is an OSError
                 self._drop()
                 if isinstance(e, socket.timeout):

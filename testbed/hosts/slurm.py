@@ -34,7 +34,7 @@ import time
 from dataclasses import replace
 from typing import IO, BinaryIO
 
-from testbed.common import procs, rootless, slurmenv
+from testbed.common import lines, procs, rootless, slurmenv
 from testbed.common.digits import is_ascii_int
 from testbed.hosts.answer import parse_answer
 from testbed.common.errors import StateError, TestbedError
@@ -43,7 +43,6 @@ from testbed.hosts.slurmfiles import FilesClient
 from testbed.hosts.slurmstep import STOP_WAIT_S, host_argv, start, step_argv, stop
 from testbed.model.hosts import Host
 
-MAX_ANSWER = 64 << 20
 JOB_ENDED = ("Unable to confirm allocation for job", "has expired", "has already completed")
 """What ``srun --jobid`` says of a job that has ended (soon after; once purged; or never was)."""
 
@@ -77,7 +76,7 @@ def _wait_answer(proc: subprocess.Popen, out: IO[bytes], holds: bool, timeout: f
             return proc.wait(pause)
         except subprocess.TimeoutExpired:
             pass
-        if holds and os.pread(out.fileno(), MAX_ANSWER, 0).endswith(b"\n"):
+        if holds and os.pread(out.fileno(), lines.MAX_LINE, 0).endswith(b"\n"):
             return 0
         if deadline is not None and time.monotonic() > deadline:
             return -1
@@ -134,7 +133,7 @@ class SlurmRemote:
                 stop(proc)
             out_f.seek(0)
             err_f.seek(0)
-            return status, out_f.read(MAX_ANSWER), err_f.read(MAX_ANSWER)
+            return status, out_f.read(lines.MAX_LINE), err_f.read(lines.MAX_LINE)
 
     def failure(self, doing: str, error: BaseException) -> TestbedError:
         return TestbedError(f"host {self.host.name} (Slurm node {self.host.slurm}): {doing} failed: {error}")
@@ -173,16 +172,18 @@ class SlurmAgent:
     def ask(self, op: str, payload: object = None, timeout: float = 60.0) -> dict:
         """The agent's answer to ``op``; its error re-raised naming the host."""
         host = self.remote.host
-        line = (json.dumps({"op": op, "payload": payload}) + "\n").encode()
+        line = lines.encode({"op": op, "payload": payload})
         with self._lock:
             try:
                 sock = self._open()
                 sock.settimeout(timeout)
                 sock.sendall(line)
                 assert self._reader is not None
-                got = self._reader.readline(MAX_ANSWER + 1)
-                if not got.endswith(b"\n"):
-                    raise EOFError(f"the agent ended ({self._ended()})" if not got else "an answer over the bound")
+                try:
+                    got = lines.read_line(self._reader)
+                except EOFError as e:
+                    raise EOFError(f"the agent ended ({self._ended()})" if str(e) == lines.ENDED else str(e)) \
+                        from None
             except (OSError, EOFError) as e:  # socket.timeout is an OSError
                 self._drop()
                 if isinstance(e, socket.timeout):

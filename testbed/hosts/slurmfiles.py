@@ -5,7 +5,8 @@
 ``listdir_attr``, ``open(path, "rb")``, ``stat``, ``get_channel().settimeout``. Each call is
 one JSON line each way to ``python -m testbed.hosts.slurmfiles`` (:func:`serve`), a step
 on the node started on first use and ended by :meth:`FilesClient.close` (end of input).
-File contents travel base64-encoded; paths must be absolute, without ``..``.
+File contents travel base64-encoded, a read at most :data:`CHUNK` bytes; paths must be
+absolute, without ``..``. The lines are the one protocol's (:mod:`testbed.common.lines`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-from testbed.common import procs
+from testbed.common import lines, procs
 from testbed.hosts import slurmstep
 
-MAX_LINE = 256 << 20
+CHUNK = 32 << 20
+"""Bytes of a file one read answers at most (base64: 43 MiB, within the protocol's line)."""
 TIMEOUT_S = 120.0
 
 
@@ -36,7 +38,7 @@ def _path(p: object) -> str:
 
 
 def handle(req: dict) -> dict:
-    """One request's answer (errors as ``{"error", "errno"}``)."""
+    """One request's answer (an operating system's error with its ``errno``)."""
     op = req.get("op")
     try:
         path = _path(req.get("path"))
@@ -58,29 +60,18 @@ def handle(req: dict) -> dict:
         if op == "read":
             with open(path, "rb") as f:
                 f.seek(int(req.get("offset") or 0))
-                return {"data": base64.b64encode(f.read()).decode()}
+                return {"data": base64.b64encode(f.read(CHUNK)).decode()}
         if op == "stat":
             return {"mtime": os.stat(path).st_mtime}
         raise ValueError(f"unknown operation {op!r}")
     except OSError as e:
-        return {"error": f"{op} {req.get('path')}: {e.strerror}", "errno": e.errno}
+        return lines.error(f"{op} {req.get('path')}: {e.strerror}", kind="OSError", errno=e.errno)
     except (ValueError, TypeError) as e:
-        return {"error": str(e)}
+        return lines.error(str(e), kind=type(e).__name__)
 
 
 def serve(stdin=None, stdout=None) -> int:
-    stdin = stdin or sys.stdin.buffer
-    stdout = stdout or sys.stdout
-    while True:
-        line = stdin.readline(MAX_LINE + 1)
-        if not line:
-            return 0
-        try:
-            req = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            req = None
-        stdout.write(json.dumps(handle(req) if isinstance(req, dict) else {"error": "not a JSON object"}) + "\n")
-        stdout.flush()
+    return lines.serve(handle, stdin, stdout)
 
 
 class FilesClient:
@@ -104,10 +95,11 @@ class FilesClient:
 
     def _ask(self, op: str, path: str, **more) -> dict:
         with self._lock:
-            self._sock.sendall((json.dumps({"op": op, "path": path, **more}) + "\n").encode())
-            got = self._reader.readline(MAX_LINE + 1)
-        if not got.endswith(b"\n"):
-            raise EOFError(f"the file step on node {self.host.slurm} ended")
+            self._sock.sendall(lines.encode({"op": op, "path": path, **more}))
+            try:
+                got = lines.read_line(self._reader)
+            except EOFError as e:
+                raise EOFError(f"the file step on node {self.host.slurm} ended ({e})") from None
         answer = json.loads(got)
         if "error" in answer:
             if answer.get("errno") == 2:
@@ -147,7 +139,7 @@ class FilesClient:
 
 
 class _Remote(io.RawIOBase):
-    """A node's file opened for reading: ``seek`` then ``read`` (the rest, in one request)."""
+    """A node's file opened for reading: ``seek`` then ``read`` (the rest, a chunk a request)."""
 
     def __init__(self, client: FilesClient, path: str):
         self.client, self.path, self.offset = client, path, 0
@@ -159,9 +151,17 @@ class _Remote(io.RawIOBase):
         return offset
 
     def read(self, size: int = -1) -> bytes:
-        data = base64.b64decode(self.client._ask("read", self.path, offset=self.offset)["data"])
-        self.offset += len(data)
-        return data
+        out = b""
+        while size < 0 or len(out) < size:
+            data = base64.b64decode(self.client._ask("read", self.path, offset=self.offset)["data"])
+            self.offset += len(data)
+            out += data
+            if len(data) < CHUNK:
+                break
+        if size >= 0 and len(out) > size:  # what was read past ``size`` is read again next time
+            self.offset -= len(out) - size
+            out = out[:size]
+        return out
 
     def readable(self) -> bool:
         return True

@@ -150,7 +150,7 @@ def test_the_file_step_serves_what_the_run_copies(tmp_path):
             {"op": "read", "path": "relative"},
             {"op": "read", "path": f"{d}/../x"},
             "not an object"]
-    out = io.StringIO()
+    out = io.BytesIO()  # the protocol's lines are bytes (testbed.common.lines)
     assert slurmfiles.serve(io.BytesIO("".join(json.dumps(r) + "\n" for r in reqs).encode()), out) == 0
     got = [json.loads(line) for line in out.getvalue().splitlines()]
     assert got[0] == {} and got[1] == {} and (d / "a.jsonl").read_bytes() == b"hello"
