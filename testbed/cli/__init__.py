@@ -90,10 +90,24 @@ def _needs_namespaces(argv: Sequence[str]) -> bool:
     own = _own(argv)
     if {"--help", "-h"} & set(own):
         return False
-    if _command(argv) == "graph":  # a running testbed's (a topology FILE's needs nothing)
-        return any(a in ("-t", "--testbed", "--serve") or a.startswith("--testbed=") for a in own) or \
-            not any(a.endswith((".yaml", ".yml", ".json")) for a in own)
+    if _command(argv) == "graph":  # a running testbed's; a topology FILE's needs nothing
+        return _graph_file(own) is None or "--serve" in own
     return _command(argv) in KERNEL_COMMANDS
+
+
+def _graph_file(own: Sequence[str]) -> str | None:
+    """``testbed graph``'s positional FILE, if one is given (the options' values skipped)."""
+    args = list(own)[list(own).index("graph") + 1:]
+    takes_value = {"--out", "--listen", "-t", "--testbed"}
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in takes_value:
+            skip = True
+        elif not a.startswith("-"):
+            return a
+    return None
 
 
 def _needs_state(argv: Sequence[str]) -> bool:
@@ -154,7 +168,6 @@ def _stdout_gone() -> None:
 def _main(argv: Optional[Sequence[str]]) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     host.dispatch(argv)  # `testbed _host OP ...` over SSH: never parsed here
-    _plugins()
     as_json = _wants_json(argv)
     entered = False
     try:
@@ -168,6 +181,7 @@ def _main(argv: Optional[Sequence[str]]) -> None:
                 if "doctor" not in argv:
                     raise
                 rootless.enter_failure = e  # doctor says why, among the rest
+        _plugins()  # after entering: a plugin's import may start a thread, and setns needs one
         if _needs_state(argv):
             check_root()  # one line with a hint, before anything is made
         code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)

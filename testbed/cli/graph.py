@@ -26,8 +26,8 @@ def graph(
     serve: bool = typer.Option(False, "--serve", help="Serve the page live instead (the running testbed of -t): "
                                "each link's utilisation and the run's iteration and accuracy every second, from "
                                "the testbed's own exporters, on the loopback under a secret URL. Ctrl-C ends it."),
-    listen: str = typer.Option("127.0.0.1:0", "--listen", metavar="HOST:PORT", help="Where --serve listens (port "
-                               "0: any free one)."),
+    listen: str = typer.Option("127.0.0.1:0", "--listen", metavar="HOST:PORT", help="Where --serve listens, on "
+                               "the loopback (port 0: any free one; [::1]:PORT for IPv6)."),
     as_json: bool = JsonOpt,
 ):
     """Draw the testbed's nodes and links with each link's shape (rate, delay, loss) as a
@@ -38,7 +38,7 @@ def graph(
         topo = _topology(topology, testbed, serve)  # a loaded topology has workers and their links
         m = g.model(topo)
         if serve:
-            _serve(g, m, topo, listen, as_json)
+            _serve(m, topo, listen, as_json)
             return
         target = out_file or Path(f"{topo.name}.html")
         g.write(m, target)
@@ -66,7 +66,7 @@ def _topology(file: Optional[Path], testbed: Optional[str], serve: bool):
     return Testbed.attach(name).topology
 
 
-def _serve(g, m: dict, topo, listen: str, as_json: bool) -> None:
+def _serve(m: dict, topo, listen: str, as_json: bool) -> None:
     from testbed.engine.core import Testbed
     from testbed.monitor.sd import parse_listen
 
@@ -78,9 +78,11 @@ def _serve(g, m: dict, topo, listen: str, as_json: bool) -> None:
     if not exporter:
         raise TestbedError(f"testbed {topo.name!r} has no link exporter to read the utilisation from",
                            f"bring it up with --exporter (the default): `testbed down {topo.name}` and up again")
-    live = g.Live(topo.name, exporter, {l.name: l.index for l in topo.links})
+    from testbed.runs import graph_live
+
+    live = graph_live.Live(topo.name, exporter, {l.name: l.index for l in topo.links})
     try:
-        server, url = g.serve(m, live, host, port)
+        server, url = graph_live.serve(m, live, host, port)
     except OSError as e:
         raise TestbedError(f"--listen {listen}: {e.strerror or e}", "another HOST:PORT, or port 0") from None
     if as_json:

@@ -26,7 +26,7 @@ name read from a topology, a state file or a ledger.
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 
 _loaded = False
 WARNINGS: list[str] = []
@@ -74,13 +74,15 @@ def load() -> list[str]:
     if _loaded:
         return WARNINGS
     _loaded = True
+    from workloads.entrypoints import installed, printable
+
     for group, (what, register) in GROUPS.items():
-        for ep in entry_points(group=group):
+        for ep in installed(group, WARNINGS):
             try:
                 register(ep)
-            except Exception as e:  # noqa: BLE001 - a broken plugin must not break the CLI
-                why = str(e).splitlines()[0][:200] if str(e) else ""
-                WARNINGS.append(f"plugin {what} {ep.name!r} of package {_package(ep)!r} is skipped: "
-                                f"{type(e).__name__}{': ' + why if why else ''}")
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken plugin must not break the CLI
+                why = printable(str(e).splitlines()[0]) if str(e) else ""
+                WARNINGS.append(f"plugin {what} {printable(ep.name)!r} of package {printable(_package(ep))!r} is "
+                                f"skipped: {printable(type(e).__name__)}{': ' + why if why else ''}")
     return WARNINGS
 

@@ -99,3 +99,37 @@ def web_config() -> dict:
 
     hashed = bcrypt.hashpw(token().encode(), bcrypt.gensalt(rounds=10)).decode()
     return {"basic_auth_users": {USER: hashed}}
+
+
+def listener_uid(host: str, port: int) -> int | None:
+    """The uid owning the TCP socket that listens on ``host:port`` of this network
+    namespace (``/proc/net/tcp``, ``tcp6``; uids as this user namespace sees them), or None
+    when nothing listens there. Before the token goes to an exporter whose target file
+    outlived it, the port may be another user's now."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read(4 << 20).splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) < 8 or cols[3] != "0A":  # LISTEN
+                continue
+            local, _, hexport = cols[1].partition(":")
+            if int(hexport, 16) != port:
+                continue
+            raw = bytes.fromhex(local)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            mapped = getattr(ip, "ipv4_mapped", None)
+            if ip == addr or ip.is_unspecified or mapped == addr or (size == 16 and mapped is None
+                                                                      and ip.is_unspecified):
+                return int(cols[7])
+    return None

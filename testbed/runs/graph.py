@@ -18,23 +18,13 @@ from __future__ import annotations
 
 import html
 import json
-import secrets
-import threading
-import time
-import urllib.request
 from collections import deque
 from pathlib import Path
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from testbed.common.errors import TestbedError
-from testbed.common.files import read_json
 from testbed.model.topology import DIRECTIONS, Topology
-from testbed.monitor import auth
-from testbed.monitor.sd import targets_dir
 
 ROW_H, COL_W, MARGIN = 150, 110, 60
-MAX_SCRAPE = 4 << 20
-"""Bytes read of one exporter's answer at most (a hostile or broken one cannot fill memory)."""
 
 
 def _layout(topo: Topology) -> dict[str, tuple[float, float]]:
@@ -198,125 +188,11 @@ def page(m: dict, live: bool = False) -> str:
             "</body></html>\n")
 
 
-def _scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """(metric name, sorted labels) -> value, from an exporter that answers its owner."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    token = {"Authorization": f"Bearer {auth.token()}"} if auth.required() else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=token), timeout=3) as r:
-        text = r.read(MAX_SCRAPE).decode("utf-8", "replace")
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-class Live:
-    """Utilisation per link direction over the last second, from two scrapes of the
-    testbed's link exporter a second apart (a sampler thread: a page's requests only read
-    the newest), and the newest run's iteration and accuracy, asked per request."""
-
-    def __init__(self, name: str, exporter: str, links: dict[str, int], every: float = 1.0):
-        self.name, self.exporter, self.links, self.every = name, exporter, links, every
-        self.util: dict[str, float] = {}
-        self.error: str | None = "no sample yet"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="graph-sampler", daemon=True)
-
-    def _sent(self) -> tuple[dict, dict]:
-        got = _scrape(self.exporter)
-        pick = {n: {(dict(k).get("link"), dict(k).get("direction")): v for (m, k), v in got.items() if m == n}
-                for n in ("testbed_link_transmit_bytes_total", "testbed_link_capacity_bytes_per_second")}
-        return pick["testbed_link_transmit_bytes_total"], pick["testbed_link_capacity_bytes_per_second"]
-
-    def _run(self) -> None:
-        prev = None
-        while not self._stop.is_set():
-            try:
-                now, (sent, cap) = time.monotonic(), self._sent()
-            except (OSError, ValueError) as e:
-                self.error, prev = f"the link exporter did not answer: {e}", None
-            else:
-                if prev is not None and now > prev[0]:
-                    self.util = {f"{self.links[link]} {d}": max(0.0, v - prev[1][(link, d)]) / (now - prev[0]) / c
-                                 for (link, d), v in sent.items()
-                                 if link in self.links and (link, d) in prev[1] and (c := cap.get((link, d)))}
-                    self.error = None
-                prev = (now, sent)
-            self._stop.wait(self.every)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def state(self) -> dict:
-        if self.error is not None:
-            raise ValueError(self.error)
-        return {"utilisation": dict(self.util), "run": _newest_run(self.name)}
-
-
-def _newest_run(name: str) -> dict | None:
-    """The newest run on testbed ``name`` whose exporter still serves: its id, scheme,
-    rank 0's iteration and the last accuracy (None when no run is announced)."""
-    files = sorted(targets_dir().glob(f"run-{name}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for f in files[:1]:
-        try:
-            target = read_json(f, "json", "target file")[0]["targets"][0]
-            got = _scrape(f"http://{target}/metrics")
-        except (OSError, ValueError, KeyError, IndexError, TypeError, TestbedError):
-            return None
-        out: dict = {"run_id": f.stem.removeprefix(f"run-{name}-"), "scheme": None, "iteration": None,
-                     "accuracy": None}
-        for (n, labels), v in got.items():
-            lab = dict(labels)
-            if n == "testbed_train_iterations_total" and lab.get("rank") == "0":
-                out["iteration"], out["scheme"] = int(v), lab.get("scheme")
-            elif n == "testbed_train_accuracy":
-                out["accuracy"] = v
-        return out
-    return None
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002  (the base class's name)
-        pass
-
-
-def serve(m: dict, live: Live, host: str = "127.0.0.1", port: int = 0) -> tuple[WSGIServer, str]:
-    """A server of the live page and its state under a random secret path (not started:
-    ``server.serve_forever()``); the URL to open."""
-    secret = secrets.token_urlsafe(24)
-    body = page(m, live=True).encode()
-
-    def app(environ, start_response):
-        path = environ.get("PATH_INFO", "")
-        if path in (f"/{secret}", f"/{secret}/"):
-            if path == f"/{secret}":  # the page's relative state.json needs the slash
-                start_response("302 Found", [("Location", f"/{secret}/")])
-                return [b""]
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
-            return [body]
-        if path == f"/{secret}/state.json":
-            try:
-                answer, status = json.dumps(live.state()).encode(), "200 OK"
-            except ValueError as e:
-                answer, status = json.dumps({"error": str(e)}).encode(), "503 Service Unavailable"
-            start_response(status, [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
-            return [answer]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not here\n"]
-
-    server = make_server(host, port, app, handler_class=_Quiet)
-    shown = f"[{host}]" if ":" in host else host
-    return server, f"http://{shown}:{server.server_address[1]}/{secret}/"
-
-
 def write(m: dict, out: Path) -> None:
     """The static page into ``out`` (written whole, never through a link: OutDir's rules)."""
     from testbed.common.outdir import OutDir
 
+    if out.name in ("", ".", "..") or out.is_dir():
+        raise TestbedError(f"--out {out}: a file name, not a folder", "e.g. --out graphs/three_switch.html")
     with OutDir(out.parent, "--out") as d:
         d.write_text(out.name, page(m))

@@ -28,10 +28,11 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from testbed.common.errors import TestbedError
-from testbed.common.files import JsonlTail
+from testbed.common.files import LIMITS, JsonlTail
 from testbed.common.outdir import OutDir
 from testbed.common.writes import writing
 from testbed.runs.userrecords import sane_number
@@ -45,6 +46,12 @@ RANK_TAGS = {"loss": "train/loss", "iter_s": "iteration/seconds", "compute_s": "
 EVAL_TAGS = {"accuracy": "eval/accuracy", "loss": "eval/loss", "train_s": "eval/train_seconds"}
 LINK_TAGS = {"utilisation": "utilisation", "bytes_per_s": "bytes_per_second"}
 _RANK_FILE = re.compile(r"rank(\d{1,6})\.jsonl")
+MAX_FILE = LIMITS["records"]
+"""Bytes of one records file read at most, as report reads them."""
+MAX_RANKS = 1024
+"""Ranks drawn at most (an event file each, open while a run is live)."""
+MAX_LINKS = 1024
+"""Link directions drawn at most."""
 _TAG_PART = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -127,6 +134,7 @@ class RunEvents:
         self.tails: dict[str, JsonlTail] = {}
         self.files: dict[str, _EventFile] = {}
         self.counts: dict[str, int] = {}
+        self.links: set[str] = set()
         self.events = 0
         """Scalar events written so far (one per record or link sample)."""
 
@@ -135,12 +143,12 @@ class RunEvents:
             self.files[folder] = _EventFile(self.logdir / folder)
         return self.files[folder]
 
-    def _new(self, name: str) -> list[dict]:
+    def _new(self, name: str) -> Iterator[dict]:
+        """The records ``name`` gained, a batch (at most 8 MiB) in memory at a time, and none
+        past the records' bound (a file that grows without end is read up to it)."""
         tail = self.tails.setdefault(name, JsonlTail(self.run_dir / name))
-        out: list[dict] = []
-        while batch := tail.read():  # at most 8 MiB a call
-            out += batch
-        return out
+        while tail.offset < MAX_FILE and (batch := tail.read()):
+            yield from batch
 
     def _write(self, folder: str, step: int, wall: float, values: dict[str, float]) -> None:
         if values:
@@ -151,7 +159,7 @@ class RunEvents:
         """Write what the records gained since the last call; the events written."""
         before = self.events
         ranks = sorted((int(m.group(1)), p.name) for p in _listing(self.run_dir)
-                       if (m := _RANK_FILE.fullmatch(p.name)))
+                       if (m := _RANK_FILE.fullmatch(p.name)))[:MAX_RANKS]
         for rank, name in ranks:
             for i, r in enumerate(self._new(name), self.counts.get(name, 0) + 1):
                 self._write(f"rank{rank}", _step(r, i), _wall(r), _numbers(r, RANK_TAGS))
@@ -170,6 +178,9 @@ class RunEvents:
             if not isinstance(link, str) or not isinstance(direction, str):
                 continue
             key = f"links/{_TAG_PART.sub('_', link[:64])}/{_TAG_PART.sub('_', direction[:16])}"
+            if key not in self.counts and len(self.links) >= MAX_LINKS:
+                continue  # a records file naming link after link: the first MAX_LINKS are drawn
+            self.links.add(key)
             n = self.counts[key] = self.counts.get(key, 0) + 1
             values = {f"{key}/{t}": v for t, v in _numbers(s, LINK_TAGS).items()}
             self._write("links", n, _wall(s), values)
@@ -194,7 +205,16 @@ def folders(paths: list[Path]) -> list[tuple[Path, str]]:
     if len(resolved) == 1:
         return [(resolved[0], resolved[0].name)]
     top = Path(os.path.commonpath(resolved))
-    return [(p, str(p.relative_to(top)) if p != top else p.name) for p in resolved]
+    out, taken = [], set()
+    for p in resolved:
+        name = base = str(p.relative_to(top)) if p != top else p.name
+        k = 1
+        while name in taken:  # /x/a beside /x/a/a: both would be "a"
+            k += 1
+            name = f"{base}-{k}"
+        taken.add(name)
+        out.append((p, name))
+    return out
 
 
 def write(run_dirs: list[tuple[Path, str]], logdir: Path) -> dict:

@@ -57,3 +57,20 @@ def test_bad_input_is_one_line(tmp_path):
     r = _cli("graph", str(TOPOLOGIES[0]), "--out", str(tmp_path / "page.html"), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["page"] == str(tmp_path / "page.html")
     assert (tmp_path / "page.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_which_graph_commands_enter_an_ordinary_users_namespaces():
+    """A running testbed's graph reads the user's state (in their namespaces); a topology
+    FILE's needs none, whatever the options' values look like."""
+    from testbed.cli import _needs_namespaces
+
+    assert not _needs_namespaces(["graph", "t.yaml"]) and not _needs_namespaces(["graph", "--out", "p.json", "t"])
+    assert _needs_namespaces(["graph", "--out", "page.json"])  # before: taken for a FILE
+    assert _needs_namespaces(["graph", "-t", "x.yaml"]) and _needs_namespaces(["graph", "t.yaml", "--serve"])
+    assert not _needs_namespaces(["graph", "--help"])
+
+
+def test_an_out_that_is_a_folder_is_one_line(tmp_path):
+    for out in (".", str(tmp_path), f"{tmp_path}/sub/.."):
+        r = _cli("graph", str(TOPOLOGIES[0]), "--out", out)
+        assert r.returncode == 1 and r.stderr.startswith(f"error: --out {out}: a file name, not a folder"), r.stderr

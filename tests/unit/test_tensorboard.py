@@ -120,3 +120,26 @@ def test_without_tensorboard_the_options_are_refused_in_one_line(run_dir, tmp_pa
         assert "pip install 'testbed[tensorboard]'" in r.stderr
     assert not (tmp_path / "tb").exists() and not (tmp_path / "out").exists()
     assert not (run_dir / "report").exists()
+
+
+def test_a_records_file_is_read_to_its_bound_and_names_are_bounded_too(tmp_path, monkeypatch):
+    """A hostile run directory (the review of issue 59's parts): a records file that grows
+    without end is read up to the records' bound, a batch at a time; link names past the
+    bound are not drawn; two runs whose paths would share a folder get one each."""
+    d = tmp_path / "run"
+    d.mkdir()
+    _lines(d / "rank0.jsonl", *(_iter(0, i) for i in range(1, 200)))
+    _lines(d / "links.jsonl", *(_link(1.0 + i, 0.5, link=f"l{i}") for i in range(10)))
+    from testbed.common import files
+
+    monkeypatch.setattr(files, "MiB", 100)  # JsonlTail's batch: 800 bytes, three or so records
+    monkeypatch.setattr(events, "MAX_FILE", 1000)
+    monkeypatch.setattr(events, "MAX_LINKS", 3)
+    ev = events.RunEvents(d, tmp_path / "tb")
+    ev.update()
+    ev.close()
+    got = _values(tmp_path / "tb" / "rank0")["train/loss"]
+    assert 2 <= len(got) <= (1000 + 800) // 200, len(got)  # to the bound and its last batch, of 199
+    assert {t.split("/")[1] for t in _values(tmp_path / "tb" / "links")} == {"l0", "l1", "l2"}
+    a = tmp_path / "x" / "a"
+    assert events.folders([a, a / "a"]) == [(a, "a"), (a / "a", "a-2")]

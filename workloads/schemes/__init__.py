@@ -15,6 +15,7 @@ This package imports no torch until a scheme is attached.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from importlib import import_module
@@ -119,6 +120,8 @@ class PluginError(ValueError):
 
 PLUGIN_GROUP = "testbed.schemes"
 """Entry-point group of schemes installed as packages: ``NAME = "package.module:attach"``."""
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A plugin scheme's name (no ':', which splits a variant spec)."""
 PLUGIN_WARNINGS: list[str] = []
 """One line per plugin entry that was skipped (a clash with a registered name, a bad name)."""
 _plugins_read = False
@@ -131,14 +134,14 @@ def _read_plugins() -> None:
     if _plugins_read:
         return
     _plugins_read = True
-    from importlib.metadata import entry_points
+    from workloads.entrypoints import installed, printable
 
-    for ep in entry_points(group=PLUGIN_GROUP):
-        dist = ep.dist.name if ep.dist is not None else "?"
+    for ep in installed(PLUGIN_GROUP, PLUGIN_WARNINGS):
+        dist = printable(ep.dist.name if ep.dist is not None else "?")
         module, _, function = ep.value.partition(":")
-        if ep.name in SCHEMES or not ep.name or ":" in ep.name or not module or not function:
+        if ep.name in SCHEMES or not _NAME.fullmatch(ep.name) or not module or not function:
             why = "already a scheme" if ep.name in SCHEMES else "not NAME = package.module:function"
-            PLUGIN_WARNINGS.append(f"plugin scheme {ep.name!r} of package {dist!r} is skipped: {why}")
+            PLUGIN_WARNINGS.append(f"plugin scheme {printable(ep.name)!r} of package {dist!r} is skipped: {why}")
             continue
         summary = (ep.dist.metadata.get("Summary") if ep.dist is not None else None) or f"from package {dist}"
         SCHEMES[ep.name] = Scheme(ep.name, f"{summary} (package {dist})", module.strip(),
