@@ -8,16 +8,15 @@ rootless holder) together with the namespaces it describes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
-import time
 from pathlib import Path
 from typing import Iterator
 
 from testbed.common import rootless
 from testbed.common.errors import StateError, TestbedError
 from testbed.common.files import private_dir
+from testbed.common.locks import held, open_lock
 
 
 def state_root() -> Path:
@@ -64,7 +63,7 @@ def global_lock(timeout: float = 120.0) -> Iterator[None]:
     root = state_root()
     try:
         private_dir(root)
-        fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = open_lock(root / ".lock")
     except PermissionError:
         raise TestbedError(f"cannot write the state directory {root}",
                            "set TESTBED_STATE_DIR to a directory of yours, or run as root") from None
@@ -72,21 +71,3 @@ def global_lock(timeout: float = 120.0) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def held(fd: int, timeout: float, busy: str) -> Iterator[None]:
-    """An exclusive flock on ``fd`` within ``timeout`` seconds (a StateError saying ``busy``
-    otherwise); the descriptor is closed, which releases it, when the block ends."""
-    start = time.monotonic()
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                waited = time.monotonic() - start
-                if waited > timeout:
-                    raise StateError(busy, "wait for it to finish") from None
-                time.sleep(0.005 if waited < 0.5 else 0.05)  # a trace step's holder is done in ms
-        yield
-    finally:
-        os.close(fd)  # closing releases the flock

@@ -21,7 +21,8 @@ import shutil
 
 from testbed.common.errors import StateError
 from testbed.common.files import private_dir, read_json, read_text
-from testbed.common.state import held, state_root
+from testbed.common.locks import held, open_lock
+from testbed.common.state import state_root
 
 
 class Ledger:
@@ -68,7 +69,7 @@ class Ledger:
         testbed's up, down or trace steps never wait for it. ``down`` takes it after the
         global lock. A StateError when the testbed is not up (no directory to lock in)."""
         try:
-            fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = open_lock(self.dir / ".lock")
         except (FileNotFoundError, NotADirectoryError):
             raise StateError(f"testbed '{self.name}' is not up", "`testbed status` lists those that are") from None
         return held(fd, timeout, f"another command is changing testbed '{self.name}'")

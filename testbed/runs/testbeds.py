@@ -33,23 +33,10 @@ def obtain_testbed(name: str | None, topology: Path | None, say: Callable[[str],
     return Testbed.up(topo, exporter="127.0.0.1:0" if exporter else None), True
 
 
-@contextlib.contextmanager
 def run_lock(tb: Testbed):
     """One run at a time per testbed: two would share the rendezvous port and each other's
-    counters. An flock, so a run that died holds nothing."""
-    import fcntl
+    counters (testbed.common.locks: a killed run holds nothing)."""
+    from testbed.common.locks import hold_now
 
-    path = Ledger(tb.name).dir / "run.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise TestbedError(f"testbed '{tb.name}' is busy with another run (pid {other or '?'})",
-                               "wait for it to finish, or use another testbed") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+    return hold_now(Ledger(tb.name).dir / "run.lock", lambda pid: TestbedError(
+        f"testbed '{tb.name}' is busy with another run (pid {pid})", "wait for it to finish, or use another testbed"))
