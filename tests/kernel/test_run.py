@@ -122,12 +122,16 @@ def _start_run(tmp_path, name, *extra):
                             cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_records(tmp_path, rank=1, lines=3, timeout=120):
+def _wait_for_records(tmp_path, rank=1, lines=3, timeout=120, run=None):
+    """The run directory once rank ``rank`` has ``lines`` records; the run's own error when
+    ``run`` (its process) ended first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = list((tmp_path / "runs").glob(f"*/rank{rank}.jsonl"))
         if found and len(found[0].read_text().splitlines()) >= lines:
             return found[0].parent
+        if run is not None and run.poll() is not None:
+            raise AssertionError(f"the run ended before its ranks iterated: {run.communicate()[1][-2000:]}")
         time.sleep(0.3)
     raise AssertionError("the ranks never started iterating")
 
@@ -217,11 +221,13 @@ def test_sigterm_during_a_sweeps_pretraining_takes_its_testbed_down(tmp_path, cl
 
 
 def test_a_hung_rank_ends_the_run_after_timeout(tmp_path, clean_kernel):
-    p = _start_run(tmp_path, "rhang", "--timeout", "4")
-    _wait_for_records(tmp_path)
+    # 10 s: at 4 the ranks' own start, quiet for 4 s under the suite's load, ended a run once
+    # before they iterated (the final check of 2026-12-07, 84f0029)
+    p = _start_run(tmp_path, "rhang", "--timeout", "10")
+    _wait_for_records(tmp_path, run=p)
     os.kill(_rank_pid("rhang.w1"), signal.SIGSTOP)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 1 and "no progress from any rank for 4 s" in err
+    assert p.returncode == 1 and "no progress from any rank for 10 s" in err
 
 
 def test_traffic_that_misses_the_bottleneck_fails_loudly(tmp_path, clean_kernel):
