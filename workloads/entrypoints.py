@@ -18,6 +18,11 @@ def printable(text: object, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else "?" for c in s)
 
 
+def package(ep: EntryPoint) -> str:
+    """The name of the installed package that declares ``ep``, printable."""
+    return printable(ep.dist.name if ep.dist is not None else "?")
+
+
 def _from_here(ep: EntryPoint) -> bool:
     """Whether ``ep``'s distribution lies in the working directory (where ``python -m``'s
     first ``sys.path`` entry points)."""

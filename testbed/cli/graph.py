@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from testbed.cli.params import JsonOpt, NamedTestbedOpt, one_testbed
+from testbed.cli.params import JsonOpt, NamedTestbedOpt, running
 from testbed.cli.render import emit, guard, plain
 from testbed.common.errors import TestbedError
 
@@ -35,10 +35,10 @@ def graph(
     with guard(as_json):
         from testbed.runs import graph as g
 
-        topo = _topology(topology, testbed, serve)  # a loaded topology has workers and their links
+        topo, tb = _topology(topology, testbed, serve)  # a loaded topology has workers and their links
         m = g.model(topo)
-        if serve:
-            _serve(m, topo, listen, as_json)
+        if tb is not None and serve:
+            _serve(m, topo, tb.to_dict().get("exporter"), listen, as_json)
             return
         target = out_file or Path(f"{topo.name}.html")
         g.write(m, target)
@@ -49,32 +49,27 @@ def graph(
 
 
 def _topology(file: Optional[Path], testbed: Optional[str], serve: bool):
+    """(the topology to draw, the running testbed it is, or None for a FILE)."""
     from testbed.model.topology import load_topology
 
     if file is not None and (testbed is not None or serve):
         raise TestbedError("give a topology FILE, or -t for a running testbed, not both",
                            "--serve draws a running testbed: -t NAME")
     if file is not None:
-        return load_topology(file)
-    name = one_testbed(None, testbed)
-    if name is None:
-        from testbed.cli.params import running
-
-        name = running(None)
+        return load_topology(file), None
     from testbed.engine.core import Testbed
 
-    return Testbed.attach(name).topology
+    tb = Testbed.attach(running(testbed))  # the one named, or the only one up
+    return tb.topology, tb
 
 
-def _serve(m: dict, topo, listen: str, as_json: bool) -> None:
-    from testbed.engine.core import Testbed
+def _serve(m: dict, topo, exporter: str | None, listen: str, as_json: bool) -> None:
     from testbed.monitor.sd import parse_listen
 
     try:
         host, port = parse_listen(listen)
     except ValueError as e:
         raise TestbedError(f"--listen: {e}", "e.g. --listen 127.0.0.1:8765") from None
-    exporter = Testbed.attach(topo.name).to_dict().get("exporter")
     if not exporter:
         raise TestbedError(f"testbed {topo.name!r} has no link exporter to read the utilisation from",
                            f"bring it up with --exporter (the default): `testbed down {topo.name}` and up again")

@@ -1,6 +1,7 @@
 """testbed's locks, one design: an exclusive ``flock`` on a file in the state directory,
-taken through :func:`hold` only (close-on-exec, never through a link, released when the
-block ends or the holder dies, so a killed command holds nothing).
+opened by :func:`open_lock` only (close-on-exec, never through a link) and taken by
+:func:`held` (waiting) or :func:`hold_now` (not waiting), released when the block ends or
+the holder dies, so a killed command holds nothing.
 
     the global lock    <state dir>/.lock         up, down, down --all: names and subnets
     a testbed's lock   <state dir>/NAME/.lock    its links, ledger and state (link set, trace

@@ -33,10 +33,6 @@ WARNINGS: list[str] = []
 """One line per plugin skipped, in the order met (the CLI prints them as warnings)."""
 
 
-def _package(ep: EntryPoint) -> str:
-    return ep.dist.name if ep.dist is not None else "?"
-
-
 def _backend(ep: EntryPoint) -> None:
     from testbed import nodes
 
@@ -74,7 +70,7 @@ def load() -> list[str]:
     if _loaded:
         return WARNINGS
     _loaded = True
-    from workloads.entrypoints import installed, printable
+    from workloads.entrypoints import installed, package, printable
 
     for group, (what, register) in GROUPS.items():
         for ep in installed(group, WARNINGS):
@@ -82,7 +78,7 @@ def load() -> list[str]:
                 register(ep)
             except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken plugin must not break the CLI
                 why = printable(str(e).splitlines()[0]) if str(e) else ""
-                WARNINGS.append(f"plugin {what} {printable(ep.name)!r} of package {printable(_package(ep))!r} is "
+                WARNINGS.append(f"plugin {what} {printable(ep.name)!r} of package {package(ep)!r} is "
                                 f"skipped: {printable(type(e).__name__)}{': ' + why if why else ''}")
     return WARNINGS
 

@@ -112,7 +112,7 @@ def listener_uid(host: str, port: int) -> int | None:
         addr = ipaddress.ip_address(host)
     except ValueError:
         return None
-    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as f:
                 rows = f.read(4 << 20).splitlines()[1:]
@@ -129,7 +129,6 @@ def listener_uid(host: str, port: int) -> int | None:
             # the kernel prints each 32-bit word in host (little-endian) order
             ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
             mapped = getattr(ip, "ipv4_mapped", None)
-            if ip == addr or ip.is_unspecified or mapped == addr or (size == 16 and mapped is None
-                                                                      and ip.is_unspecified):
+            if addr in (ip, mapped) or ip.is_unspecified:  # its address, v4-mapped, or any
                 return int(cols[7])
     return None

@@ -134,7 +134,8 @@ class RunEvents:
         self.tails: dict[str, JsonlTail] = {}
         self.files: dict[str, _EventFile] = {}
         self.counts: dict[str, int] = {}
-        self.links: set[str] = set()
+        self.links = 0
+        """Link directions drawn so far (keys ``links/...`` of ``counts``)."""
         self.events = 0
         """Scalar events written so far (one per record or link sample)."""
 
@@ -178,9 +179,10 @@ class RunEvents:
             if not isinstance(link, str) or not isinstance(direction, str):
                 continue
             key = f"links/{_TAG_PART.sub('_', link[:64])}/{_TAG_PART.sub('_', direction[:16])}"
-            if key not in self.counts and len(self.links) >= MAX_LINKS:
-                continue  # a records file naming link after link: the first MAX_LINKS are drawn
-            self.links.add(key)
+            if key not in self.counts:
+                if self.links >= MAX_LINKS:
+                    continue  # a records file naming link after link: the first MAX_LINKS are drawn
+                self.links += 1
             n = self.counts[key] = self.counts.get(key, 0) + 1
             values = {f"{key}/{t}": v for t, v in _numbers(s, LINK_TAGS).items()}
             self._write("links", n, _wall(s), values)

@@ -134,16 +134,16 @@ def _read_plugins() -> None:
     if _plugins_read:
         return
     _plugins_read = True
-    from workloads.entrypoints import installed, printable
+    from workloads.entrypoints import installed, package, printable
 
     for ep in installed(PLUGIN_GROUP, PLUGIN_WARNINGS):
-        dist = printable(ep.dist.name if ep.dist is not None else "?")
+        dist = package(ep)
         module, _, function = ep.value.partition(":")
         if ep.name in SCHEMES or not _NAME.fullmatch(ep.name) or not module or not function:
             why = "already a scheme" if ep.name in SCHEMES else "not NAME = package.module:function"
             PLUGIN_WARNINGS.append(f"plugin scheme {printable(ep.name)!r} of package {dist!r} is skipped: {why}")
             continue
-        summary = (ep.dist.metadata.get("Summary") if ep.dist is not None else None) or f"from package {dist}"
+        summary = printable((ep.dist.metadata.get("Summary") if ep.dist is not None else None) or f"from package {dist}")
         SCHEMES[ep.name] = Scheme(ep.name, f"{summary} (package {dist})", module.strip(),
                                   function=function.strip(), package=dist)
 
