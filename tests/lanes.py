@@ -32,7 +32,7 @@ MAIN = "tests/kernel"
 WAITING_UNIT = "tests/kernel:waiting"
 WAITING = frozenset({"test_slurm.py", "test_monitor.py", "test_monitor_faults.py", "test_full_disk.py",
                      "test_stragglers.py", "test_tunnel.py", "test_cross_traffic.py", "test_replay.py",
-                     "test_processes.py", "test_shared_machine.py", "test_graph.py"})
+                     "test_processes.py", "test_shared_machine.py", "test_graph.py", "test_slurm_sweep.py"})
 
 # the Slurm lab (tests/kernel/slurm_lab.py): its bridge, its nodes' host-side veths, its nodes
 _SLURM_LAB = re.compile(r"tbsl0|tbs\d+|tbslurm\d+")

@@ -27,7 +27,7 @@ from typing import Optional
 
 import typer
 
-from testbed.cli import doctor, graph, host, images, links, monitor, reports, runs, selftest, testbeds
+from testbed.cli import doctor, graph, host, images, links, monitor, reports, runs, selftest, sweeps, testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
 from testbed.common import rootless
@@ -57,6 +57,7 @@ def _root(version: Optional[bool] = typer.Option(None, "--version", is_eager=Tru
 
 testbeds.register(app)
 runs.register(app)
+sweeps.register(app)
 reports.register(app)
 graph.register(app)
 doctor.register(app)
@@ -77,7 +78,8 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in _own(argv)
 
 
-KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor", "selftest"}
+KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor", "selftest",
+                   "_sweep-element"}
 """What an ordinary user's command does in their rootless namespaces (the others, e.g.
 ``validate``, ``report``, ``--help``, never start the holder)."""
 
@@ -90,9 +92,17 @@ def _needs_namespaces(argv: Sequence[str]) -> bool:
     own = _own(argv)
     if {"--help", "-h"} & set(own):
         return False
+    if _slurm_sweep(argv):
+        return False  # submitted to Slurm, or asked of it: each element enters its own node's
     if _command(argv) == "graph":  # a running testbed's; a topology FILE's needs nothing
         return _graph_file(own) is None or "--serve" in own
     return _command(argv) in KERNEL_COMMANDS
+
+
+def _slurm_sweep(argv: Sequence[str]) -> bool:
+    """``sweep --slurm``, ``--status DIR`` or ``--cancel DIR``: a sweep that asks Slurm, here."""
+    own = {a.split("=")[0] for a in _own(argv)}
+    return _command(argv) == "sweep" and bool({"--slurm", "--status", "--cancel"} & own)
 
 
 def _graph_file(own: Sequence[str]) -> str | None:
@@ -171,8 +181,8 @@ def _main(argv: Optional[Sequence[str]]) -> None:
     as_json = _wants_json(argv)
     entered = False
     try:
-        if rootless.needed() and _command(argv) == "down":
-            rootless.prune_job_bases(ask_slurm=True)  # the folders of ended jobs, any node
+        if rootless.needed() and (_command(argv) == "down" or _slurm_sweep(argv)):
+            rootless.prune_job_bases(ask_slurm=True)  # the folders of ended jobs (a sweep's elements'), any node
         if rootless.needed() and _needs_namespaces(argv):
             try:
                 rootless.enter()  # before any thread starts; from here on, a child inside them

@@ -1,4 +1,4 @@
-"""Experiments: ``testbed run SCHEME`` (one run) and ``testbed sweep`` (schemes x rates)."""
+"""Experiments: ``testbed run SCHEME`` (one run); ``testbed sweep`` is in :mod:`testbed.cli.sweeps`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, scheme_list, \
-    split_list, testbed_name, testbed_option
+from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
-from testbed.cli.usercode import ModuleOpt, ParamOpt, ScriptOpt, own_code, user_code
-from testbed.cli.workload import DATASETS, check_timeout, pretraining, wants_pretraining, with_prune_ratios, \
-    with_workload_options, workload_args, workload_spec
+from testbed.cli.usercode import ModuleOpt, ScriptOpt, user_code
+from testbed.cli.workload import DATASETS, check_timeout, pretraining, wants_pretraining, with_workload_options, workload_spec
 from testbed.common.errors import TestbedError
 
 MAX_REPEATS = 100
@@ -43,7 +41,6 @@ PretrainDatasetOpt = choice(None, "--pretrain-dataset", choices=DATASETS,
 
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(run)
-    app.command(context_settings={"allow_extra_args": True})(sweep)
 
 
 @with_workload_options
@@ -273,108 +270,3 @@ def _proof_rows(s: dict) -> list[tuple[str, str]]:
             ratio = f" ({got / bound:.2f}x)" if bound else ""
             rows.append((f"  {name}", f"measured {got:,} B, bound {bound:,} B{ratio}"))
     return rows
-
-
-@with_workload_options
-def sweep(
-    ctx: typer.Context,
-    schemes: str = typer.Option("allreduce,fp16,topk,pactrain", "--schemes", metavar="SCHEME,...",
-                                parser=scheme_list, help="Comma-separated schemes or variants, e.g. "
-                                "allreduce,topk:0.1,pactrain:0.5,pactrain:0.5:exact."),
-    bw: str = typer.Option("100mbit,500mbit,1gbit", "--bw", metavar="RATE,...", help="Comma-separated bottleneck "
-                           "rates."),
-    repeats: int = typer.Option(1, "--repeats", metavar="INT", min=1, max=MAX_REPEATS,
-                                help="Runs per scheme, rate and grid point; repeat k uses --seed + k. Report shows "
-                                "the median and min-max."),
-    param: Optional[List[str]] = ParamOpt,
-    script: Optional[Path] = ScriptOpt,
-    module: Optional[str] = ModuleOpt,
-    pretrain_epochs: float = typer.Option(2.0, "--pretrain-epochs", metavar="NUMBER",
-                                          help="Epochs of the shared pre-training."),
-    pretrain_dataset: Optional[str] = PretrainDatasetOpt,
-    prune_ratios: Optional[str] = typer.Option(None, "--prune-ratios", metavar="RATIO,...", help="Comma-separated "
-                                               "pruning ratios: each pactrain entry of --schemes runs at every one "
-                                               "(the paper's Fig. 6)."),
-    topology: Optional[Path] = TopologyOpt,
-    testbed: Optional[str] = testbed_option("Sweep on this running testbed (its name, or its topology FILE)."),
-    out_dir: Path = typer.Option(Path("runs"), "--out", metavar="DIR", help="Where the sweep directory and "
-                                 "checkpoints go."),
-    timeout: float = TimeoutOpt,
-    dilation: Optional[str] = typer.Option(None, "--dilation", metavar="K", help="Time dilation of every run (with "
-                                           "--compute-time; find K with `testbed run --dilation auto`)."),
-    exporter: bool = RunExporterOpt,
-    tensorboard: bool = TensorBoardOpt,
-    as_json: bool = JsonOpt,
-    workload: dict = None,
-):
-    """Run every scheme (or your own --script/-m) at every bandwidth and grid point; the
-    built-in schemes from one shared pre-trained checkpoint."""
-    with guard(as_json):
-        from testbed.runs import grid
-        from testbed.runs import tensorboard as events
-        from testbed.runs.sweep import SweepRequest
-
-        code = own_code(ctx, script, module)
-        params = grid.parse(param or [])
-        rates = _rates(bw)
-        check_timeout(timeout)
-        if tensorboard:
-            events.require()
-        shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir, timeout=timeout,
-                      testbed=testbed_name(testbed) if testbed else None, exporter=exporter,
-                      dilation=_sweep_dilation(dilation), tensorboard=tensorboard)
-        if code is not None:
-            req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
-                               **shared)
-            req.check()
-        else:
-            req = _builtin_sweep(ctx, schemes, prune_ratios, workload, pretrain_dataset, pretrain_epochs, shared)
-        index = _with_display(_sweep_all, req, as_json)
-        failed = [r for r in index["runs"] if r["status"] != "ok"]
-        if as_json:
-            emit(index)
-        else:
-            plain(f"sweep directory: {index['dir']} ({len(index['runs']) - len(failed)} runs ok, "
-                  f"{len(failed)} failed); `testbed report {index['dir']}`")
-        if failed:
-            raise typer.Exit(1)
-
-
-def _sweep_dilation(text: str | None) -> float:
-    from testbed.runs.dilation import Auto, parse
-
-    k = parse(text) if text is not None else 1.0
-    if isinstance(k, Auto):
-        raise TestbedError("sweep --dilation takes a factor K, not 'auto'",
-                           "find K with `testbed run --dilation auto` on one scheme, then sweep with it")
-    return float(k)
-
-
-def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dataset, pretrain_epochs,
-                   shared: dict):
-    """The SweepRequest of built-in schemes: every scheme at every grid point it runs typed
-    and checked once (the sweep's runs reuse them), and the shared checkpoint."""
-    from testbed.runs import grid
-    from testbed.runs.sweep import SweepRequest
-
-    names = split_list(schemes)
-    if prune_ratios is not None:
-        names = with_prune_ratios(names, prune_ratios)
-    init = workload["init"].resolve() if workload["init"] is not None else None
-    req = SweepRequest(schemes=names, workload_args=workload_args({**workload, "init": None}, ctx.args), init=init,
-                       **shared)
-    req.check()
-    first = req.spec(names[0], grid.for_scheme(req.params, names[0])[0])
-    assert first is not None  # (built-in schemes have a spec)
-    req.pretrain = pretraining(first, pretrain_dataset, pretrain_epochs)
-    if first.options.compute_time is not None:  # traffic only: no checkpoint to share
-        if pretrain_dataset is not None:
-            raise TestbedError("--compute-time measures traffic, not accuracy: --pretrain-dataset does not apply")
-        req.pretrain = None
-    return req
-
-
-def _sweep_all(req, on_status, on_message):
-    from testbed.runs.sweep import sweep as run_sweep
-
-    return run_sweep(req, on_status=on_status, on_message=on_message)

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from testbed.common import slurmenv
+from testbed.common import rootless, slurmenv
 from testbed.common.errors import StateError, TopologyError
 from testbed.hosts import slurmstep
 from testbed.model.hosts import LOCAL_HOST, Host
@@ -112,8 +112,8 @@ def guard_here(name: str, env: Mapping[str, str] | None = None) -> bool:
     nothing started; so outside a job's node."""
     env = os.environ if env is None else env
     node, job = slurmenv.or_none(slurmenv.node_name, env), slurmenv.or_none(slurmenv.job_id, env)
-    if os.geteuid() != 0 or node is None or job is None:
-        return False
+    if os.geteuid() != 0 or rootless.active() or node is None or job is None:
+        return False  # (uid 0 in an ordinary user's rootless namespaces is not root)
     here = Host(name=node, address="127.0.0.1", underlay="127.0.0.1", testbed=own_program(), slurm=node,
                 slurm_job=job)
     argv = slurmstep.host_argv(here, "guard", name)

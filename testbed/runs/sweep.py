@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.common import procs
+from testbed.common import locks, procs
 from testbed.common.files import write_json
 from testbed.common.errors import TestbedError
 from testbed.common.outdir import own_dir
@@ -115,11 +115,21 @@ class Pretraining:
         return a
 
 
+PRETRAIN_WAIT_S = 3600.0
+"""How long a run waits for the checkpoint another process is pre-training."""
+
+
 def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     """The checkpoint for ``pre`` under ``out/checkpoints/``, made once by
     ``python -m workloads.pretrain`` and reused by every later run and sweep."""
     path = out / "checkpoints" / f"{pre.key}.pt"
     own_dir(path.parent)  # ours: a checkpoint someone else can replace is not loaded
+    busy = f"another sweep has pre-trained {path} for an hour"
+    with locks.held(locks.open_lock(path.parent / f".{pre.key}.lock"), PRETRAIN_WAIT_S, busy):
+        return _checkpoint_locked(path, pre, say)  # the elements of a Slurm sweep make it once
+
+
+def _checkpoint_locked(path: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -139,6 +149,59 @@ def checkpoint(out: Path, pre: Pretraining, say: Callable[[str], None]) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep: repeat ``repeat`` (seed + repeat) of ``scheme`` at ``bw`` with grid
+    point ``params``."""
+
+    bw: Rate
+    scheme: str
+    params: dict
+    repeat: int
+
+    @property
+    def run_id(self) -> str:
+        return "-".join(x for x in (variant_slug(self.scheme), str(self.bw), grid.slug(self.params),
+                                    f"r{self.repeat}") if x)
+
+    def entry(self, init: Path | None) -> dict:
+        """Its line in ``sweep.json`` before its status."""
+        return {"run_id": self.run_id, "scheme": self.scheme, "bw": str(self.bw), "params": self.params,
+                "repeat": self.repeat, "checkpoint": str_or_none(init)}
+
+
+def plan(req: SweepRequest) -> list[Point]:
+    """The sweep's runs in the order a local sweep runs them. Repeat k of every scheme runs
+    back to back, so that a pair (stats.pair_key) shares the machine's load at that moment as
+    well as its seed and checkpoint (a pair's seed and checkpoint are its repeat's whatever
+    the order: a Slurm array runs the same points in the queue's order)."""
+    return [Point(bw, scheme, point, rep) for bw in req.bws for rep in range(req.repeats) for scheme in req.schemes
+            for point in grid.for_scheme(req.params, None if req.code else scheme)]
+
+
+def run_point(req: SweepRequest, p: Point, init: Path | None, testbed: str, sweep_dir: Path,
+              on_status: Callable[[Status], None] | None, say: Callable[[str], None]) -> dict:
+    """Run ``p`` on ``testbed`` into ``sweep_dir``; its entry in ``sweep.json`` with its status
+    (a failed run is an entry; RunInterrupted, Ctrl-C or SIGTERM, is raised)."""
+    entry = p.entry(init)
+    try:
+        run(_request(req, p.scheme, p.params, p.repeat, init, testbed, p.bw, sweep_dir, p.run_id),
+            on_status=on_status, on_message=say)
+        entry["status"] = "ok"
+    except TrafficBypassed as e:
+        entry.update(status="bypassed", error=e.message)
+        say(f"run {p.run_id} bypassed the links: {e.message.splitlines()[0]}")
+    except TrafficUnproven as e:
+        entry.update(status="unproven", error=e.message)
+        say(f"run {p.run_id} is unproven: {e.message.splitlines()[0]}")
+    except RunInterrupted:
+        raise
+    except TestbedError as e:
+        entry.update(status="failed", error=e.message)
+        say(f"run {p.run_id} failed: {e.message.splitlines()[0]}")
+    return entry
+
+
 def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
           on_message: Callable[[str], None] | None = None) -> dict:
     made = check_out(req.out)
@@ -150,48 +213,26 @@ def sweep(req: SweepRequest, on_status: Callable[[Status], None] | None = None,
 
 
 def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> dict:
-    sweep_dir = _new_dir(req.out)
+    sweep_dir = new_dir(req.out)
     tb, created = None, False
-    index = {"checkpoint": None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
-             "params": req.params, "repeats": req.repeats, "runs": []}
-    if req.code is not None:
-        index["code"] = req.code.to_dict()
-    # Repeat k of every scheme runs back to back, so that a pair (stats.pair_key) shares the
-    # machine's load at that moment as well as its seed and checkpoint.
-    plan = [(bw, scheme, point, rep) for bw in req.bws for rep in range(req.repeats) for scheme in req.schemes
-            for point in grid.for_scheme(req.params, None if req.code else scheme)]
+    index = index_head(req)
+    points = plan(req)
     restore_signals = install_signals()  # SIGTERM and SIGHUP unwind like Ctrl-C, between runs too
     try:
         req.check()  # every run's options, then the testbed's names: before anything is built
         check_target(req.testbed, req.topology)
         tb, created = obtain_testbed(req.testbed, req.topology, say, req.exporter)  # before pre-training
-        inits = _Checkpoints(req, say)
-        index["checkpoint"] = _str(inits.get(0))
-        for k, (bw, scheme, point, rep) in enumerate(plan, 1):
-            run_id = "-".join(x for x in (variant_slug(scheme), str(bw), grid.slug(point), f"r{rep}") if x)
-            where = "".join(f", {key}={v}" for key, v in point.items())
-            say(f"[{k}/{len(plan)}] {scheme} at {bw}{where}, repeat {rep + 1}/{req.repeats}")
-            init = inits.get(rep)
-            entry = {"run_id": run_id, "scheme": scheme, "bw": str(bw), "params": point, "repeat": rep,
-                     "checkpoint": _str(init)}
+        inits = Checkpoints(req, say)
+        index["checkpoint"] = str_or_none(inits.get(0))
+        for k, p in enumerate(points, 1):
+            where = "".join(f", {key}={v}" for key, v in p.params.items())
+            say(f"[{k}/{len(points)}] {p.scheme} at {p.bw}{where}, repeat {p.repeat + 1}/{req.repeats}")
             try:
-                run(_request(req, scheme, point, rep, init, tb.name, bw, sweep_dir, run_id),
-                    on_status=on_status, on_message=say)
-                entry["status"] = "ok"
+                entry = run_point(req, p, inits.get(p.repeat), tb.name, sweep_dir, on_status, say)
             except RunInterrupted as e:  # Ctrl-C or SIGTERM ends the sweep, not only its run
-                entry.update(status="interrupted", error=e.message)
-                index["runs"].append(entry)
+                index["runs"].append({**p.entry(inits.get(p.repeat)), "status": "interrupted", "error": e.message})
                 write_json(sweep_dir / "sweep.json", index)
                 raise
-            except TrafficBypassed as e:
-                entry.update(status="bypassed", error=e.message)
-                say(f"run {run_id} bypassed the links: {e.message.splitlines()[0]}")
-            except TrafficUnproven as e:
-                entry.update(status="unproven", error=e.message)
-                say(f"run {run_id} is unproven: {e.message.splitlines()[0]}")
-            except TestbedError as e:
-                entry.update(status="failed", error=e.message)
-                say(f"run {run_id} failed: {e.message.splitlines()[0]}")
             index["runs"].append(entry)
             write_json(sweep_dir / "sweep.json", index)
     except BaseException:
@@ -209,7 +250,16 @@ def _sweep_checked(req: SweepRequest, on_status, say: Callable[[str], None]) -> 
     return index
 
 
-class _Checkpoints:
+def index_head(req: SweepRequest) -> dict:
+    """``sweep.json`` before its runs."""
+    index = {"checkpoint": None, "schemes": req.schemes, "bws": [str(b) for b in req.bws],
+             "params": req.params, "repeats": req.repeats, "runs": []}
+    if req.code is not None:
+        index["code"] = req.code.to_dict()
+    return index
+
+
+class Checkpoints:
     """Repeat k's starting point: ``--init`` for every repeat, else the checkpoint
     pre-trained with seed + k (made when its repeat first runs, cached), so the spread over
     repeats includes pre-training's and paired repeats share their start."""
@@ -227,11 +277,11 @@ class _Checkpoints:
         return self.made[rep]
 
 
-def _str(path: Path | None) -> str | None:
+def str_or_none(path: Path | None) -> str | None:
     return str(path) if path is not None else None
 
 
-def _new_dir(out: Path) -> Path:
+def new_dir(out: Path) -> Path:
     sweep_dir = out / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while sweep_dir.exists():

@@ -127,12 +127,12 @@ def test_each_repeat_starts_from_its_own_pretrained_checkpoint(tmp_path, monkeyp
 
     monkeypatch.setattr(sw, "checkpoint", fake)
     pre = Pretraining("cnn", "digits", 1, seed=3)
-    inits = sw._Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[], out=tmp_path, pretrain=pre), print)
+    inits = sw.Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[], out=tmp_path, pretrain=pre), print)
     got = [inits.get(rep) for rep in (0, 1, 0, 2, 1)]
     assert made == [3, 4, 5]
     assert [p.name for p in got] == [f"{Pretraining('cnn', 'digits', 1, seed=s).key}.pt" for s in (3, 4, 3, 5, 4)]
     given = SweepRequest(schemes=["allreduce"], bws=[], workload_args=[], out=tmp_path, pretrain=pre,
                          init=Path("/c.pt"))
-    assert sw._Checkpoints(given, print).get(2) == Path("/c.pt")
-    assert sw._Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[]), print).get(1) is None
+    assert sw.Checkpoints(given, print).get(2) == Path("/c.pt")
+    assert sw.Checkpoints(SweepRequest(schemes=["allreduce"], bws=[], workload_args=[]), print).get(1) is None
     assert made == [3, 4, 5]

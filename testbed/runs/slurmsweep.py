@@ -1,0 +1,332 @@
+"""``testbed sweep --slurm``: a sweep's grid as a Slurm job array.
+
+One array element per run of the sweep (:func:`testbed.runs.sweep.plan`'s order: element i
+is run i of the local sweep). The sweep's directory, on the shared filesystem, holds::
+
+    slurm/request.json      the request (:mod:`testbed.runs.sweepfile`), paths absolute
+    slurm/element.sh        the array's batch script: ``testbed _sweep-element DIR``
+    slurm/submissions.json  every ``sbatch`` of it: job id, elements
+    slurm/results/I.json    element I's entry of sweep.json, written by the element at its end
+    slurm/logs/JOB_I.out    element I's output
+    slurm/attempts/         an earlier attempt's run directory, moved out of report's way
+    RUN_ID/                 each run's records, as in a local sweep; sweep.json from the results
+
+Each element brings up its own testbed from the topology (named NAME-jJOB: elements sharing
+a node do not share one) where Slurm placed it: on its node, in the user's rootless
+namespaces (or as root); across the job's nodes when the topology places nodes on hosts
+(``#SBATCH -N``, as ``up --hosts slurm``). It pre-trains its repeat's checkpoint once for the
+whole sweep (a lock in ``checkpoints/``), runs its point, takes the testbed down and writes
+its result. Slurm's SIGTERM (scancel, the time limit) unwinds it as Ctrl-C does a run.
+
+Submitting the same sweep again (the same request, the same ``--out``) finds its directory
+and submits only the elements without an ``ok`` result that are neither pending nor running.
+A pair of repeats is repeat k of two schemes: the same seed and checkpoint whatever the
+order the queue runs them in.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.common import slurmenv
+from testbed.common.errors import TestbedError
+from testbed.common.files import read_json, write_json
+from testbed.common.outdir import own_dir
+from testbed.runs import sweepfile
+from testbed.runs.sweep import Point, SweepRequest, index_head, new_dir, plan
+
+SLURM_TIMEOUT_S = 60
+MAX_SUBMISSIONS = 1000
+ACTIVE = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
+          "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running", "SUSPENDED": "running",
+          "STOPPED": "running", "SIGNALING": "running", "STAGE_OUT": "running", "RESIZING": "running"}
+"""squeue's job states of an element not yet ended, as sweep --status names them."""
+LIVE = {"pending", "running"}
+REFUSED_SBATCH = ("--array", "--wrap", "--output", "--error", "--parsable", "--wait", "--chdir")
+"""sbatch options testbed sets itself (or that would change where an element runs or writes)."""
+REFUSED_SHORT = ("-a", "-o", "-e", "-W", "-D")
+
+
+@dataclass
+class Element:
+    index: int
+    point: Point
+    state: str
+    """ok, failed, unproven, bypassed, interrupted (its result); pending, running (the queue);
+    lost (submitted, ended without a result: cancelled, killed); missing (never submitted)."""
+    job: str | None = None
+    error: str | None = None
+    result: dict | None = None
+
+
+@dataclass
+class SweepStatus:
+    dir: Path
+    elements: list[Element]
+    jobs: list[str] = field(default_factory=list)
+
+    def count(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.elements:
+            counts[e.state] = counts.get(e.state, 0) + 1
+        return counts
+
+    @property
+    def live(self) -> bool:
+        return any(e.state in LIVE for e in self.elements)
+
+    def to_dict(self) -> dict:
+        return {"dir": str(self.dir), "total": len(self.elements), "counts": self.count(), "jobs": self.jobs,
+                "elements": [{"index": e.index, "run_id": e.point.run_id, "state": e.state,
+                              "job": f"{e.job}_{e.index}" if e.job else None,
+                              **({"error": e.error} if e.error else {})} for e in self.elements]}
+
+
+def check_sbatch(options: list[str]) -> list[str]:
+    """The user's sbatch options, refusing those testbed sets (one line naming it)."""
+    for opt in options:
+        name = opt.split("=", 1)[0]
+        if name in REFUSED_SBATCH or (not opt.startswith("--") and opt[:2] in REFUSED_SHORT):
+            raise TestbedError(f"--sbatch: {opt!r} is set by testbed sweep --slurm itself",
+                               "leave it out: the array, its output files and its directory are the sweep's")
+    return options
+
+
+def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int,
+           say: Callable[[str], None]) -> tuple[SweepStatus, str | None]:
+    """Submit the sweep's missing elements as one array (at most ``limit`` at once); the
+    status after it and the array's job id (None: nothing to submit)."""
+    if "%" in str(req.out.resolve()):
+        raise TestbedError(f"--out {req.out}: a '%' in the path is a pattern to sbatch's --output",
+                           "choose a directory without '%'")
+    _sbatch_exists()
+    doc = sweepfile.to_dict(req, topology)
+    d = _same_sweep(req.out, sweepfile.key(doc))
+    if d is None:
+        d = _new_sweep(req.out, doc)
+        say(f"sweep directory {d}")
+    else:
+        say(f"the same sweep is in {d}: submitting what is missing")
+    st = status(d)
+    todo = [e.index for e in st.elements if e.state not in LIVE and e.state != "ok"]
+    if not todo:
+        return st, None
+    for i in todo:
+        _move_attempt(d, st.elements[i].point.run_id)
+    job = _sbatch(d, todo, limit, sbatch)
+    subs = _submissions(d)
+    write_json(d / "slurm" / "submissions.json", [*subs, {"job": job, "elements": todo, "time": time.time()}])
+    say(f"submitted job array {job}: {len(todo)} element(s), at most {limit} at once")
+    return status(d), job
+
+
+def _sbatch_exists() -> None:
+    from shutil import which
+
+    if which("sbatch") is None:
+        raise TestbedError("sweep --slurm: sbatch is not installed here (no Slurm)",
+                           "run it on a machine of the cluster (a login node), or sweep without --slurm")
+
+
+def _same_sweep(out: Path, key: str) -> Path | None:
+    """The sweep in ``out`` with this request (of this user), if any."""
+    if not out.is_dir():
+        return None
+    for request in sorted(out.glob("sweep-*/slurm/request.json")):
+        try:
+            if request.stat().st_uid == os.geteuid() and sweepfile.key(read_json(request)) == key:
+                return request.parent.parent
+        except (OSError, ValueError, TestbedError):
+            continue
+    return None
+
+
+def _new_sweep(out: Path, doc: dict) -> Path:
+    own_dir(out)
+    d = new_dir(out)
+    s = own_dir(d / "slurm", fresh=True)
+    for sub in ("results", "logs", "attempts"):
+        own_dir(s / sub, fresh=True)
+    write_json(s / "request.json", doc)
+    from testbed.hosts.slurmjob import own_program
+
+    (s / "element.sh").write_text("#!/bin/sh\n# One element of a testbed sweep (testbed sweep --slurm): its "
+                                  "directory is $1, its element SLURM_ARRAY_TASK_ID.\n"
+                                  f"exec {shlex.quote(own_program())} _sweep-element \"$1\"\n")
+    (s / "element.sh").chmod(0o700)
+    write_json(d / "sweep.json", {**index_head(_request_of(d)), "slurm": {"jobs": []}})
+    return d
+
+
+def _request_of(d: Path) -> SweepRequest:
+    return sweepfile.read(d / "slurm" / "request.json")[0]
+
+
+def _ranges(indices: list[int]) -> str:
+    """``0-3,5,7-8``: sbatch's --array list."""
+    parts, start = [], None
+    for i, x in enumerate(indices):
+        if start is None:
+            start = x
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            parts.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(parts)
+
+
+def _sbatch(d: Path, todo: list[int], limit: int, options: list[str]) -> str:
+    argv = ["sbatch", "--parsable", f"--array={_ranges(todo)}%{limit}", f"--job-name=testbed-{d.name}",
+            f"--output={d}/slurm/logs/%A_%a.out", *options, str(d / "slurm" / "element.sh"), str(d)]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"sbatch gave no answer within {SLURM_TIMEOUT_S} s", "is slurmctld up? (sinfo)") from None
+    job = r.stdout.strip().split(";")[0]
+    if r.returncode != 0 or not job.isdigit():
+        said = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        raise TestbedError(f"sbatch refused the array: {said[-1] if said else f'exit {r.returncode}'}",
+                           "check --sbatch's options (sbatch --help)")
+    return job
+
+
+def _submissions(d: Path) -> list[dict]:
+    try:
+        subs = read_json(d / "slurm" / "submissions.json", "json", "sweep submissions")
+    except FileNotFoundError:
+        return []
+    except ValueError:
+        raise TestbedError(f"{d}/slurm/submissions.json is not JSON", "remove it to submit the sweep afresh") from None
+    ok = isinstance(subs, list) and len(subs) <= MAX_SUBMISSIONS and all(
+        isinstance(s, dict) and isinstance(s.get("job"), str) and s["job"].isdigit()
+        and isinstance(s.get("elements"), list) and all(isinstance(i, int) for i in s["elements"]) for s in subs)
+    if not ok:
+        raise TestbedError(f"{d}/slurm/submissions.json is not a list of submissions", "remove it, then submit again")
+    return subs
+
+
+def _move_attempt(d: Path, run_id: str) -> None:
+    """An earlier attempt's run directory out of ``report``'s way (into slurm/attempts/)."""
+    old = d / run_id
+    if old.is_dir() and not old.is_symlink():
+        n = 1
+        while (d / "slurm" / "attempts" / f"{run_id}.{n}").exists():
+            n += 1
+        old.rename(d / "slurm" / "attempts" / f"{run_id}.{n}")
+
+
+def open_sweep(d: Path) -> Path:
+    """``d`` checked to be a Slurm sweep's directory of this user (one line otherwise)."""
+    try:
+        st = d.lstat()
+    except OSError:
+        raise TestbedError(f"{d}: no such sweep directory", "give the directory `testbed sweep --slurm` printed") \
+            from None
+    if st.st_uid != os.geteuid():
+        raise TestbedError(f"{d} belongs to uid {st.st_uid}, not to you", "give a sweep directory of your own")
+    if not (d / "slurm" / "request.json").is_file():
+        raise TestbedError(f"{d} is not a sweep submitted with --slurm (no slurm/request.json)",
+                           "a local sweep is done when its command ends: `testbed report DIR`")
+    return d
+
+
+def status(d: Path) -> SweepStatus:
+    """What each element of the sweep in ``d`` is, from its result and the queue; sweep.json
+    written from the results (what report reads is the run directories)."""
+    req = _request_of(open_sweep(d))
+    points = plan(req)
+    subs = _submissions(d)
+    queued = _queue({s["job"] for s in subs}) if subs else {}
+    last: dict[int, str] = {}
+    for s in subs:
+        for i in s["elements"]:
+            last[i] = s["job"]
+    elements = []
+    for i, p in enumerate(points):
+        result = _result(d, i, p)
+        job = last.get(i)
+        live = queued.get((job, i)) if job else None
+        if result is not None and result.get("status") == "ok":
+            state = "ok"
+        elif live is not None:
+            state = live
+        elif result is not None:
+            state = str(result.get("status"))
+        else:
+            state = "lost" if job else "missing"
+        elements.append(Element(i, p, state, job, result.get("error") if result else None, result))
+    st = SweepStatus(d, elements, [s["job"] for s in subs])
+    index = index_head(req)
+    index["runs"] = [e.result for e in elements if e.result is not None]
+    index["slurm"] = {"jobs": st.jobs, "counts": st.count()}
+    write_json(d / "sweep.json", index)
+    return st
+
+
+def _result(d: Path, i: int, p: Point) -> dict | None:
+    try:
+        r = read_json(d / "slurm" / "results" / f"{i}.json", "json", "element result")
+    except (OSError, ValueError, TestbedError):
+        return None
+    if not isinstance(r, dict) or r.get("run_id") != p.run_id or not isinstance(r.get("status"), str):
+        return None  # not this element's: ignored, so it runs again
+    return r
+
+
+def _queue(jobs: set[str]) -> dict[tuple[str, int], str]:
+    """(array job, element) -> pending or running, for the elements of ``jobs`` in the queue."""
+    try:
+        r = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%F %K %T"], capture_output=True, text=True,
+                           timeout=SLURM_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise TestbedError("squeue is not installed here (no Slurm)", "ask on a machine of the cluster") from None
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"squeue gave no answer within {SLURM_TIMEOUT_S} s", "is slurmctld up? (sinfo)") from None
+    if r.returncode != 0:
+        raise TestbedError(f"squeue failed: {r.stderr.strip()[-300:] or r.returncode}", "is slurmctld up? (sinfo)")
+    found = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in jobs and parts[1].isdigit():
+            found[(parts[0], int(parts[1]))] = ACTIVE.get(parts[2], "running")
+    return found
+
+
+def wait(d: Path, on_update: Callable[[SweepStatus], None], poll: float = 2.0) -> SweepStatus:
+    """Follow the sweep until none of its elements is pending or running."""
+    while True:
+        st = status(d)
+        on_update(st)
+        if not st.live:
+            return st
+        time.sleep(poll)
+
+
+def cancel(d: Path) -> list[str]:
+    """scancel every array of the sweep; the job ids."""
+    jobs = [s["job"] for s in _submissions(open_sweep(d))]
+    if jobs:
+        r = subprocess.run(["scancel", *jobs], capture_output=True, text=True, timeout=SLURM_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise TestbedError(f"scancel failed: {r.stderr.strip()[-300:]}", "is slurmctld up? (sinfo)")
+    return jobs
+
+
+def task_id() -> int:
+    """This array element's index (SLURM_ARRAY_TASK_ID), checked."""
+    text = os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise TestbedError("this is not an element of a Slurm job array (SLURM_ARRAY_TASK_ID)",
+                           "testbed _sweep-element runs in the array `testbed sweep --slurm` submits")
+    return int(text)
+
+
+def job_id() -> str:
+    job = slurmenv.or_none(slurmenv.job_id)
+    return str(job) if job is not None else str(os.getpid())
