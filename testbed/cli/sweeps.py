@@ -82,6 +82,7 @@ def sweep(
             raise usage("--sbatch, --array-limit and --wait go with --slurm")
         if slurm and testbed:
             raise usage("--slurm brings up a testbed per element: give --topology FILE, not --testbed")
+        options = _sbatch_options(sbatch) if slurm else []
         from testbed.runs import grid
         from testbed.runs import tensorboard as events
         from testbed.runs.sweep import SweepRequest
@@ -102,7 +103,7 @@ def sweep(
         else:
             req = _builtin_sweep(ctx, schemes, prune_ratios, workload, pretrain_dataset, pretrain_epochs, shared)
         if slurm:
-            return _submit(req, topology, sbatch, array_limit, wait, as_json)
+            return _submit(req, topology, options, array_limit, wait, as_json)
         index = _with_display(_sweep_all, req, as_json)
         failed = [r for r in index["runs"] if r["status"] != "ok"]
         if as_json:
@@ -154,16 +155,22 @@ def _sweep_all(req, on_status, on_message):
     return run_sweep(req, on_status=on_status, on_message=on_message)
 
 
-def _submit(req, topology: Optional[Path], sbatch: Optional[str], limit: Optional[int], wait: bool,
-            as_json: bool) -> None:
+def _sbatch_options(sbatch: Optional[str]) -> list[str]:
+    """``--sbatch '...'``: sbatch's options, split as a shell would split them (no shell runs
+    them), those testbed sets refused."""
     from testbed.runs import slurmsweep
 
     try:
-        options = shlex.split(sbatch or "")
+        return slurmsweep.check_sbatch(shlex.split(sbatch or ""))
     except ValueError as e:
         raise usage(f"--sbatch {sbatch!r}: {e}") from None
-    st, job = slurmsweep.submit(req, _topology_document(topology), slurmsweep.check_sbatch(options), limit,
-                                sayer(as_json))
+
+
+def _submit(req, topology: Optional[Path], options: list[str], limit: Optional[int], wait: bool,
+            as_json: bool) -> None:
+    from testbed.runs import slurmsweep
+
+    st, job = slurmsweep.submit(req, _topology_document(topology), options, limit, sayer(as_json))
     if wait and st.live:
         st = _follow(st.dir, as_json)
     if as_json:

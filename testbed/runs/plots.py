@@ -114,7 +114,8 @@ def _accuracy(figs: _Figures, runs: list[RunData], rows: list[dict], target: flo
         ax.set_title(f"bottleneck {bw}")
         ax.set_xlabel("training time (s)")
         ax.set_ylabel("test accuracy")
-        ax.legend(fontsize=7)
+        if named:  # no evaluation (--compute-time runs): no legend, and no matplotlib warning
+            ax.legend(fontsize=7)
     figs.save(fig, "accuracy.png")
 
 

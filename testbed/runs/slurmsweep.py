@@ -98,10 +98,11 @@ def check_sbatch(options: list[str]) -> list[str]:
     return options
 
 
-def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int,
+def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int | None,
            say: Callable[[str], None]) -> tuple[SweepStatus, str | None]:
     """Submit the sweep's missing elements as one array (at most ``limit`` at once); the
-    status after it and the array's job id (None: nothing to submit)."""
+    status after it and the array's job id (None: nothing to submit). ``limit`` None: as
+    many at once as Slurm starts."""
     if "%" in str(req.out.resolve()):
         raise TestbedError(f"--out {req.out}: a '%' in the path is a pattern to sbatch's --output",
                            "choose a directory without '%'")
@@ -118,11 +119,11 @@ def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int,
     if not todo:
         return st, None
     for i in todo:
-        _move_attempt(d, st.elements[i].point.run_id)
+        _move_attempt(d, i, st.elements[i].point.run_id)
     job = _sbatch(d, todo, limit, sbatch)
     subs = _submissions(d)
     write_json(d / "slurm" / "submissions.json", [*subs, {"job": job, "elements": todo, "time": time.time()}])
-    say(f"submitted job array {job}: {len(todo)} element(s), at most {limit} at once")
+    say(f"submitted job array {job}: {len(todo)} element(s)" + (f", at most {limit} at once" if limit else ""))
     return status(d), job
 
 
@@ -180,8 +181,8 @@ def _ranges(indices: list[int]) -> str:
     return ",".join(parts)
 
 
-def _sbatch(d: Path, todo: list[int], limit: int, options: list[str]) -> str:
-    argv = ["sbatch", "--parsable", f"--array={_ranges(todo)}%{limit}", f"--job-name=testbed-{d.name}",
+def _sbatch(d: Path, todo: list[int], limit: int | None, options: list[str]) -> str:
+    argv = ["sbatch", "--parsable", f"--array={_ranges(todo)}" + (f"%{limit}" if limit else ""), f"--job-name=testbed-{d.name}",
             f"--output={d}/slurm/logs/%A_%a.out", *options, str(d / "slurm" / "element.sh"), str(d)]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, stdin=subprocess.DEVNULL)
@@ -210,14 +211,17 @@ def _submissions(d: Path) -> list[dict]:
     return subs
 
 
-def _move_attempt(d: Path, run_id: str) -> None:
-    """An earlier attempt's run directory out of ``report``'s way (into slurm/attempts/)."""
-    old = d / run_id
-    if old.is_dir() and not old.is_symlink():
-        n = 1
-        while (d / "slurm" / "attempts" / f"{run_id}.{n}").exists():
-            n += 1
-        old.rename(d / "slurm" / "attempts" / f"{run_id}.{n}")
+def _move_attempt(d: Path, i: int, run_id: str) -> None:
+    """An earlier attempt's run directory and result out of the way of ``report`` and of
+    ``status`` (into slurm/attempts/ as RUN_ID.N and RUN_ID.N.json)."""
+    attempts = d / "slurm" / "attempts"
+    n = 1
+    while (attempts / f"{run_id}.{n}").exists() or (attempts / f"{run_id}.{n}.json").exists():
+        n += 1
+    for old, new in ((d / run_id, attempts / f"{run_id}.{n}"),
+                     (d / "slurm" / "results" / f"{i}.json", attempts / f"{run_id}.{n}.json")):
+        if old.exists() and not old.is_symlink():
+            old.rename(new)
 
 
 def open_sweep(d: Path) -> Path:

@@ -68,8 +68,7 @@ def element(d: Path, say: Callable[[str], None]) -> dict:
 
 def _up(topology: dict, job: str, exporter: bool, say: Callable[[str], None]) -> Testbed:
     """The element's own testbed: NAME-jJOB (elements sharing a node each have one)."""
-    suffix = f"-j{job}"
-    data = {**topology, "name": f"{str(topology.get('name', 'sweep'))[:MAX_TESTBED_NAME - len(suffix)]}{suffix}"}
+    data = {**topology, "name": element_name(str(topology.get("name", "sweep")), job)}
     slurm = sources.source("slurm")
     assert slurm is not None
     if slurmjob.host_names(data):
@@ -79,3 +78,9 @@ def _up(topology: dict, job: str, exporter: bool, say: Callable[[str], None]) ->
     tb = Testbed.up(topo, exporter="127.0.0.1:0" if exporter else None)
     slurm.after_up(tb.name, topo)  # as root: a step removes this node's part if the job is ended
     return tb
+
+
+def element_name(name: str, job: str) -> str:
+    """NAME-jJOB, NAME cut to fit the testbed names' limit."""
+    suffix = f"-j{job}"
+    return f"{name[:MAX_TESTBED_NAME - len(suffix)]}{suffix}"
