@@ -78,7 +78,7 @@ def from_dict(doc: Any, where: str) -> SweepRequest:
         workload_args=f.strings("workload_args", empty=True), repeats=f.number("repeats", int, 1, 1000),
         timeout=f.number("timeout", float, 1e-3, 1e7), init=f.path("init"),
         exporter=f.get("exporter", bool), tensorboard=f.get("tensorboard", bool),
-        params=f.grid("params"), dilation=f.number("dilation", float, 1.0, 1e4), out=f.path("out", required=True),
+        params=f.grid("params"), dilation=f.number("dilation", float, 1.0, 1e4), out=f.required_path("out"),
         pretrain=f.pretraining("pretrain"), code=f.code("code"))
     req.check()  # the workload's options, parsed as the CLI parses them
     return req
@@ -123,6 +123,11 @@ class _Fields:
             raise self.bad(name, "an absolute path")
         return None if value is None else Path(value)
 
+    def required_path(self, name: str) -> Path:
+        value = self.path(name, required=True)
+        assert value is not None  # (path refuses a missing one when required)
+        return value
+
     def grid(self, name: str) -> dict[str, list[str]]:
         value = self.get(name, dict)
         if len(value) > 64 or not all(isinstance(v, list) and len(v) <= MAX_ITEMS
@@ -149,7 +154,7 @@ class _Fields:
         kind = inner.get("kind", str)
         if kind not in ("script", "module"):
             raise inner.bad("kind", "script or module")
-        return UserCode(kind, inner.get("target", str), inner.path("path", required=True) or Path("/"))
+        return UserCode(kind, inner.get("target", str), inner.required_path("path"))
 
 
 def _rate(text: str, where: str) -> Rate:
