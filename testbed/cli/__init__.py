@@ -78,10 +78,10 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in _own(argv)
 
 
-KERNEL_COMMANDS = {"up", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor", "selftest",
-                   "_sweep-element"}
+KERNEL_COMMANDS = {"up", "validate", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor",
+                   "selftest", "_sweep-element"}
 """What an ordinary user's command does in their rootless namespaces (the others, e.g.
-``validate``, ``report``, ``--help``, never start the holder)."""
+``report``, ``graph FILE``, ``--help``, never start the holder)."""
 
 
 def _command(argv: Sequence[str]) -> str | None:

@@ -39,12 +39,17 @@ def parse(specs: list[str]) -> dict[str, list[str]]:
         if norm(key) in {norm(k) for k in grid}:
             raise TestbedError(f"--param {key} is given twice", "list its values once: --param KEY=V1,V2")
         grid[key] = vals
+    if (size := size_of(grid)) > MAX_POINTS:
+        raise TestbedError(f"--param: the grid has {size} points, more than {MAX_POINTS}", "sweep fewer values")
+    return grid
+
+
+def size_of(grid: dict[str, list[str]]) -> int:
+    """The grid's number of points (its values' counts multiplied)."""
     size = 1
     for vals in grid.values():
         size *= len(vals)
-    if size > MAX_POINTS:
-        raise TestbedError(f"--param: the grid has {size} points, more than {MAX_POINTS}", "sweep fewer values")
-    return grid
+    return size
 
 
 def points(grid: dict[str, list[str]]) -> list[dict[str, str]]:

@@ -26,8 +26,10 @@ order the queue runs them in.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -39,6 +41,8 @@ from testbed.common.errors import TestbedError
 from testbed.common.files import read_json, write_json
 from testbed.common.outdir import own_dir
 from testbed.runs import sweepfile
+from testbed.runs.checks import check_out, discard_out
+from testbed.hosts.slurmjob import own_program
 from testbed.runs.sweep import Point, SweepRequest, index_head, new_dir, plan
 
 SLURM_TIMEOUT_S = 60
@@ -48,9 +52,17 @@ ACTIVE = {"PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending"
           "STOPPED": "running", "SIGNALING": "running", "STAGE_OUT": "running", "RESIZING": "running"}
 """squeue's job states of an element not yet ended, as sweep --status names them."""
 LIVE = {"pending", "running"}
-REFUSED_SBATCH = ("--array", "--wrap", "--output", "--error", "--parsable", "--wait", "--chdir")
-"""sbatch options testbed sets itself (or that would change where an element runs or writes)."""
-REFUSED_SHORT = ("-a", "-o", "-e", "-W", "-D")
+REFUSED_SBATCH = ("--array", "--wrap", "--output", "--error", "--parsable", "--wait", "--chdir", "--job-name")
+"""sbatch options testbed sets itself (or that would change where an element runs or writes);
+sbatch takes any unambiguous abbreviation of a long option, so a prefix of one is refused too."""
+REFUSED_SHORT = set("aoeWDJ")
+SHORT_FLAGS = set("HhIkOQsVvW")
+"""sbatch's short options that take no value: a bundle (``-vH``) goes on after them."""
+LONG_FLAGS = ("--contiguous", "--exclusive", "--hold", "--ignore-pbs", "--no-kill", "--no-requeue", "--overcommit",
+              "--oversubscribe", "--quiet", "--reboot", "--requeue", "--spread-job", "--test-only",
+              "--use-min-nodes", "--verbose", "--get-user-env", "--nice", "--propagate", "--kill-on-invalid-dep")
+"""sbatch's long options that take no value, or one only after ``=``: a word after one of them
+would be the batch script."""
 
 
 @dataclass
@@ -89,13 +101,45 @@ class SweepStatus:
 
 
 def check_sbatch(options: list[str]) -> list[str]:
-    """The user's sbatch options, refusing those testbed sets (one line naming it)."""
+    """The user's sbatch options, refusing those testbed sets (an abbreviation or a bundle
+    too) and any word that is no option's value (sbatch would take it for the script)."""
+    takes_value = False
     for opt in options:
-        name = opt.split("=", 1)[0]
-        if name in REFUSED_SBATCH or (not opt.startswith("--") and opt[:2] in REFUSED_SHORT):
-            raise TestbedError(f"--sbatch: {opt!r} is set by testbed sweep --slurm itself",
-                               "leave it out: the array, its output files and its directory are the sweep's")
+        if takes_value:
+            takes_value = False
+            continue
+        if opt.startswith("--") and len(opt) > 2:
+            name = opt.split("=", 1)[0]
+            if any(r.startswith(name) for r in REFUSED_SBATCH):
+                raise _refused(opt)
+            takes_value = "=" not in opt and not any(f.startswith(name) for f in LONG_FLAGS)
+        elif opt.startswith("-") and len(opt) > 1:
+            takes_value = _short_bundle(opt)
+        else:
+            raise TestbedError(f"--sbatch: {opt!r} is not an option (sbatch would run it as the batch script)",
+                               "give sbatch's options only, each value after its option")
     return options
+
+
+def _short_bundle(opt: str) -> bool:
+    """Whether the short options ``-xyz`` leave the next word as a value; refused letters raise."""
+    for i, c in enumerate(opt[1:], 1):
+        if c in REFUSED_SHORT:
+            raise _refused(opt)
+        if c not in SHORT_FLAGS:
+            return i == len(opt) - 1  # a value-taking option: the rest of the word, or the next word
+    return False
+
+
+def _refused(opt: str) -> TestbedError:
+    return TestbedError(f"--sbatch: {opt!r} is set by testbed sweep --slurm itself",
+                        "leave it out: the array, its name, output files and directory are the sweep's")
+
+
+def job_name(d: Path) -> str:
+    """The array's name: the sweep's folder and a digest of its path (what status and cancel
+    look for in the queue, so that a job id Slurm reused for another job is never taken)."""
+    return f"testbed-{d.name}-{hashlib.sha256(str(d).encode()).hexdigest()[:8]}"
 
 
 def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int | None,
@@ -103,17 +147,32 @@ def submit(req: SweepRequest, topology: dict, sbatch: list[str], limit: int | No
     """Submit the sweep's missing elements as one array (at most ``limit`` at once); the
     status after it and the array's job id (None: nothing to submit). ``limit`` None: as
     many at once as Slurm starts."""
-    if "%" in str(req.out.resolve()):
-        raise TestbedError(f"--out {req.out}: a '%' in the path is a pattern to sbatch's --output",
-                           "choose a directory without '%'")
     _sbatch_exists()
+    out = Path(os.path.realpath(req.out))  # the path sbatch and slurmd open again later: no link in it
+    if "%" in str(out):
+        raise TestbedError(f"--out {out}: a '%' in the path is a pattern to sbatch's --output",
+                           "choose a directory without '%'")
+    made = check_out(out)  # ours, and every folder above it ours or root's: nothing can be swapped beneath
     doc = sweepfile.to_dict(req, topology)
-    d = _same_sweep(req.out, sweepfile.key(doc))
-    if d is None:
-        d = _new_sweep(req.out, doc)
-        say(f"sweep directory {d}")
-    else:
-        say(f"the same sweep is in {d}: submitting what is missing")
+    try:
+        d = _same_sweep(out, sweepfile.key(doc))
+        new = d is None
+        d = _new_sweep(out, doc) if d is None else d
+    except BaseException:
+        discard_out(out, made)
+        raise
+    say(f"sweep directory {d}" if new else f"the same sweep is in {d}: submitting what is missing")
+    try:
+        return _submit_missing(d, limit, sbatch, say)
+    except BaseException:
+        if new:  # refused (sbatch, a signal): nothing of this submission left
+            shutil.rmtree(d, ignore_errors=True)
+            discard_out(out, made)
+        raise
+
+
+def _submit_missing(d: Path, limit: int | None, sbatch: list[str],
+                    say: Callable[[str], None]) -> tuple[SweepStatus, str | None]:
     st = status(d)
     todo = [e.index for e in st.elements if e.state not in LIVE and e.state != "ok"]
     if not todo:
@@ -140,29 +199,39 @@ def _same_sweep(out: Path, key: str) -> Path | None:
     if not out.is_dir():
         return None
     for request in sorted(out.glob("sweep-*/slurm/request.json")):
+        d = request.parent.parent
         try:
-            if request.stat().st_uid == os.geteuid() and sweepfile.key(read_json(request)) == key:
-                return request.parent.parent
+            if d.is_symlink() or d.lstat().st_uid != os.geteuid():
+                continue  # not a sweep of ours
+            if sweepfile.key(read_json(request)) == key:
+                return open_sweep(d)
         except (OSError, ValueError, TestbedError):
             continue
     return None
 
 
 def _new_sweep(out: Path, doc: dict) -> Path:
-    own_dir(out)
+    """A new sweep directory in ``out`` (a real path of the user's) with its request and
+    batch script; nothing of it left when that fails."""
     d = new_dir(out)
+    try:
+        _fill(d, doc)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)  # made just now, by us, private
+        raise
+    return d
+
+
+def _fill(d: Path, doc: dict) -> None:
     s = own_dir(d / "slurm", fresh=True)
     for sub in ("results", "logs", "attempts"):
         own_dir(s / sub, fresh=True)
     write_json(s / "request.json", doc)
-    from testbed.hosts.slurmjob import own_program
-
     (s / "element.sh").write_text("#!/bin/sh\n# One element of a testbed sweep (testbed sweep --slurm): its "
                                   "directory is $1, its element SLURM_ARRAY_TASK_ID.\n"
                                   f"exec {shlex.quote(own_program())} _sweep-element \"$1\"\n")
     (s / "element.sh").chmod(0o700)
     write_json(d / "sweep.json", {**index_head(_request_of(d)), "slurm": {"jobs": []}})
-    return d
 
 
 def _request_of(d: Path) -> SweepRequest:
@@ -182,8 +251,8 @@ def _ranges(indices: list[int]) -> str:
 
 
 def _sbatch(d: Path, todo: list[int], limit: int | None, options: list[str]) -> str:
-    argv = ["sbatch", "--parsable", f"--array={_ranges(todo)}" + (f"%{limit}" if limit else ""), f"--job-name=testbed-{d.name}",
-            f"--output={d}/slurm/logs/%A_%a.out", *options, str(d / "slurm" / "element.sh"), str(d)]
+    argv = ["sbatch", *options, "--parsable", f"--array={_ranges(todo)}" + (f"%{limit}" if limit else ""),
+            f"--job-name={job_name(d)}", f"--output={d}/slurm/logs/%A_%a.out", str(d / "slurm" / "element.sh"), str(d)]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -225,7 +294,8 @@ def _move_attempt(d: Path, i: int, run_id: str) -> None:
 
 
 def open_sweep(d: Path) -> Path:
-    """``d`` checked to be a Slurm sweep's directory of this user (one line otherwise)."""
+    """``d`` (its real path) checked to be a Slurm sweep's directory safely this user's: their
+    own, not writable by others, below folders no one else can rename in (one line otherwise)."""
     try:
         st = d.lstat()
     except OSError:
@@ -233,6 +303,7 @@ def open_sweep(d: Path) -> Path:
             from None
     if st.st_uid != os.geteuid():
         raise TestbedError(f"{d} belongs to uid {st.st_uid}, not to you", "give a sweep directory of your own")
+    d = own_dir(Path(os.path.realpath(d)), "sweep directory")
     if not (d / "slurm" / "request.json").is_file():
         raise TestbedError(f"{d} is not a sweep submitted with --slurm (no slurm/request.json)",
                            "a local sweep is done when its command ends: `testbed report DIR`")
@@ -242,10 +313,11 @@ def open_sweep(d: Path) -> Path:
 def status(d: Path) -> SweepStatus:
     """What each element of the sweep in ``d`` is, from its result and the queue; sweep.json
     written from the results (what report reads is the run directories)."""
-    req = _request_of(open_sweep(d))
+    d = open_sweep(d)
+    req = _request_of(d)
     points = plan(req)
     subs = _submissions(d)
-    queued = _queue({s["job"] for s in subs}) if subs else {}
+    queued = {(job, i): state for job, i, state in _queue(d)} if subs else {}
     last: dict[int, str] = {}
     for s in subs:
         for i in s["elements"]:
@@ -282,10 +354,11 @@ def _result(d: Path, i: int, p: Point) -> dict | None:
     return r
 
 
-def _queue(jobs: set[str]) -> dict[tuple[str, int], str]:
-    """(array job, element) -> pending or running, for the elements of ``jobs`` in the queue."""
+def _queue(d: Path) -> list[tuple[str, int, str]]:
+    """(array job, element, pending or running) for this sweep's elements in the queue: the
+    user's jobs named :func:`job_name`; a state not known to be live is left out."""
     try:
-        r = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%F %K %T"], capture_output=True, text=True,
+        r = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%F %K %T %j"], capture_output=True, text=True,
                            timeout=SLURM_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise TestbedError("squeue is not installed here (no Slurm)", "ask on a machine of the cluster") from None
@@ -293,11 +366,12 @@ def _queue(jobs: set[str]) -> dict[tuple[str, int], str]:
         raise TestbedError(f"squeue gave no answer within {SLURM_TIMEOUT_S} s", "is slurmctld up? (sinfo)") from None
     if r.returncode != 0:
         raise TestbedError(f"squeue failed: {r.stderr.strip()[-300:] or r.returncode}", "is slurmctld up? (sinfo)")
-    found = {}
+    name, found = job_name(d), []
     for line in r.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] in jobs and parts[1].isdigit():
-            found[(parts[0], int(parts[1]))] = ACTIVE.get(parts[2], "running")
+        if (len(parts) == 4 and parts[3] == name and parts[0].isascii() and parts[0].isdigit()
+                and parts[1].isascii() and parts[1].isdigit() and parts[2] in ACTIVE):
+            found.append((parts[0], int(parts[1]), ACTIVE[parts[2]]))
     return found
 
 
@@ -312,8 +386,10 @@ def wait(d: Path, on_update: Callable[[SweepStatus], None], poll: float = 2.0) -
 
 
 def cancel(d: Path) -> list[str]:
-    """scancel every array of the sweep; the job ids."""
-    jobs = [s["job"] for s in _submissions(open_sweep(d))]
+    """scancel the sweep's arrays still in the queue (those of this user with its name: never
+    a job id Slurm has given to another job since); their job ids."""
+    d = open_sweep(d)
+    jobs = sorted({job for job, _i, _state in _queue(d)}, key=int)
     if jobs:
         r = subprocess.run(["scancel", *jobs], capture_output=True, text=True, timeout=SLURM_TIMEOUT_S,
                            stdin=subprocess.DEVNULL)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,17 @@ from typing import Any
 from testbed.common.errors import TestbedError
 from testbed.common.files import read_json, write_json
 from testbed.model.units import Rate
+from testbed.runs import grid
 from testbed.runs.request import UserCode
 from testbed.runs.sweep import Pretraining, SweepRequest
 
 VERSION = 1
-MAX_ITEMS = 10_000
-"""Entries of a list field at most (a grid of that many points is far beyond a queue's array)."""
+MAX_ITEMS = 1000
+"""Entries of a list field at most."""
+MAX_RUNS = 10_000
+"""Runs of a sweep at most (Slurm's default MaxArraySize is 1001)."""
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""A model's or data set's name (a part of the checkpoint's file name)."""
 
 
 def to_dict(req: SweepRequest, topology: dict) -> dict:
@@ -80,6 +86,9 @@ def from_dict(doc: Any, where: str) -> SweepRequest:
         exporter=f.get("exporter", bool), tensorboard=f.get("tensorboard", bool),
         params=f.grid("params"), dilation=f.number("dilation", float, 1.0, 1e4), out=f.required_path("out"),
         pretrain=f.pretraining("pretrain"), code=f.code("code"))
+    runs = len(req.bws) * req.repeats * len(req.schemes) * grid.size_of(req.params)
+    if runs > MAX_RUNS:
+        raise TestbedError(f"{where}: {runs} runs, more than the {MAX_RUNS} a sweep may have", "submit the sweep again")
     req.check()  # the workload's options, parsed as the CLI parses them
     return req
 
@@ -101,6 +110,8 @@ class _Fields:
             return None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise self.bad(name, f"a {kind.__name__}")
+        if isinstance(value, str) and ("\0" in value or len(value) > 4096):
+            raise self.bad(name, "a string without NUL of at most 4096 characters")
         return value
 
     def number(self, name: str, kind: type, low: float, high: float) -> Any:
@@ -113,7 +124,7 @@ class _Fields:
     def strings(self, name: str, empty: bool = False) -> list[str]:
         value = self.doc.get(name)
         if (not isinstance(value, list) or not (value or empty) or len(value) > MAX_ITEMS
-                or not all(isinstance(v, str) and len(v) <= 4096 for v in value)):
+                or not all(isinstance(v, str) and len(v) <= 4096 and "\0" not in v for v in value)):
             raise self.bad(name, "a list of strings")
         return value
 
@@ -123,6 +134,12 @@ class _Fields:
             raise self.bad(name, "an absolute path")
         return None if value is None else Path(value)
 
+    def name(self, name: str) -> str:
+        value = self.get(name, str)
+        if not NAME.fullmatch(value):
+            raise self.bad(name, "a name of letters, digits, '_', '.' and '-'")
+        return value
+
     def required_path(self, name: str) -> Path:
         value = self.path(name, required=True)
         assert value is not None  # (path refuses a missing one when required)
@@ -130,9 +147,10 @@ class _Fields:
 
     def grid(self, name: str) -> dict[str, list[str]]:
         value = self.get(name, dict)
-        if len(value) > 64 or not all(isinstance(v, list) and len(v) <= MAX_ITEMS
-                                      and all(isinstance(x, str) for x in v) for v in value.values()):
-            raise self.bad(name, "a grid (names to lists of strings)")
+        if len(value) > 64 or not all(grid.KEY.fullmatch(k) and isinstance(v, list) and len(v) <= grid.MAX_VALUES
+                                      and all(isinstance(x, str) and "\0" not in x for x in v)
+                                      for k, v in value.items()) or grid.size_of(value) > grid.MAX_POINTS:
+            raise self.bad(name, "a grid (names to lists of strings, as --param makes)")
         return value
 
     def pretraining(self, name: str) -> Pretraining | None:
@@ -140,7 +158,7 @@ class _Fields:
         if value is None:
             return None
         inner = _Fields(value, f"{self.where}: {name}")
-        return Pretraining(model=inner.get("model", str), dataset=inner.get("dataset", str),
+        return Pretraining(model=inner.name("model"), dataset=inner.name("dataset"),
                            epochs=inner.number("epochs", float, 0, 1e6),
                            width=None if value.get("width") is None else inner.number("width", float, 0, 1e3),
                            depth=inner.get("depth", int, optional=True), data_dir=inner.path("data_dir"),

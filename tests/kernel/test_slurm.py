@@ -359,7 +359,16 @@ def user_job(lab):
                 if popen:
                     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            def sbatch(script: str, timeout: float = 420):
+                """``sbatch --wait`` of ``script`` as them, its output in HOME/job.out."""
+                env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": lab.env()["SLURM_CONF"],
+                       "TB": TESTBED, "TOPO": str(d / "topo.yaml"), "OUT": f"{pw.pw_dir}/runs"}
+                argv = ["runuser", "-u", USER, "--", "env", "-i", f"HOME={pw.pw_dir}",
+                        *(f"{k}={v}" for k, v in env.items()), "sbatch", "--wait", "-o", f"{pw.pw_dir}/job.out",
+                        script]
+                return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=pw.pw_dir)
             job.home = Path(pw.pw_dir)  # type: ignore[attr-defined]
+            job.sbatch = sbatch  # type: ignore[attr-defined]
             yield job
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -441,3 +450,23 @@ def test_doctor_checks_each_node_of_an_ordinary_users_job(lab, user_job):
         assert d["ok"] and d["host"] == d["slurm_node"] and isinstance(d["slurm_job"], int), d
         [priv] = [c for c in d["checks"] if c["name"] == "privileges"]
         assert priv["ok"] and f"host-{d['slurm_node']}-job{d['slurm_job']}" in priv["detail"], priv
+
+
+def test_the_batch_script_docs_slurm_shows_works_as_an_ordinary_user(lab, user_job, tmp_path):
+    """docs/slurm.md's batch job, as an ordinary user (`sbatch --wait`): validate with the
+    job's nodes as hosts (it loads the topology inside the user's namespaces, as `up` does:
+    a cross-node link is a tunnel, not VXLAN), up, a sweep on the testbed, its report, down;
+    nothing of the user left on either node."""
+    script = user_job.home / "job.sh"
+    script.write_text('#!/bin/sh\n#SBATCH -N 2\nset -e\n"$TB" validate "$TOPO" --hosts slurm\n'
+                      '"$TB" up "$TOPO" --hosts slurm > /dev/null\n'
+                      '"$TB" sweep -t slm --bw 100mbit --schemes allreduce --compute-time 0.05 --max-iters 3 '
+                      '--out "$OUT"\n"$TB" report "$OUT"/sweep-* --out "$OUT/report"\n"$TB" down slm\n')
+    shutil.chown(script, USER)
+    r = user_job.sbatch(str(script))
+    out = (user_job.home / "job.out").read_text() if (user_job.home / "job.out").exists() else ""
+    assert r.returncode == 0, r.stderr + out[-3000:]
+    assert "testbed slm can be built here" in out, out[-3000:]
+    assert (user_job.home / "runs" / "report" / "report.json").is_file(), out[-3000:]
+    assert user_processes_left(USER) == []
+    assert lab.leftovers() == {}

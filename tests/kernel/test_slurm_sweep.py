@@ -6,6 +6,7 @@ the same as a local sweep's, and a cancelled array that leaves nothing anywhere.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def _running_with_records(user, d: str) -> list[dict]:
 
 
 def test_a_sweep_as_an_array_over_both_nodes_reruns_only_a_cancelled_element_and_reports_as_locally(lab, user):  # noqa: F811
-    out = str(user.home / "runs")
+    out = str(user.home / f"runs-{secrets.token_hex(4)}")  # a sweep of its own (the user may be left from before)
     sweep = ["sweep", *GRID, "--max-iters", "25", "--topology", user.topology, "--out", out]
     r = user(*sweep, "--slurm", "--array-limit", "4", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -126,7 +127,7 @@ def _shape(report: dict) -> object:
 
 
 def test_cancelling_a_sweep_leaves_nothing_on_either_node(lab, user):  # noqa: F811
-    r = user("sweep", *GRID, "--max-iters", "100000", "--topology", user.topology, "--out", str(user.home / "c"),
+    r = user("sweep", *GRID, "--max-iters", "100000", "--topology", user.topology, "--out", str(user.home / f"c-{secrets.token_hex(4)}"),
              "--slurm", "--array-limit", "2", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     d = _json(r)["dir"]

@@ -82,14 +82,25 @@ def test_a_request_file_that_is_not_one_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("option", ["--array=0-3", "-a", "-a0-3", "--output=/tmp/x", "-o", "--error=x", "--wrap=id",
-                                    "--parsable", "--wait", "-W", "--chdir=/", "-D/"])
+                                    "--parsable", "--wait", "-W", "--chdir=/", "-D/", "--job-name=x", "-Jx",
+                                    # sbatch takes abbreviations and bundles (the review of the sweeps)
+                                    "--outp=/tmp/x", "--chd=/var/tmp", "--arr=1", "--wr=id", "--parsa", "-vW",
+                                    "-Ho/x"])
 def test_sbatch_options_testbed_sets_are_refused(option):
     with pytest.raises(TestbedError, match="set by testbed sweep --slurm itself"):
         slurmsweep.check_sbatch(["-N", "1", option])
 
 
+@pytest.mark.parametrize("options", [["/tmp/evil.sh"], ["--hold", "/tmp/evil.sh"], ["-N", "1", "evil"],
+                                     ["-H", "evil"], ["--exclusive", "x"]])
+def test_a_word_sbatch_would_take_for_the_script_is_refused(options):
+    with pytest.raises(TestbedError, match="is not an option"):
+        slurmsweep.check_sbatch(options)
+
+
 def test_other_sbatch_options_pass_and_the_array_is_a_list_of_ranges():
-    ok = ["--partition=lab", "-N", "2", "--time", "10", "--export=ALL", "-p", "lab"]
+    ok = ["--partition=lab", "-N", "2", "--time", "10", "--export=ALL", "-p", "lab", "-N2", "--hold", "-vH",
+          "--mem", "1G", "--exclusive"]
     assert slurmsweep.check_sbatch(ok) == ok
     assert slurmsweep._ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7"
     assert slurmsweep._ranges([5]) == "5"
@@ -133,10 +144,12 @@ def test_a_submission_is_one_array_and_the_same_sweep_again_submits_only_what_is
     assert job == "41" and len(st.elements) == 4 and {e.state for e in st.elements} == {"lost"}
     [argv] = _argvs(calls)
     d = st.dir
-    assert argv == ["--parsable", "--array=0-3%3", f"--job-name=testbed-{d.name}", f"--output={d}/slurm/logs/%A_%a.out",
-                    "--partition=lab", str(d / "slurm" / "element.sh"), str(d)]
+    assert argv == ["--partition=lab", "--parsable", "--array=0-3%3", f"--job-name={slurmsweep.job_name(d)}",
+                    f"--output={d}/slurm/logs/%A_%a.out", str(d / "slurm" / "element.sh"), str(d)]  # ours last
     assert (d / "slurm" / "element.sh").read_text().endswith('_sweep-element "$1"\n')  # the directory: an argument
-    queue.write_text("41 0 RUNNING\n41 2 PENDING\n99 1 RUNNING\n")  # another job's element 1 is not this one's
+    name = slurmsweep.job_name(d)
+    queue.write_text(f"41 0 RUNNING {name}\n41 2 PENDING {name}\n99 1 RUNNING {name}\n"  # 99 is not this sweep's
+                     f"41 1 RUNNING testbed-other\n41 3 BOOT_FAIL {name}\n")  # nor another name's, nor an end
     _result(d, 1, "topk-100mbit-r0", "ok")
     _result(d, 3, "topk-1gbit-r0", "failed")
     st = slurmsweep.status(d)
@@ -163,15 +176,15 @@ def _result(d: Path, i: int, run_id: str, status: str) -> None:
     (d / "slurm" / "results" / f"{i}.json").write_text(json.dumps({"run_id": run_id, "status": status}))
 
 
-def test_what_cannot_be_submitted_is_refused_in_one_line(tmp_path, monkeypatch):
+def test_what_cannot_be_submitted_is_refused_in_one_line(tmp_path, monkeypatch, fake_slurm):
+    with pytest.raises(TestbedError, match="a '%' in the path"):
+        slurmsweep.submit(_req(tmp_path / "a%j"), TOPOLOGY, [], 2, lambda m: None)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "a%j").exists()
+    with pytest.raises(TestbedError, match="not a sweep submitted with --slurm"):
+        slurmsweep.status(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
     with pytest.raises(TestbedError, match="sbatch is not installed"):
         slurmsweep.submit(_req(tmp_path / "runs"), TOPOLOGY, [], 2, lambda m: None)
-    with pytest.raises(TestbedError, match="a '%' in the path"):
-        slurmsweep.submit(_req(tmp_path / "a%j"), TOPOLOGY, [], 2, lambda m: None)
-    assert not (tmp_path / "runs").exists()
-    with pytest.raises(TestbedError, match="not a sweep submitted with --slurm"):
-        slurmsweep.status(tmp_path)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -187,3 +200,56 @@ def test_the_commands_errors_are_one_line(tmp_path, args, says):
                        capture_output=True, text=True, env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert r.returncode in (1, 2) and says in r.stderr, r.stderr  # 2: a usage error, in click's words
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("params", {f"k{i}": [str(j) for j in range(8)] for i in range(8)}, "'params' is not a grid"),  # 8**8 points
+    ("params", {"bad key": ["1"]}, "'params' is not a grid"),
+    ("workload_args", ["--lr", "0.1\0"], "'workload_args' is not a list of strings"),
+    ("pretrain", {"model": "../../x", "dataset": "digits", "epochs": 1, "seed": 0}, "'model' is not a name"),
+    ("pretrain", {"model": "cnn\0", "dataset": "digits", "epochs": 1, "seed": 0}, "'model' is not a"),
+    ("bws", [f"{i}mbit" for i in range(1, 1001)], "more than the 10000 a sweep may have"),
+])
+def test_a_request_too_large_or_with_a_path_in_a_name_is_refused(tmp_path, field, value, says):
+    """The review of the sweeps: a 3.6 KB grid was a MemoryError, a NUL a traceback, a '/' in a
+    model's name moved the checkpoint out of checkpoints/."""
+    doc = sweepfile.to_dict(_req(tmp_path, repeats=11), TOPOLOGY)
+    with pytest.raises(TestbedError, match=says.replace("(", r"\(")):
+        sweepfile.from_dict({**doc, field: value}, "request.json")
+
+
+def test_the_paths_sbatch_gets_are_real_and_absolute(tmp_path, fake_slurm, monkeypatch):
+    """The review of the sweeps: a link on the way to --out (another user's to swap later), or
+    a relative --out that starts with '-' (an option to sbatch), never reaches sbatch."""
+    calls, _ = fake_slurm
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    for out in (Path("link/runs"), Path("--wrap=touch x;y")):
+        st, _job = slurmsweep.submit(_req(out), TOPOLOGY, [], None, lambda m: None)
+        argv = _argvs(calls)[-1]
+        assert argv[-1] == str(st.dir) == os.path.realpath(st.dir) and argv[-1].startswith("/")
+        assert "--array=0-3" in argv and all(tmp_path.name in a for a in argv[-2:])
+    assert st.dir.parent == tmp_path / "--wrap=touch x;y"
+
+
+def test_cancel_and_status_take_only_the_sweeps_own_jobs(tmp_path, fake_slurm):
+    """A job id Slurm reused for another job (another name in the queue) is neither this
+    sweep's element nor cancelled by --cancel."""
+    calls, queue = fake_slurm
+    st, job = slurmsweep.submit(_req(tmp_path / "runs"), TOPOLOGY, [], None, lambda m: None)
+    scancel = tmp_path / "bin" / "scancel"
+    scancel.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scancel.txt\n")
+    scancel.chmod(0o755)
+    queue.write_text("41 0 RUNNING someone-elses\n")
+    assert slurmsweep.cancel(st.dir) == [] and not (tmp_path / "scancel.txt").exists()
+    assert {e.state for e in slurmsweep.status(st.dir).elements} == {"lost"}
+    queue.write_text(f"41 0 RUNNING {slurmsweep.job_name(st.dir)}\n")
+    assert slurmsweep.cancel(st.dir) == ["41"] and (tmp_path / "scancel.txt").read_text() == "41\n"
+
+
+def test_a_refused_submission_leaves_nothing(tmp_path, fake_slurm):
+    (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Invalid partition name' >&2\nexit 1\n")
+    with pytest.raises(TestbedError, match="sbatch refused the array: sbatch: error: Invalid partition"):
+        slurmsweep.submit(_req(tmp_path / "new" / "runs"), TOPOLOGY, ["--partition=nope"], None, lambda m: None)
+    assert not (tmp_path / "new").exists()
