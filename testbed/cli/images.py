@@ -42,7 +42,9 @@ def image_build(
         res = BACKENDS[name].build_image(sayer(as_json), force=force, tag=tag)
         if as_json:
             emit(res)
-        elif "kernel" in res:
+            return
+        assert res is not None  # IMAGE_BACKENDS (and vm) build something: only Backend's no-op returns None
+        if "kernel" in res:
             plain(f"VM guest: kernel {res['kernel']}, initramfs {res['initrd']} "
                   f"({'cached' if res['cached'] else 'built'} in {res['seconds']:.1f} s)")
         else:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -25,6 +26,10 @@ from rich.text import Text
 
 from testbed.common.digits import ascii_int
 from testbed.common.errors import TestbedError
+
+if TYPE_CHECKING:  # the click typer>=0.28,<0.29 vendors (pyproject), which the lookup below finds
+    from typer._click.exceptions import ClickException as _ClickException
+    from typer._click.exceptions import UsageError as _UsageError
 
 PIPED_WIDTH = 200
 """Columns for stdout that is not a terminal (a file, a pipe, ``su -c``): Rich would take 80
@@ -61,12 +66,12 @@ out = Console(emoji=False, width=_width(), _environ=ENVIRON)  # emoji off: ":fac
 err = Console(stderr=True, soft_wrap=True, emoji=False, _environ=ENVIRON)
 
 _click = typer.BadParameter.__module__.rpartition(".")[0]  # click, or the copy typer vendors
-ClickException: type[Exception] = importlib.import_module(f"{_click}.exceptions").ClickException
-UsageError: type[Exception] = importlib.import_module(f"{_click}.exceptions").UsageError
+ClickException: type[_ClickException] = importlib.import_module(f"{_click}.exceptions").ClickException
+UsageError: type[_UsageError] = importlib.import_module(f"{_click}.exceptions").UsageError
 _current_context = importlib.import_module(f"{_click}.globals").get_current_context
 
 
-def usage(message: str) -> Exception:
+def usage(message: str) -> _UsageError:
     """A usage error (exit status 2) raised from inside a command, e.g. two arguments that
     contradict each other: printed with the command's usage line, or as JSON."""
     return UsageError(message, ctx=_current_context(silent=True))
@@ -161,7 +166,7 @@ def failure(error: TestbedError, as_json: bool) -> int:
     return 1
 
 
-def refusal(e: Exception, as_json: bool) -> int:
+def refusal(e: _ClickException, as_json: bool) -> int:
     """Print what click refused (a usage error: exit status 2, or another click error's)."""
     code = getattr(e, "exit_code", 1)
     if not as_json:

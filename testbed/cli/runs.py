@@ -6,7 +6,7 @@ import contextlib
 import math
 from functools import partial
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional, TypedDict
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,10 @@ from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
 from testbed.cli.usercode import ModuleOpt, ScriptOpt, user_code
 from testbed.cli.workload import DATASETS, check_timeout, pretraining, wants_pretraining, with_workload_options, workload_spec
 from testbed.common.errors import TestbedError
+
+if TYPE_CHECKING:
+    from testbed.model.flows import Flow
+    from testbed.model.units import Rate
 
 MAX_REPEATS = 100
 """``sweep --repeats``' bound: the sweep's list of runs is made before anything else is
@@ -37,6 +41,23 @@ DilationOpt = typer.Option(None, "--dilation", metavar="K|auto[:FIRST-LAST]", he
                            "until two agree within 5 %; auto:8-256: from 8 up to 256.")
 PretrainDatasetOpt = choice(None, "--pretrain-dataset", choices=DATASETS,
                             help="Pre-train on this dataset, fine-tune on --dataset (default: --dataset).")
+
+
+class _Shaping(TypedDict):
+    """What ``run`` passes to its RunRequest for the user's code and for a built-in scheme alike."""
+    topology: Optional[Path]
+    testbed: Optional[str]
+    bw: Optional[Rate]
+    out: Path
+    timeout: float
+    exporter: bool
+    bw_trace: Optional[Path]
+    trace_format: str
+    trace_window: float
+    trace_loop: bool
+    cross_traffic: Optional[list[Flow]]
+    dilation: float
+    tensorboard: bool
 
 
 def register(app: typer.Typer) -> None:
@@ -77,7 +98,7 @@ def run(
     exporter: bool = RunExporterOpt,
     tensorboard: bool = TensorBoardOpt,
     as_json: bool = JsonOpt,
-    workload: dict = None,
+    workload: Optional[dict] = None,
 ):
     """Train SCHEME (or your own --script/-m) across the emulated network, one rank per
     worker, and record everything.
@@ -100,18 +121,20 @@ def run(
         k = dilations.parse(dilation) if dilation is not None else 1.0
         if not (math.isfinite(trace_window) and trace_window > 0):
             raise TestbedError(f"--trace-window must be a positive number of seconds, got {trace_window}")
-        flows = None
+        flows: Optional[list[Flow]] = None
         if cross_traffic:
             flows = [] if cross_traffic == ["none"] else [parse_spec(x) for x in cross_traffic]
-        shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate, out=out_dir,
-                       timeout=timeout, exporter=exporter, bw_trace=bw_trace, trace_format=trace_format,
-                       trace_window=trace_window, trace_loop=trace_loop, cross_traffic=flows,
-                       dilation=1.0 if isinstance(k, dilations.Auto) else k, tensorboard=tensorboard)
+        shaping: _Shaping = dict(topology=topology, testbed=testbed_name(testbed) if testbed else None, bw=rate,
+                                 out=out_dir, timeout=timeout, exporter=exporter, bw_trace=bw_trace,
+                                 trace_format=trace_format, trace_window=trace_window, trace_loop=trace_loop,
+                                 cross_traffic=flows, dilation=1.0 if isinstance(k, dilations.Auto) else k,
+                                 tensorboard=tensorboard)
         if code is not None:
             args = ([scheme] if scheme is not None else []) + list(ctx.args)  # `--script F 60`: 60 is F's
             req = RunRequest(scheme=code.label, workload_args=args, code=code, **shaping)
             pre = None
         else:
+            assert scheme is not None and workload is not None  # SCHEME: user_code checked it; workload: always passed
             spec = workload_spec(scheme, workload, ctx.args)  # the options, typed once; no data loaded
             pre = pretraining(spec, pretrain_dataset, pretrain_epochs) \
                 if wants_pretraining(scheme, pretrain, pretrain_dataset, spec) and spec.init is None else None
@@ -123,14 +146,14 @@ def run(
             if pre is not None:
                 req.spec = req.spec.replace(init=_checkpoint(out_dir, pre, as_json))
             if not as_json:
-                _announce(scheme, req.spec, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
+                _announce(req.scheme, req.spec, rate or (f"trace {bw_trace}" if bw_trace else "as configured"),
                           shaping["testbed"] or topology or "three_switch (default)")
         summary = _with_display(_run_one if not isinstance(k, dilations.Auto) else
                                  partial(_run_auto, auto=k), req, as_json)
         emit(summary) if as_json else _render_summary(summary)
 
 
-def _rate(text: str):
+def _rate(text: str) -> Rate:
     from testbed.model.units import Rate, UnitError
 
     try:
@@ -139,7 +162,7 @@ def _rate(text: str):
         raise TestbedError(f"--bw: {e}") from None
 
 
-def _rates(text: str) -> list:
+def _rates(text: str) -> list[Rate]:
     """``--bw 100mbit,1gbit``: the rates, each checked."""
     return [_rate(x.strip()) for x in text.split(",")]
 
@@ -240,7 +263,8 @@ def _dilation_rows(s: dict) -> list[tuple[str, str]]:
     paced = _paced_rows(s)
     if not isinstance(k, (int, float)) or k == 1:
         return paced
-    said = {True: "validated", False: "not validated"}.get(s.get("dilation_validated"), "-")
+    labels: dict[object, str] = {True: "validated", False: "not validated"}
+    said = labels.get(s.get("dilation_validated"), "-")
     curve = ", ".join(f"K {c['k']:g}: {c['median_iter_s'] * 1000:.0f} ms" for c in s.get("dilation_curve") or []
                       if isinstance(c.get("median_iter_s"), (int, float)))
     return [("time dilation", f"K = {k:g}, {said}" + (f" ({curve})" if curve else "") + "; times in emulated seconds"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional, TypedDict
 
 import typer
 from rich.markup import escape
@@ -20,7 +20,31 @@ from testbed.cli.usercode import ModuleOpt, ParamOpt, ScriptOpt, own_code
 from testbed.cli.workload import check_timeout, pretraining, with_prune_ratios, with_workload_options, workload_args
 from testbed.common.errors import TestbedError
 
-SweepDirOpt = dict(metavar="DIR", exists=False, file_okay=False)
+if TYPE_CHECKING:
+    from testbed.model.units import Rate
+
+
+class _DirOpt(TypedDict):
+    metavar: str
+    exists: bool
+    file_okay: bool
+
+
+SweepDirOpt: _DirOpt = dict(metavar="DIR", exists=False, file_okay=False)
+
+
+class _Shared(TypedDict):
+    """What ``sweep`` passes to its SweepRequest for the user's code and for built-in schemes alike."""
+    bws: list[Rate]
+    repeats: int
+    topology: Optional[Path]
+    params: dict[str, list[str]]
+    out: Path
+    timeout: float
+    testbed: Optional[str]
+    exporter: bool
+    dilation: float
+    tensorboard: bool
 
 
 def register(app: typer.Typer) -> None:
@@ -70,7 +94,7 @@ def sweep(
     cancel: Optional[Path] = typer.Option(None, "--cancel", help="Cancel the Slurm sweep in DIR (scancel); each "
                                           "running element takes its testbed down.", **SweepDirOpt),
     as_json: bool = JsonOpt,
-    workload: dict = None,
+    workload: Optional[dict] = None,
 ):
     """Run every scheme (or your own --script/-m) at every bandwidth and grid point; the
     built-in schemes from one shared pre-trained checkpoint. Here, or as a Slurm job array
@@ -93,14 +117,15 @@ def sweep(
         check_timeout(timeout)
         if tensorboard:
             events.require()
-        shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir, timeout=timeout,
-                      testbed=testbed_name(testbed) if testbed else None, exporter=exporter,
-                      dilation=_sweep_dilation(dilation), tensorboard=tensorboard)
+        shared: _Shared = dict(bws=rates, repeats=repeats, topology=topology, params=params, out=out_dir,
+                               timeout=timeout, testbed=testbed_name(testbed) if testbed else None,
+                               exporter=exporter, dilation=_sweep_dilation(dilation), tensorboard=tensorboard)
         if code is not None:
             req = SweepRequest(schemes=[code.label], workload_args=list(ctx.args), code=code,
                                **shared)
             req.check()
         else:
+            assert workload is not None  # with_workload_options passes it
             req = _builtin_sweep(ctx, schemes, prune_ratios, workload, pretrain_dataset, pretrain_epochs, shared)
         if slurm:
             return _submit(req, topology, options, array_limit, wait, as_json)
@@ -126,7 +151,7 @@ def _sweep_dilation(text: str | None) -> float:
 
 
 def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dataset, pretrain_epochs,
-                   shared: dict):
+                   shared: _Shared):
     """The SweepRequest of built-in schemes: every scheme at every grid point it runs typed
     and checked once (the sweep's runs reuse them), and the shared checkpoint."""
     from testbed.runs import grid

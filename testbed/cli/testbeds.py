@@ -38,11 +38,12 @@ def _topology(file: Optional[str], testbed: Optional[str], hosts: Optional[str] 
     hosts made the nodes of this Slurm job."""
     from testbed.model.topology import load_topology, load_topology_dict, read_topology_file
 
-    if (file is None) == (testbed is None):
+    given = [v for v in (file, testbed) if v is not None]
+    if len(given) != 1:
         raise usage("give the topology once: FILE, or -t FILE")
     if hosts is None:
-        return load_topology(file or testbed)
-    data, source = read_topology_file(file or testbed)
+        return load_topology(given[0])
+    data, source = read_topology_file(given[0])
     return load_topology_dict(_host_source(hosts).assign_hosts(data), source=source)
 
 

@@ -54,7 +54,7 @@ def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
         return None
     if script is not None and module is not None:
         raise usage("give --script FILE or -m MODULE, not both")
-    given = [p for p in ctx.command.params if p.name in TRAINER_ONLY
+    given = [p for p in ctx.command.params if p.name is not None and p.name in TRAINER_ONLY
              and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]  # typer vendors click
     if given:
         flag = given[0].opts[0]
@@ -63,6 +63,7 @@ def own_code(ctx: typer.Context, script: Optional[Path], module: Optional[str]):
         if not MODULE_NAME.fullmatch(module):
             raise TestbedError(f"-m {module!r} is not a module name", "e.g. -m mypkg.train")
         return UserCode.module(module, Path.cwd())
+    assert script is not None  # neither given: returned above; -m: returned just now
     return UserCode.script(_script_file(script))
 
 

@@ -148,7 +148,8 @@ def with_workload_options(fn):
         workload = {n: kwargs.pop(n) for n, _, _ in WORKLOAD_OPTIONS}
         return fn(*args, workload=workload, **kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=own[:cut] + extra + own[cut:])
+    # typeshed's functools._Wrapped declares no __signature__ (a function takes any attribute; inspect reads it)
+    wrapper.__signature__ = sig.replace(parameters=own[:cut] + extra + own[cut:])  # type: ignore[attr-defined]
     return wrapper
 
 
