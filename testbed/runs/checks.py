@@ -11,6 +11,7 @@ that names the value and how to fix it, and leaves nothing behind.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.common.errors import TestbedError
 from testbed.common.outdir import UnsafeDirectory, own_dir
@@ -18,6 +19,9 @@ from testbed.engine.core import Testbed
 from testbed.model.topology import Link
 from testbed.nodes.gpus import host_gpus
 from testbed.runs.request import RunRequest
+
+if TYPE_CHECKING:
+    from testbed.model.trace import Trace
 
 
 def check_out(out: Path) -> Path | None:
@@ -67,7 +71,7 @@ def gpus_for(backend: str) -> list[int]:
     return gpus
 
 
-def load_trace(req: RunRequest):
+def load_trace(req: RunRequest) -> Trace | None:
     """The run's bandwidth trace, read and checked before anything is built (None: no trace)."""
     if req.bw_trace is None:
         return None
@@ -87,7 +91,7 @@ def load_trace(req: RunRequest):
     return trace
 
 
-def check_testbed(tb: Testbed, req: RunRequest, trace) -> tuple[list, list[Link]]:
+def check_testbed(tb: Testbed, req: RunRequest, trace: Trace | None) -> tuple[list, list[Link]]:
     """The run's cross-traffic flows and the testbed's bottleneck links, once the testbed can
     take the run. Flows a killed run left running on it are stopped on the way."""
     if len(tb.workers) < 1:

@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import write_json
@@ -42,7 +43,7 @@ from testbed.runs.checks import check_out, check_testbed, discard_out, gpus_for,
 from testbed.runs.exporter import start_run_exporter
 from testbed.runs.diskfull import as_disk_failure
 from testbed.runs.interrupts import RunInterrupted, ignore_interrupts, install_signals
-from testbed.runs.launch import Launcher
+from testbed.runs.launch import Launcher, Seat
 from testbed.runs.monitoring import Every, ExporterWatch
 from testbed.runs.request import RunRequest, Status, new_run_id, variant_slug
 from testbed.runs.spec import WorkloadSpec
@@ -55,11 +56,19 @@ from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
 from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
 
+if TYPE_CHECKING:
+    from collectors.training import RunExporter
+    from testbed.engine.replay import Background
+    from testbed.model.trace import Trace
+    from testbed.runs.traffic import CrossTraffic
+
 __all__ = [  # the names callers import from here (the CLI, sweep, benchmarks, tests)
     "DEFAULT_TOPOLOGY", "RateTimeline", "RunInterrupted", "RunRequest", "Status", "TrafficBypassed",
     "TrafficUnproven", "WorkloadSpec", "annotate_rates", "check_out", "new_run_id", "obtain_testbed", "run",
     "run_lock", "variant_slug",
 ]
+
+_T = TypeVar("_T")
 
 
 def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
@@ -78,7 +87,8 @@ def run(req: RunRequest, on_status: Callable[[Status], None] | None = None,
 def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str], None]) -> dict:
     dilation.check(req)
     if req.dilation != 1:  # the ranks sleep K x the stated compute and divide what they record
-        req.spec = req.workload.replace(dilation=req.dilation)
+        spec = _present(req.workload, "workload spec")  # dilation.check refused a dilated run without one
+        req.spec = spec.replace(dilation=req.dilation)
     trace = load_trace(req)
     restore_signals = install_signals()
     r = _Run(req, trace, say)
@@ -91,7 +101,7 @@ def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str
         r.watch(on_status)
         r.collect()
         summary = r.write_summary()
-        refuse(summary, r.run_dir)  # the proof: a run that is not "ok" ends in its error
+        refuse(summary, _present(r.run_dir, "run directory"))  # the proof: a run that is not "ok" ends in its error
         return summary
     except KeyboardInterrupt:
         ignore_interrupts()  # from here on nothing interrupts the cleanup (restored at the end)
@@ -120,11 +130,19 @@ def _run_checked(req: RunRequest, gpus: list[int], on_status, say: Callable[[str
             restore_signals()
 
 
+def _present(value: _T | None, what: str) -> _T:
+    """``value``, which an earlier step of the run made; RuntimeError naming ``what`` when
+    it is missing (the steps ran out of order: a bug)."""
+    if value is None:
+        raise RuntimeError(f"the run has no {what} at this step")
+    return value
+
+
 class _Run:
     """One run's steps, in the order :func:`run` takes them, and everything they started or
     changed (None until started), which :meth:`clean_up` stops, restores or removes."""
 
-    def __init__(self, req: RunRequest, trace, say: Callable[[str], None]):
+    def __init__(self, req: RunRequest, trace: Trace | None, say: Callable[[str], None]):
         self.req, self.trace, self.say = req, trace, say
         self.tb: Testbed | None = None
         self.created = False
@@ -137,11 +155,17 @@ class _Run:
         """The bottleneck links with the shapes in force (K times slower in a dilated run)."""
         self.emulated: list[Link] = []
         """The same as the emulation sees them (--bw set, before dilation): what the summary names."""
-        self.run_id, self.run_dir = "", None
-        self.request, self.shapes, self.seats = {}, {}, []
+        self.run_id = ""
+        self.run_dir: Path | None = None
+        self.request: dict = {}
+        self.shapes: dict = {}
+        self.seats: list[Seat] = []
         self.argv: list[str] = []
         self.mounts: list[Path] = []
-        self.exporter = self.sampler = self.replayer = self.traffic = None
+        self.exporter: RunExporter | None = None
+        self.sampler: LinkSampler | None = None
+        self.replayer: Background | None = None
+        self.traffic: CrossTraffic | None = None
         self.launcher: Launcher | None = None
         self.monitor: ExporterWatch | None = None
         """The testbed's link exporters, watched while the ranks run."""
@@ -164,7 +188,7 @@ class _Run:
     def check_and_set_links(self) -> None:
         """The testbed can take the run; --bw set on the bottlenecks (their shapes from before
         kept for the end, also for --bw-trace)."""
-        req, tb = self.req, self.tb
+        req, tb = self.req, _present(self.tb, "testbed")
         self.flows, bottlenecks = check_testbed(tb, req, self.trace)
         dilation.check_flows(self.flows, req.dilation)
         if req.dilation != 1:
@@ -184,29 +208,29 @@ class _Run:
 
     def open_run_dir(self) -> None:
         """runs/<run_id>/ with run.json and topology.json, and the ranks' command, which writes there."""
-        req, trace = self.req, self.trace
+        req, tb, trace = self.req, _present(self.tb, "testbed"), self.trace
         self.run_id = req.run_id or new_run_id(req.out, req.scheme, "trace" if trace is not None else req.bw)
-        self.run_dir = req.out / self.run_id
-        own_dir(self.run_dir, fresh=True)  # private: the ranks' records are the user's
+        self.run_dir = run_dir = req.out / self.run_id
+        own_dir(run_dir, fresh=True)  # private: the ranks' records are the user's
         self.shapes = bottleneck_shapes(self.emulated)
-        self.request = request_record(req, self.tb, self.created, self.flows, trace)
-        self.seats = write_run_files(self.run_dir, self.run_id, self.request, self.shapes, self.tb)
+        self.request = request_record(req, tb, self.created, self.flows, trace)
+        self.seats = write_run_files(run_dir, self.run_id, self.request, self.shapes, tb)
         if req.code is not None:  # the user's own code: its arguments as given, its directory reachable
             self.argv = ["workloads.userscript", *req.code.argv(), *req.args]
             self.mounts = [req.code.path]
-            write_config(self.run_dir, req, len(self.tb.workers))
+            write_config(run_dir, req, len(tb.workers))
             return
         spec = req.workload
         if spec is None:  # another module of ours (workloads.collective): its arguments as given
-            self.argv = [req.module, *req.args, "--out", str(self.run_dir.resolve())]
+            self.argv = [req.module, *req.args, "--out", str(run_dir.resolve())]
             return
-        self.argv = [req.module, *spec.argv(out=self.run_dir.resolve())]  # the spec's one rendering
+        self.argv = [req.module, *spec.argv(out=run_dir.resolve())]  # the spec's one rendering
         self.mounts = spec.mounts()
 
     def start_alongside(self) -> None:
         """What runs beside the ranks: the metrics exporter, the link sampler, the trace
         replay and the cross-traffic flows."""
-        req, tb, run_dir = self.req, self.tb, self.run_dir
+        req, tb, run_dir = self.req, _present(self.tb, "testbed"), _present(self.run_dir, "run directory")
         if req.exporter:
             self.exporter = start_run_exporter(tb, self.run_id, run_dir)
         self.sampler = LinkSampler(tb, self.bottlenecks, run_dir / "links.jsonl", live_shapes=self.trace is not None)
@@ -231,24 +255,25 @@ class _Run:
 
     def launch(self, gpus: list[int]) -> None:
         """The counters at the start, then one rank per worker."""
-        req, tb = self.req, self.tb
-        self.start_counters = self.sampler.sample()
+        req, tb, run_dir = self.req, _present(self.tb, "testbed"), _present(self.run_dir, "run directory")
+        self.start_counters = _present(self.sampler, "link sampler").sample()
         self.start_all = tb.link_counters()
         self.t_start = time.time()
-        self.train_start = train_start(tb, self.bottlenecks, self.run_dir, self.t_start)  # rank 0 on any host
+        self.train_start = train_start(tb, self.bottlenecks, run_dir, self.t_start)  # rank 0 on any host
         self.monitor = ExporterWatch(tb.name, self.t_start, self.say)
         if req.tensorboard:
-            self.events = RunEvents(self.run_dir, self.run_dir / "tensorboard")
-        self.launcher = Launcher(tb, self.argv, self.run_dir, timeout=req.timeout * req.dilation, mounts=self.mounts,
+            self.events = RunEvents(run_dir, run_dir / "tensorboard")
+        self.launcher = Launcher(tb, self.argv, run_dir, timeout=req.timeout * req.dilation, mounts=self.mounts,
                                  seats=self.seats, gpus=gpus,
                                  code=req.code.tree(req.out) if req.code is not None else None)
-        self.say(f"run {self.run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {self.run_dir}")
+        self.say(f"run {self.run_id}: {len(tb.workers)} ranks of {req.scheme} on {tb.name}; records in {run_dir}")
         self.launcher.start()
 
     def watch(self, on_status: Callable[[Status], None] | None) -> None:
         """Until every rank has exited 0 (RankFailed when one fails or the run times out)."""
-        progress = Progress(self.run_dir, len(self.tb.workers), self.sampler, self.traffic, on_status)
-        every = Every(1.0, self.monitor.check)
+        progress = Progress(_present(self.run_dir, "run directory"), len(_present(self.tb, "testbed").workers),
+                            _present(self.sampler, "link sampler"), self.traffic, on_status)
+        every = Every(1.0, _present(self.monitor, "exporter watch").check)
         events = Every(1.0, self.events.update) if self.events is not None else None
 
         def tick():
@@ -256,13 +281,13 @@ class _Run:
             every()
             if events is not None:
                 events()
-        self.launcher.wait(tick)
+        _present(self.launcher, "launcher").wait(tick)
 
     def collect(self) -> None:
         """The counters at the end; the trace replay (shapes from before put back) and the
         cross-traffic stopped, the flows' last reports written."""
-        self.end_counters = self.sampler.sample()
-        self.end_all = self.tb.link_counters()
+        self.end_counters = _present(self.sampler, "link sampler").sample()
+        self.end_all = _present(self.tb, "testbed").link_counters()
         self.t_end = time.time()
         self.duration = self.t_end - self.t_start
         if self.train_start is not None:
@@ -271,7 +296,7 @@ class _Run:
             self.replayer.stop()  # the shapes from before are put back
         if self.traffic is not None:
             self.traffic.stop()
-            self.traffic.flush(self.run_dir / "traffic.jsonl")
+            self.traffic.flush(_present(self.run_dir, "run directory") / "traffic.jsonl")
         if self.events is not None:
             self.events.update()  # every rank's last records (another host's are here by now)
 
@@ -287,22 +312,24 @@ class _Run:
         the proof is written first so that the exporter's last scrape serves it, and the
         summary once more with ``monitoring`` (whether that scrape came): the one exception.
         With a trace, each record gets its link rate."""
-        run_dir, trace = self.run_dir, self.trace
+        run_dir, tb, trace = _present(self.run_dir, "run directory"), _present(self.tb, "testbed"), self.trace
         workload = None
         if self.req.code is not None:  # testbed makes its summary's workload part, from the records
-            workload = summary_from_records(run_dir, self.req, len(self.tb.workers), self.t_start, self.duration,
+            workload = summary_from_records(run_dir, self.req, len(tb.workers), self.t_start, self.duration,
                                             self.say)
-        ts = self.train_start
+        ts = self.train_start  # its counters and time are set together (TrainStart._watch)
+        since_train = (ts.counters, self.t_end - ts.time) \
+            if ts and ts.counters is not None and ts.time is not None else None
         summary = summarise(run_dir, self.run_id, self.request, self.bottlenecks, self.start_counters,
-                            self.end_counters, self.duration, self.shapes,
-                            (ts.counters, self.t_end - ts.time) if ts and ts.counters is not None else None,
+                            self.end_counters, self.duration, self.shapes, since_train,
                             workload=workload, dilation=self.req.dilation)
-        summary["rank_tx_bytes"] = rank_tx_bytes(self.tb, self.start_all, self.end_all)
-        apply(summary, prove(run_dir, self.tb.topology, {w.name: w.rank for w in self.tb.workers}, self.start_all,
-                             self.end_all, self._workload()))
+        summary["rank_tx_bytes"] = rank_tx_bytes(tb, self.start_all, self.end_all)
+        ranks = {w.name: _present(w.rank, f"rank of worker {w.name}") for w in tb.workers}
+        apply(summary, prove(run_dir, tb.topology, ranks, self.start_all, self.end_all, self._workload()))
         if trace is not None:
             rates, late = RateTimeline.from_run(run_dir, self.shapes, self.req.dilation)
-            trace_summary(summary, run_dir, self.req.bw_trace, rates, late, self.t_start, self.duration)
+            trace_file = _present(self.req.bw_trace, "--bw-trace file")  # where the trace was read from
+            trace_summary(summary, run_dir, trace_file, rates, late, self.t_start, self.duration)
         if self.traffic is not None:
             summary["cross_traffic"] = self.traffic.summary(self.t_start, self.t_start + self.duration)
         final_scrape = None
@@ -311,7 +338,7 @@ class _Run:
             final_scrape = self.exporter.finish()  # Prometheus gets the final records before the exporter goes
             self.exporter.close()
             self.exporter = None
-        summary["monitoring"] = self.monitor.summary(self.duration, final_scrape)
+        summary["monitoring"] = _present(self.monitor, "exporter watch").summary(self.duration, final_scrape)
         write_json(run_dir / "summary.json", summary)
         if trace is not None:
             annotate_rates(run_dir, summary.get("world_size", 0), rates)
@@ -339,14 +366,14 @@ class _Run:
                 self.sampler.close()
         if self.tb is not None:
             if self.restore and not self.created:
-                self._restore_shapes()
+                self._restore_shapes(self.tb)
             self.lock.close()
             if self.created:
                 self.tb.down()
 
-    def _restore_shapes(self) -> None:
+    def _restore_shapes(self, tb: Testbed) -> None:
         for l, d, shape in self.restore:
             try:
-                self.tb.set_links([l], rate=shape.rate, delay=shape.delay, loss=shape.loss, direction=d)
+                tb.set_links([l], rate=shape.rate, delay=shape.delay, loss=shape.loss, direction=d)
             except TestbedError:
                 pass  # the testbed went away meanwhile

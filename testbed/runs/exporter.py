@@ -5,13 +5,17 @@ announced through a file-SD target file, which is recorded in the testbed's ledg
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.engine.core import Testbed
 from testbed.plan.ledger import Ledger
 from testbed.monitor import auth
 
+if TYPE_CHECKING:
+    from collectors.training import RunExporter
 
-def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path):
+
+def start_run_exporter(tb: Testbed, run_id: str, run_dir: Path) -> RunExporter:
     from collectors.training import RunExporter
 
     from testbed.plan.actions import TargetFile

@@ -57,14 +57,14 @@ def _layout(topo: Topology) -> dict[str, tuple[float, float]]:
     for s in switches:
         rows.setdefault(depth[s], []).append(s)
     under: dict[str, list[str]] = {s: [] for s in switches}
-    loose = []
+    loose: list[str] = []
     for n in nbr:
         if kind[n] != "switch":
             up = [v for v in nbr[n] if kind[v] == "switch"]
             (under[min(up, key=lambda v: (depth[v], v))] if up else loose).append(n)
     bottom = max(rows, default=-1) + 1
     pos: dict[str, tuple[float, float]] = {}
-    x = MARGIN
+    x: float = MARGIN
     for s in sorted(switches, key=lambda s: (depth[s], s)):  # each leaf switch gets its workers' width
         width = max(1, len(under[s]))
         if depth[s] == bottom - 1 or not any(depth[v] > depth[s] for v in nbr[s] if v in depth):

@@ -208,6 +208,6 @@ def serve(m: dict, live: Live, host: str = "127.0.0.1", port: int = 0) -> tuple[
         return [b"not here\n"]
 
     cls = type("Server", (_Server,), {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-    server = make_server(host, port, app, server_class=cls, handler_class=_Handler)
+    server: WSGIServer = make_server(host, port, app, server_class=cls, handler_class=_Handler)
     shown = f"[{host}]" if ":" in host else host
     return server, f"http://{shown}:{server.server_address[1]}/{secret}/"

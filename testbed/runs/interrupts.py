@@ -21,7 +21,11 @@ def install_signals() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     old = {signal.SIGINT: signal.getsignal(signal.SIGINT), **interrupt_on()}
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return restore
 
 
 def ignore_interrupts() -> None:

@@ -61,7 +61,7 @@ class ExporterWatch:
 class Every:
     """Calls ``fn`` when called, at most once per ``seconds``."""
 
-    def __init__(self, seconds: float, fn: Callable[[], None]):
+    def __init__(self, seconds: float, fn: Callable[[], object]):
         self.seconds, self.fn, self.last = seconds, fn, time.monotonic()
 
     def __call__(self) -> None:

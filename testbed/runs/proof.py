@@ -59,7 +59,8 @@ class Counts:
 
 
 def read_counts(run_dir: Path, world: int) -> Counts:
-    totals, by_kind = Totals(), {"train": {}, "other": {}}
+    totals = Totals()
+    by_kind: dict[str, dict[str, dict[str, int]]] = {"train": {}, "other": {}}  # phase -> kind -> calls, bytes
     train_calls = uncounted = 0
     missing, volumes = [], {}
     for r in range(world):

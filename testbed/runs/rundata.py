@@ -111,12 +111,13 @@ def _one_run(c: Path, warn) -> RunData | None:
         return None
     if not summary:
         run = _json_file(c / "run.json", warn)
+        if run is None:
+            return None  # _json_file warned
         try:
             summary = {"run_id": run["run_id"], "status": "incomplete", "scheme": run["request"]["scheme"],
                        "bw": run["request"]["bw"]}
         except (TypeError, KeyError):
-            if run is not None:
-                warn(f"skipped {c}: run.json lacks run_id/request")
+            warn(f"skipped {c}: run.json lacks run_id/request")
             return None
     dropped = _typed(summary)
     if dropped:

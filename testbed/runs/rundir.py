@@ -20,7 +20,7 @@ from testbed.common.version import __version__
 from testbed.model.topology import DIRECTIONS
 from testbed.engine.core import Testbed
 from testbed.model.topology import Link
-from testbed.runs.launch import placement
+from testbed.runs.launch import Seat, placement
 from testbed.runs.request import RunRequest
 
 
@@ -77,7 +77,7 @@ def request_record(req: RunRequest, tb: Testbed, created: bool, flows: list, tra
     return request
 
 
-def write_run_files(run_dir: Path, run_id: str, request: dict, shapes: dict, tb: Testbed) -> list:
+def write_run_files(run_dir: Path, run_id: str, request: dict, shapes: dict, tb: Testbed) -> list[Seat]:
     """run.json and topology.json; returns the ranks' seats (:func:`testbed.runs.launch.placement`)."""
     seats = placement(tb.topology)
     write_json(run_dir / "run.json", {

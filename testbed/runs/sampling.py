@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from testbed.common.errors import TestbedError
 from testbed.common.files import JsonlTail, read_json
@@ -135,6 +136,17 @@ class LocalMarker:
         pass
 
 
+class _Files(Protocol):
+    """What :class:`RemoteMarker` uses of a host's files: paramiko's SFTPClient, or on a
+    Slurm host the file step's :class:`~testbed.hosts.slurmfiles.FilesClient`."""
+
+    def get_channel(self) -> Any: ...
+
+    def stat(self, path: str) -> Any: ...
+
+    def close(self) -> None: ...
+
+
 class RemoteMarker:
     """``started`` in another host's directory of the run (``testbed _host rundir``, as the
     launcher's :class:`~testbed.hosts.runplace.RemoteRun` opens it), stat'ed over an SFTP
@@ -149,7 +161,7 @@ class RemoteMarker:
 
     def __init__(self, site, run_name: str):
         self.site, self.run_name = site, run_name
-        self.sftp = None
+        self.sftp: _Files | None = None
         self.path = ""
         self.stale: float | None = None
 
@@ -163,6 +175,8 @@ class RemoteMarker:
         self.stale = self._mtime()
 
     def _mtime(self) -> float | None:
+        if self.sftp is None:
+            raise RuntimeError(f"{self.run_name}: the marker's SFTP session is not open")
         try:
             return self.sftp.stat(self.path).st_mtime
         except FileNotFoundError:

@@ -170,7 +170,8 @@ def goodput_row(tb, iperf: Iperf, rate: str) -> dict:
         return row(check, expected, "-", "skip", f"skipped: {why}")
     r = Rate.parse(rate)
     _set(tb, rate=r)
-    ratios, best = [], 0.0
+    ratios: list[float] = []
+    best = 0.0
     while len(ratios) < GOODPUT_TRIES and (not ratios or max(ratios) < GOODPUT_MIN):
         res = iperf.run(["-O", "1"], GOODPUT_SECONDS)
         bps = res["end"]["sum_received"]["bits_per_second"]

@@ -37,8 +37,8 @@ reached it."""
 
 def pair_key(summary: dict) -> object:
     """What pairs a run with the baseline's: a sweep's repeat number, else its seed."""
-    request = summary.get("request") if isinstance(summary.get("request"), dict) else {}
-    repeat = request.get("repeat")
+    request = summary.get("request")
+    repeat = request.get("repeat") if isinstance(request, dict) else None
     if isinstance(repeat, int) and not isinstance(repeat, bool):
         return ("repeat", repeat)
     seed = summary.get("seed")
@@ -75,7 +75,8 @@ def median_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, flo
     coverage (module docstring)."""
     n = len(values)
     if n >= MIN_PAIRS_95:
-        from scipy.stats import quantile_test  # only where an interval is made: scipy takes ~1 s to import
+        # only where an interval is made: scipy takes ~1 s to import (and ships no type stubs)
+        from scipy.stats import quantile_test  # type: ignore[import-untyped]
 
         ci = quantile_test(list(values), q=statistics.median(values), p=0.5).confidence_interval(level)
         if not (math.isnan(ci.low) or math.isnan(ci.high)):

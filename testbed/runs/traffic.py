@@ -135,15 +135,18 @@ class CrossTraffic:
                 self.events.append({"time": time.time(), "flow": i, "event": "on"})
 
     def _onoff(self, i: int, f: Flow) -> None:
+        on_s, off_s = f.on_s, f.off_s
+        if on_s is None or off_s is None:  # start() runs only on/off flows here, which have both
+            raise ValueError(f"cross-traffic flow {i} is not an on/off flow")
         while not self._stop.is_set():
-            on = max(1.0, self.rng.expovariate(1 / f.on_s))  # iperf3 runs whole seconds
+            on = max(1.0, self.rng.expovariate(1 / on_s))  # iperf3 runs whole seconds
             self.events.append({"time": time.time(), "flow": i, "event": "on", "for_s": round(on)})
             p = self._spawn(f.src, self._client_argv(i, f, on))
             while p.poll() is None and not self._stop.is_set():
                 time.sleep(0.1)
             if self._stop.is_set():
                 return
-            off = self.rng.expovariate(1 / f.off_s)
+            off = self.rng.expovariate(1 / off_s)
             self.events.append({"time": time.time(), "flow": i, "event": "off", "for_s": off})
             if self._stop.wait(off):
                 return

@@ -21,23 +21,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.common.files import InputError, atomic_write, read_bounded, write_json
-from testbed.runs.request import RunRequest
+from testbed.runs.request import RunRequest, UserCode
 
 NUMERIC = ("time", "loss", "accuracy", "payload_bytes", "iter_s")
+
+
+def _code(req: RunRequest) -> UserCode:
+    """The user's code ``req`` runs (this module serves such runs only)."""
+    if req.code is None:
+        raise ValueError(f"{req.scheme}: not a run of the user's own code (--script / -m)")
+    return req.code
 
 
 def write_config(run_dir: Path, req: RunRequest, world: int) -> None:
     """config.json as the built-in trainer writes it: what the exporter discovers a run by."""
     write_json(run_dir / "config.json", {"args": {"scheme": req.scheme, "variant": req.scheme, "model": "",
                                                   "dataset": ""},
-                                         "world_size": world, "code": req.code.to_dict(), "time": time.time()})
+                                         "world_size": world, "code": _code(req).to_dict(), "time": time.time()})
 
 
 def clean(rec) -> dict | None:
     """A record reduced to the contract's fields with the contract's types (None: not a record)."""
     if not isinstance(rec, dict):
         return None
-    out = {}
+    out: dict[str, int | float] = {}
     it = rec.get("iter")
     if isinstance(it, int) and not isinstance(it, bool) and it >= 0:
         out["iter"] = it
@@ -61,7 +68,7 @@ def sane_number(v: int | float, limit: float = MAX_MAGNITUDE) -> bool:
         return False
 
 
-def read_records(path: Path) -> tuple[list[dict], Counter]:
+def read_records(path: Path) -> tuple[list[dict], Counter[str]]:
     """The JSON objects of a records file (bounded, as ``read_jsonl``), and how many of its
     lines were skipped, by why: nested past the parser's depth, JSON but no object, or not
     JSON (a line cut short by a crash: reading stops there, what follows is skipped too)."""
@@ -69,7 +76,8 @@ def read_records(path: Path) -> tuple[list[dict], Counter]:
         data = read_bounded(Path(path), "records", "records file")
     except FileNotFoundError:
         return [], Counter()
-    out, skipped = [], Counter()
+    out: list[dict] = []
+    skipped: Counter[str] = Counter()
     lines = [line for line in data.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         try:
@@ -121,8 +129,9 @@ def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: fl
     ``warn`` is told one line per file and reason."""
     skipped: list[dict] = []
     per_rank = [rank_records(run_dir, r, skipped) for r in range(world)]
-    for s in skipped if warn else ():
-        warn(skipped_warning(s))
+    if warn:
+        for s in skipped:
+            warn(skipped_warning(s))
     r0 = per_rank[0] if per_rank else []
     iterations = max((r.get("iter", i + 1) for i, r in enumerate(r0)), default=0)
     if r0 and "time" in r0[0]:  # training starts with the first step, not with the ranks' Python
@@ -136,7 +145,7 @@ def summary_from_records(run_dir: Path, req: RunRequest, world: int, t_start: fl
     last = [recs[-1]["payload_bytes"] for recs in per_rank if recs and "payload_bytes" in recs[-1]]
     accuracy = next((r["accuracy"] for r in reversed(r0) if "accuracy" in r), None)
     return {
-        "scheme": req.scheme, "variant": req.scheme, "code": req.code.to_dict(),
+        "scheme": req.scheme, "variant": req.scheme, "code": _code(req).to_dict(),
         "workload_args": req.args, "hyper": {"args": " ".join(req.workload_args)},  # the grid point: params
         "model": None, "dataset": None, "world_size": world,
         "backend": None, "iterations": iterations, "epochs": None, "wall_s": duration,
