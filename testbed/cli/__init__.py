@@ -27,7 +27,8 @@ from typing import Optional
 
 import typer
 
-from testbed.cli import doctor, graph, host, images, links, monitor, reports, runs, selftest, sweeps, testbeds
+from testbed.cli import doctor, graph, host, images, links, monitor, needs, reports, runs, selftest, sweeps, \
+    testbeds
 from testbed.cli.params import Group
 from testbed.cli.render import ClickException, Fail, failure, interrupted, out, refusal
 from testbed.common import rootless
@@ -65,6 +66,8 @@ selftest.register(app)
 host.register(app)
 app.add_typer(links.app, name="link")
 app.add_typer(monitor.app, name="monitor")
+needs.namespaces("link")  # each of their subcommands works on a testbed, or beside the user's
+needs.namespaces("monitor")
 app.add_typer(images.app, name="image")
 
 
@@ -78,52 +81,10 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in _own(argv)
 
 
-KERNEL_COMMANDS = {"up", "validate", "down", "status", "exec", "link", "run", "sweep", "monitor", "doctor",
-                   "selftest", "_sweep-element"}
-"""What an ordinary user's command does in their rootless namespaces (the others, e.g.
-``report``, ``graph FILE``, ``--help``, never start the holder)."""
-
-
-def _command(argv: Sequence[str]) -> str | None:
-    return next((a for a in _own(argv) if not a.startswith("-")), None)
-
-
-def _needs_namespaces(argv: Sequence[str]) -> bool:
-    own = _own(argv)
-    if {"--help", "-h"} & set(own):
-        return False
-    if _slurm_sweep(argv):
-        return False  # submitted to Slurm, or asked of it: each element enters its own node's
-    if _command(argv) == "graph":  # a running testbed's; a topology FILE's needs nothing
-        return _graph_file(own) is None or "--serve" in own
-    return _command(argv) in KERNEL_COMMANDS
-
-
-def _slurm_sweep(argv: Sequence[str]) -> bool:
-    """``sweep --slurm``, ``--status DIR`` or ``--cancel DIR``: a sweep that asks Slurm, here."""
-    own = {a.split("=")[0] for a in _own(argv)}
-    return _command(argv) == "sweep" and bool({"--slurm", "--status", "--cancel"} & own)
-
-
-def _graph_file(own: Sequence[str]) -> str | None:
-    """``testbed graph``'s positional FILE, if one is given (the options' values skipped)."""
-    args = list(own)[list(own).index("graph") + 1:]
-    takes_value = {"--out", "--listen", "-t", "--testbed"}
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in takes_value:
-            skip = True
-        elif not a.startswith("-"):
-            return a
-    return None
-
-
-def _needs_state(argv: Sequence[str]) -> bool:
-    """A command that reads or writes the state directory (all that work in the namespaces
-    but doctor, which reports on a machine whatever its state directory)."""
-    return _needs_namespaces(argv) and _command(argv) != "doctor"
+def _parsed(argv: Sequence[str]) -> needs.Parsed | None:
+    """What the command line asks, as click parses it (nothing runs); None for --help or a
+    line click will refuse."""
+    return needs.parse(typer.main.get_command(app), argv)
 
 
 def _testbeds_up() -> bool:
@@ -181,18 +142,19 @@ def _main(argv: Optional[Sequence[str]]) -> None:
     as_json = _wants_json(argv)
     entered = False
     try:
-        if rootless.needed() and (_command(argv) == "down" or _slurm_sweep(argv)):
+        parsed = _parsed(argv)  # what the command declares (testbed.cli.needs), from click's parse
+        if rootless.needed() and parsed is not None and parsed.prunes:
             rootless.prune_job_bases(ask_slurm=True)  # the folders of ended jobs (a sweep's elements'), any node
-        if rootless.needed() and _needs_namespaces(argv):
+        if rootless.needed() and parsed is not None and parsed.namespaces:
             try:
                 rootless.enter()  # before any thread starts; from here on, a child inside them
                 entered = True
             except rootless.RootlessError as e:
-                if "doctor" not in argv:
+                if parsed.command not in needs.STATELESS:
                     raise
                 rootless.enter_failure = e  # doctor says why, among the rest
         _plugins()  # after entering: a plugin's import may start a thread, and setns needs one
-        if _needs_state(argv):
+        if parsed is not None and parsed.state:
             check_root()  # one line with a hint, before anything is made
         code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)
     except Fail as f:

@@ -6,6 +6,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from testbed.cli import needs
 from testbed.cli.params import JsonOpt
 from testbed.cli.render import emit, lit, out
 from testbed.common.version import __version__
@@ -13,6 +14,7 @@ from testbed.common.version import __version__
 
 def register(app: typer.Typer) -> None:
     app.command()(doctor)
+    needs.namespaces("doctor")
     app.command()(version)
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from testbed.cli import needs
 from testbed.cli.params import JsonOpt, NamedTestbedOpt, running
 from testbed.cli.render import emit, guard, plain
 from testbed.common.errors import TestbedError
@@ -15,6 +16,7 @@ from testbed.common.errors import TestbedError
 
 def register(app: typer.Typer) -> None:
     app.command()(graph)
+    needs.namespaces("graph", lambda p: p.get("topology") is None or bool(p.get("serve")))  # a running testbed's
 
 
 def graph(

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from testbed.cli import needs
 from testbed.cli.params import TRACE_FORMATS, JsonOpt, choice, complete_scheme, scheme_help, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
 from testbed.cli.usercode import ModuleOpt, ScriptOpt, user_code
@@ -62,6 +63,7 @@ class _Shaping(TypedDict):
 
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(run)
+    needs.namespaces("run")
 
 
 @with_workload_options

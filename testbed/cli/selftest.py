@@ -6,6 +6,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from testbed.cli import needs
 from testbed.cli.params import JsonOpt
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer
 
@@ -14,6 +15,7 @@ _MARKS = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]ski
 
 def register(app: typer.Typer) -> None:
     app.command()(selftest)
+    needs.namespaces("selftest")
 
 
 def selftest(

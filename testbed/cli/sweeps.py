@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from testbed.cli import needs
 from testbed.cli.params import JsonOpt, scheme_list, split_list, testbed_name, testbed_option
 from testbed.cli.render import emit, err, guard, out, plain, sayer, usage
 from testbed.cli.runs import MAX_REPEATS, PretrainDatasetOpt, RunExporterOpt, TensorBoardOpt, TimeoutOpt, \
@@ -50,6 +51,14 @@ class _Shared(TypedDict):
 def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_extra_args": True})(sweep)
     app.command("_sweep-element", hidden=True)(sweep_element)
+    needs.namespaces("sweep", lambda p: not _asks_slurm(p))  # each element enters its own node's
+    needs.prunes("sweep", _asks_slurm)  # the folders of the elements' ended jobs
+    needs.namespaces("_sweep-element")
+
+
+def _asks_slurm(params: dict) -> bool:
+    """``sweep --slurm``, ``--status DIR`` or ``--cancel DIR``: a sweep that asks Slurm, here."""
+    return bool(params.get("slurm") or params.get("status") or params.get("cancel"))
 
 
 @with_workload_options

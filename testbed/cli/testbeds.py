@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from testbed.cli import needs
 from testbed.cli.params import JsonOpt, NamedTestbedOpt, TestbedOpt, complete_testbed, one_testbed, running
 from testbed.cli.render import emit, err, guard, lit, out, plain, sayer, shape_str, usage
 
@@ -31,6 +32,9 @@ def register(app: typer.Typer) -> None:
     for fn in (up, validate, down, status):
         app.command()(fn)
     app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_)
+    for name in ("up", "validate", "down", "status", "exec"):
+        needs.namespaces(name)  # validate loads the topology there, as up does (a link's type depends on it)
+    needs.prunes("down")
 
 
 def _topology(file: Optional[str], testbed: Optional[str], hosts: Optional[str] = None):

@@ -62,7 +62,10 @@ def test_bad_input_is_one_line(tmp_path):
 def test_which_graph_commands_enter_an_ordinary_users_namespaces():
     """A running testbed's graph reads the user's state (in their namespaces); a topology
     FILE's needs none, whatever the options' values look like."""
-    from testbed.cli import _needs_namespaces
+    from testbed.cli import _parsed
+
+    def _needs_namespaces(argv):
+        return (p := _parsed(argv)) is not None and p.namespaces
 
     assert not _needs_namespaces(["graph", "t.yaml"]) and not _needs_namespaces(["graph", "--out", "p.json", "t"])
     assert _needs_namespaces(["graph", "--out", "page.json"])  # before: taken for a FILE
