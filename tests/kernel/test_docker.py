@@ -244,6 +244,20 @@ def test_missing_image_is_refused_before_anything_is_made(docker_clean, tmp_path
     assert "Traceback" not in r.stderr
 
 
+def _sleep_started(pid: int) -> bool:
+    """Whether ``pid``, or a child of it, is a ``sleep`` now."""
+    from testbed.common.procs import parent_of
+
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (int(d.name) == pid or parent_of(int(d.name)) == pid):
+            try:
+                if (d / "comm").read_text().strip() == "sleep":
+                    return True
+            except OSError:  # gone meanwhile
+                pass
+    return False
+
+
 def test_node_interface_put_get_and_stop_on_namespace_and_container_workers(docker_clean, tmp_path):
     """The parts of the backend interface runs do not need on one host (files cross by
     mounts there), used by backends without a shared file system."""
@@ -260,7 +274,10 @@ def test_node_interface_put_get_and_stop_on_namespace_and_container_workers(dock
             be.get(info, f"/tmp/put-{node}.txt", tmp_path / f"back-{node}.txt")
             assert (tmp_path / f"back-{node}.txt").read_text() == "payload\n"
             p = tb.spawn(node, ["sleep", "300"])
-            time.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while not _sleep_started(p.pid):  # exec'd in the node (a container's: in a child of nsexec)
+                assert p.poll() is None and time.monotonic() < deadline, "sleep never started in the node"
+                time.sleep(0.05)
             assert p.poll() is None
             be.stop(info)
             assert p.wait(timeout=10) != 0

@@ -30,10 +30,13 @@ def test_link_set_takes_effect_within_a_second_on_a_running_flow(clean_kernel):
     """Sample the bottleneck's tc byte counter while a flow runs; change 500 -> 100 Mbit/s."""
     with Testbed.up(load_topology_dict(dumbbell(name="chg", rate="500mbit"))) as tb:
         result = {}
-        flow = threading.Thread(target=lambda: result.update(iperf3(tb, 6)))
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, 15)))
         flow.start()
         with TcSampler(tb.egress[(2, "forward")]) as wire:
-            time.sleep(3.0)
+            deadline = time.monotonic() + 30
+            while wire.recent_rate(1.5) < 0.9 * 500e6:  # the flow is up to the rate
+                assert flow.is_alive() and time.monotonic() < deadline, "the flow never came up to the rate"
+                time.sleep(0.1)
             t_change = time.monotonic()
             tb.set_links(tb.find_links("s0-s1"), rate=Rate.parse("100mbit"))
             flow.join()

@@ -156,6 +156,20 @@ def test_a_host_whose_testbed_changed_version_since_up_is_refused_before_the_run
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+def _agents_faulting() -> list[int]:
+    """The pids of the host agents still running with TESTBED_FAULT_STEP set (h1's, until it
+    kills itself at that step; a killed one is a zombie, whose environment reads empty)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if (d.name.isdigit() and b"TESTBED_FAULT_STEP=" in (d / "environ").read_bytes()
+                    and b"\0_host\0" in (d / "cmdline").read_bytes()):
+                pids.append(int(d.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
 def test_a_half_built_share_after_the_controller_and_the_hosts_agent_died(clean_lab, tmp_path):
     """The controller is SIGKILLed while the hosts build, and h1's agent is SIGKILLed halfway
     through its share (its ledger lists part of it); h1 is silent meanwhile. Once h1 is back,
@@ -168,9 +182,12 @@ def test_a_half_built_share_after_the_controller_and_the_hosts_agent_died(clean_
     h1.cut()
     p.kill()  # the controller dies while h1 builds, unheard
     p.communicate()
-    time.sleep(2)  # h1's agent killed itself at its step 3: a half-built share, its ledger and the link
+    # h1's agent kills itself at its step 3: a half-built share, its ledger and the link
     # exporter it started before its first step (and announced in its target file)
-    assert h1.ledgers() == ["fh", "targets/testbed-fh.json"] and h1.namespaces(), h1.ledgers()
+    deadline = time.monotonic() + 30
+    while _agents_faulting() or not (h1.ledgers() == ["fh", "targets/testbed-fh.json"] and h1.namespaces()):
+        assert time.monotonic() < deadline, (_agents_faulting(), h1.ledgers(), h1.namespaces())
+        time.sleep(0.2)
     r = cli("down", "--all", "--json", env=QUICK, timeout=120)
     assert r.returncode == 1 and "host h1" in json.loads(r.stdout)["error"], r.stdout + r.stderr
     assert "h2" not in lab.leftovers()

@@ -41,10 +41,10 @@ INJECTED = 20
 FRAME = b"\xff" * 6 + b"\x02\0\0\0\0\x01" + b"\x88\xb5" + b"tunnel test".ljust(46, b".")
 """A broadcast Ethernet frame of a local experimental EtherType (IEEE 802 0x88B5)."""
 TCP_BYTES = 8 << 20
-SILENT_BOUND_S = 6.0
+SILENT_BOUND_S = 8.0
 """By when a forwarder stops sending to a peer it no longer hears: testbed.net.tunnellive's
 SILENT_S (5 s), noticed at its next tick (0.25 s), and slack for a busy machine."""
-LISTEN_AFTER_S = 3.0
+LISTEN_AFTER_S = 5.0
 RECEIVER = """
 import hashlib, socket, sys
 s = socket.create_server((sys.argv[1], 5300))
@@ -70,8 +70,9 @@ def _rx_packets(h: Host) -> int:
     return int(link["stats64"]["rx"]["packets"])
 
 
-def _inject(lab: Lab, from_port: int, datagrams: list[bytes]) -> int:
-    """``datagrams`` to b's forwarder from 127.0.0.1:from_port; b's link end's rx delta."""
+def _inject(lab: Lab, from_port: int, datagrams: list[bytes], expect: int = 0) -> int:
+    """``datagrams`` to b's forwarder from 127.0.0.1:from_port; b's link end's rx delta, once
+    ``expect`` packets came (up to 30 s; what is dropped can only be waited for: 0.5 s)."""
     before = _rx_packets(lab.b)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -81,7 +82,10 @@ def _inject(lab: Lab, from_port: int, datagrams: list[bytes]) -> int:
     finally:
         s.close()
     time.sleep(0.5)
-    return _rx_packets(lab.b) - before
+    deadline = time.monotonic() + 30
+    while (got := _rx_packets(lab.b) - before) < expect and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
 
 
 def _sealed(token: bytes) -> list[bytes]:
@@ -113,7 +117,7 @@ def basic() -> dict:
         right = _sealed(lab.token)
         out["rx_wrong_key"] = _inject(lab, lab.a.port, _sealed(bytes(16)))
         out["rx_stranger"] = _inject(lab, 0, _sealed(lab.token))
-        out["rx_right"] = _inject(lab, lab.a.port, right)
+        out["rx_right"] = _inject(lab, lab.a.port, right, expect=INJECTED)
         out["rx_replayed"] = _inject(lab, lab.a.port, right)
         lab.stop_forwarders()
         out["b_counters"] = lab.b.counters

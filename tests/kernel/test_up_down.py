@@ -104,10 +104,20 @@ def test_two_testbeds_at_once_do_not_interfere(clean_kernel):
         a.down()
 
 
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def test_down_kills_processes_inside_the_nodes(clean_kernel):
     tb = Testbed.up(load_topology_dict(dumbbell(name="procs")))
     p = tb.spawn("w0", ["sleep", "300"])
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while _comm(p.pid) != "sleep":  # nsexec has entered the node and exec'd it
+        assert p.poll() is None and time.monotonic() < deadline, "sleep never started in the node"
+        time.sleep(0.05)
     tb.down()
     assert p.wait(timeout=5) == -signal.SIGTERM
 

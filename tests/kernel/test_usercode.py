@@ -100,8 +100,8 @@ def test_failing_silent_and_bypassing_scripts_end_naming_the_rank(tmp_path, clea
         assert "error: rank 1 (node w1) exited with code 3" in err, err
         err, _ = run("noinit")  # no collective at all: nothing was proven
         assert "error: the run is unproven: the training issued no collective between ranks" in err, err
-        err, took = run("halfinit", "--timeout", "6")  # rank 0 waits for rank 1, which left
-        assert "no progress from any rank for 6 s" in err and "Rank 1 (node w1) exited 0" in err, err
+        err, took = run("halfinit", "--timeout", "15")  # rank 0 waits for rank 1, which left
+        assert "no progress from any rank for 15 s" in err and "Rank 1 (node w1) exited 0" in err, err
         err, _ = run("bypass", "--timeout", "60")  # gloo on loopback cannot reach the other node
         assert "error: rank" in err and "exited with code 1" in err and "Connection refused" in err, err
         # a module (-m), found from the directory `testbed run` starts in, recording with the helper

@@ -271,7 +271,7 @@ def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypa
     try:
         assert json.loads(target.read_text())[0]["labels"] == {"exporter": "training"}
         t = time.monotonic()
-        assert e.finish() is None and time.monotonic() - t < 1  # nobody scrapes, nobody watches: no wait
+        assert e.finish() is None and time.monotonic() - t < 5  # nobody scrapes, nobody watches: no wait
 
         def scrape_every(period: float, n: int) -> None:
             for _ in range(n):
@@ -281,11 +281,11 @@ def test_run_exporter_waits_for_a_scrape_of_the_final_records(tmp_path, monkeypa
         scrape_every(0.3, 3)  # a Prometheus scraping every 0.3 s...
         _append(d / "rank0.jsonl", _it(0, 1, 0.2), _it(0, 2, 0.2))  # ...then the run's last records
         th = threading.Thread(target=scrape_every, args=(0.3, 4))
-        t = time.monotonic()
         th.start()
-        assert e.finish() is True
+        t = time.monotonic()
+        assert e.finish() is True  # a scrape that began after the final records came
+        assert time.monotonic() - t < 10
         th.join()
-        assert time.monotonic() - t < 2
         assert e.collector.runs[d].ranks[0].iterations == 2  # that scrape read the final records
     finally:
         e.close()
@@ -319,7 +319,7 @@ def test_run_exporter_waits_for_the_first_scrape_when_a_monitor_watches(tmp_path
     e = RunExporter(_run_dir(tmp_path, run_id="r2"), tmp_path / "state" / "targets" / "run2.json")
     try:
         t = time.monotonic()
-        assert e.finish() is None and time.monotonic() - t < 1
+        assert e.finish() is None and time.monotonic() - t < 5  # counted, it would wait 14 s
     finally:
         e.close()
 

@@ -34,11 +34,12 @@ def test_the_rank_that_died_first_is_named_even_when_a_lower_rank_died_of_it(tmp
     (tmp_path / "state" / "unit" / "ledger.jsonl").touch()  # the testbed is up, not going
     launcher = Launcher.__new__(Launcher)
     launcher.tb, launcher.timeout, launcher.places, launcher._collected = _Testbed(), 300.0, {}, 0.0
-    launcher.ranks = [
-        # rank 0 fails a moment after its peer, as gloo's "connection reset" makes it do
-        _rank(tmp_path, 0, "import time, sys; time.sleep(0.8); sys.exit(1)"),
-        _rank(tmp_path, 1, "import os, signal, time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)"),
-    ]
+    r1 = _rank(tmp_path, 1, "import os, signal, time; time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)")
+    # rank 0 fails once its peer is gone (reaped), as gloo's "connection reset" makes it do
+    r0 = _rank(tmp_path, 0, "import os, sys, time\nt = time.monotonic()\n"
+                            f"while os.path.exists('/proc/{r1.proc.pid}') and time.monotonic() - t < 60:\n"
+                            "    time.sleep(0.02)\nsys.exit(1)")
+    launcher.ranks = [r0, r1]
     # one poll before either died, the next after both had: the order must come from the reaper
     with pytest.raises(RankFailed) as e:
         launcher.wait(interval=1.5)

@@ -85,10 +85,27 @@ class FakeTb:
         return self.sites[host]
 
 
-def _wait(ts: TrainStart, timeout: float = 5.0) -> None:
+def _wait(ts: TrainStart, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while ts._thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the watch never looked"
+        time.sleep(0.01)
+
+
+class LookedAt(LocalMarker):
+    """A local marker that counts the watch's looks at it."""
+
+    looks = 0
+
+    def seen(self) -> bool:
+        self.looks += 1
+        return super().seen()
 
 
 def test_a_local_marker_from_this_launch_reads_the_counters_an_older_one_does_not(tmp_path):
@@ -96,8 +113,8 @@ def test_a_local_marker_from_this_launch_reads_the_counters_an_older_one_does_no
     marker.touch()
     os.utime(marker, (time.time() - 60, time.time() - 60))  # an earlier run's
     tb = FakeTb()
-    ts = TrainStart(tb, [], LocalMarker(marker, since=time.time() - 1))
-    time.sleep(0.1)
+    ts = TrainStart(tb, [], watched := LookedAt(marker, since=time.time() - 1))
+    _until(lambda: watched.looks >= 2)  # the watch has looked at the old marker
     assert ts.counters is None and tb.reads == 0
     marker.touch()
     _wait(ts)
@@ -112,9 +129,10 @@ class Stat:
 
 class FakeSftp:
     def __init__(self, files: dict):
-        self.files, self.closed = files, False
+        self.files, self.closed, self.stats = files, False, 0
 
     def stat(self, path):
+        self.stats += 1
         if isinstance(self.files.get(path), Exception):
             raise self.files[path]
         if path not in self.files:
@@ -163,7 +181,7 @@ def _remote(files: dict) -> tuple[FakeTb, FakeSftp, FakeSite]:
 def test_a_remote_marker_is_watched_in_that_hosts_copy_of_the_run_directory():
     tb, sftp, site = _remote({})
     ts = TrainStart(tb, [], RemoteMarker(site, "run-7"))
-    time.sleep(0.1)
+    _until(lambda: sftp.stats >= 2)  # opened (its first stat), then looked at
     assert ts.counters is None and site.remote.calls == [("rundir", "tb", "run-7")]
     sftp.files["/run/testbed/tb/runs/run-7/started"] = 1000.0  # rank 0 on h1 starts training
     _wait(ts)
@@ -175,7 +193,7 @@ def test_a_remote_marker_left_by_an_earlier_run_counts_only_once_it_changes():
     path = "/run/testbed/tb/runs/run-7/started"
     tb, sftp, site = _remote({path: 500.0})  # that host's clock is not compared with ours
     ts = TrainStart(tb, [], RemoteMarker(site, "run-7"))
-    time.sleep(0.1)
+    _until(lambda: sftp.stats >= 2)  # opened (its first stat), then looked at
     assert ts.counters is None and tb.reads == 0
     sftp.files[path] = 501.0
     _wait(ts)

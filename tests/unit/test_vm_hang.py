@@ -70,20 +70,20 @@ def test_recv_gives_up_on_silence_only():
     a, b = socket.socketpair()
     with a, b:
         def talk():
-            for _ in range(4):
-                time.sleep(0.1)
+            for _ in range(4):  # 4 s in all, longer than the idle limit: only silence counts
+                time.sleep(1.0)
                 wire.send(a, wire.HEARTBEAT)
             wire.send(a, wire.EXIT, b"0")
 
         threading.Thread(target=talk).start()
         seen = []
-        while (f := wire.recv(b, idle=0.5))[0] != wire.EXIT:
+        while (f := wire.recv(b, idle=3))[0] != wire.EXIT:
             seen.append(f)
         assert len(seen) == 4
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             wire.recv(b, idle=0.3)
-        assert 0.25 < time.monotonic() - t0 < 2
+        assert 0.25 < time.monotonic() - t0 < 10
 
 
 def test_the_relay_gives_up_on_a_silent_guest_naming_the_node_and_why(monkeypatch, capsys):
@@ -94,7 +94,7 @@ def test_the_relay_gives_up_on_a_silent_guest_naming_the_node_and_why(monkeypatc
         wire.send(a, wire.STDOUT, b"training\n")
         t0 = time.monotonic()
         assert vmexec._relay_output(b, "tb.w1", "w1", 0.3) == vmexec.EXIT_LOST
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 10
     err = capsys.readouterr().err.strip()
     assert err == ("error: node w1: its VM is not answering: no word from its guest agent for 0.3 s and its QEMU "
                    "(pid 42) is stopped (state T: SIGSTOP?); gave up the command there "

