@@ -61,8 +61,9 @@ def serve(registry, host: str, port: int, token: str | None = None, start: bool 
             sock.close()
         raise
     httpd.socket.close()  # the one it made unbound; it serves ours, as server_bind would have left it
-    httpd.socket, httpd.server_address = sock, sock.getsockname()
-    httpd.server_name, httpd.server_port = socket.getfqdn(httpd.server_address[0]), httpd.server_address[1]
+    address = sock.getsockname()
+    httpd.socket, httpd.server_address = sock, address
+    httpd.server_name, httpd.server_port = socket.getfqdn(address[0]), address[1]
     httpd.setup_environ()
     app = make_wsgi_app(registry)
     httpd.set_app(_guarded(app, token) if token else app)

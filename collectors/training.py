@@ -41,9 +41,9 @@ class _Rank:
     tail: JsonlTail
     iterations: int = 0
     loss: float | None = None
-    payload: int = 0
-    last_payload: int | None = None
-    tx_bytes: int | None = None
+    payload: float = 0
+    last_payload: float | None = None
+    tx_bytes: float | None = None
     compute_s: float = 0.0
     buckets: list[int] = field(default_factory=lambda: [0] * len(ITER_BUCKETS))
     iter_sum: float = 0.0
@@ -93,7 +93,7 @@ class _Run:
                     for i, le in enumerate(ITER_BUCKETS):
                         if s <= le:
                             st.buckets[i] += 1
-        for rec in self.evals.read():
+        for rec in self.evals.read() if self.evals is not None else ():
             self.accuracy = _num(rec.get("accuracy"))
             self.epoch = _num(rec.get("epoch"))
         if self.proof is None and (self.path / "summary.json").exists():

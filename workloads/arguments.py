@@ -200,8 +200,8 @@ def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given:
             p.error(f"{param.flag} is given twice, by the scheme variant {args.scheme!r} and on its own; keep one")
         if param.type is not bool:
             extra += [param.flag, val]
-        elif param.switch_flag(val):
-            extra.append(param.switch_flag(val))
+        elif flag := param.switch_flag(val):
+            extra.append(flag)
         else:
             p.error(f"scheme variant {args.scheme!r}: {key}={val} is not a switch's value; write "
                     + " or ".join(f"{scheme.name}:{w}" for w in param.all_words or (f"{key}=true", f"{key}=false")))

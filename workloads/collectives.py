@@ -42,7 +42,9 @@ import math
 import os
 import pickle
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 ENV = "TESTBED_COLLECTIVES"
 """This rank's collectives file (set by testbed's launcher)."""
@@ -84,6 +86,27 @@ def nbytes(sizes, dtypes) -> int | None:
     return total
 
 
+class VolumeLike(Protocol):
+    """What the ledger asks of the built-in trainer's ``workloads.volume.Volume`` (which
+    imports this module)."""
+
+    def begin(self, t_ns: int) -> None: ...
+
+    def carry(self, t_ns: int, nbytes: int) -> None: ...
+
+    def lose(self, t0_ns: int, t1_ns: int) -> None: ...
+
+    def to_dict(self) -> dict: ...
+
+
+@dataclass
+class _Pause:
+    """The span of an :func:`aside` (``time.time_ns()``): its end is None while it lasts."""
+
+    start: int
+    end: int | None = None
+
+
 class Ledger:
     """This rank's collectives, folded from the recorder into totals per phase, group and kind."""
 
@@ -99,12 +122,12 @@ class Ledger:
         self.train_from: int | None = None
         """ns; None: every collective is the training's (user code)."""
         self.train_until: int | None = None
-        self.pauses: list[list[int | None]] = []
+        self.pauses: list[_Pause] = []
         self.since_fold = 0
         """Evaluations since the last fold."""
         self.per_interval: float | None = None
         """Recorder entries per interval between evaluations, as the last fold measured."""
-        self.volume = None
+        self.volume: VolumeLike | None = None
         """workloads.volume.Volume of the built-in trainer (None: user code)."""
         self.last_ns: dict[str, int] = {}
         """Per recorder: the creation time of the last entry folded (where a lost range starts)."""
@@ -114,7 +137,7 @@ class Ledger:
             return "other"
         if self.train_until is not None and t_ns > self.train_until:
             return "other"
-        if any(t0 <= t_ns and (t1 is None or t_ns <= t1) for t0, t1 in self.pauses):
+        if any(p.start <= t_ns and (p.end is None or t_ns <= p.end) for p in self.pauses):
             return "other"
         return "train"
 
@@ -308,12 +331,12 @@ def aside():
     if _ledger is None:
         yield
         return
-    pause = [time.time_ns(), None]
+    pause = _Pause(time.time_ns())
     _ledger.pauses.append(pause)
     try:
         yield
     finally:
-        pause[1] = time.time_ns()
+        pause.end = time.time_ns()
         _ledger.maybe_fold()
 
 

@@ -133,7 +133,7 @@ def _digits_arrays():
     if csv.is_file():
         arr = np.loadtxt(csv, delimiter=",", dtype=np.float32)
         return arr[:, :-1].reshape(-1, 8, 8), arr[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.datasets import load_digits as sk_digits  # type: ignore[import-untyped]  # scikit-learn ships no types
     d = sk_digits()
     return d.images, d.target
 

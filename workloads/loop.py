@@ -15,6 +15,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn as nn
@@ -23,6 +24,10 @@ from workloads import arguments, collectives, compat, data, records
 from workloads.evaluation import evaluate, sync_buffers
 from workloads.measure import DDPTimes
 from workloads.pacing import Pacer
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.lr_scheduler import LRScheduler
 
 
 @dataclass
@@ -50,6 +55,13 @@ class Progress:
     """--gpu-time: the pacer's largest ``need`` (K x it meets every deadline)."""
 
 
+class SchemeState(Protocol):
+    """What the loop asks of a scheme's state (``workloads.schemes``); it may also have
+    ``before_step()`` and ``after_step(optimizer)``, which the loop calls where present."""
+
+    def take_payload_bytes(self) -> int: ...
+
+
 @dataclass
 class Loop:
     args: argparse.Namespace
@@ -59,11 +71,11 @@ class Loop:
     device: torch.device
     model: nn.Module
     """The model itself (evaluated; the DDP module is ``synthetic`` in a --compute-time run)."""
-    ddp: nn.Module
-    state: object
+    ddp: DistributedDataParallel
+    state: SchemeState
     """The scheme's state (``take_payload_bytes``, optional ``before_step``/``after_step``)."""
     opt: torch.optim.Optimizer
-    sched: object
+    sched: LRScheduler | None
     timers: DDPTimes
     synthetic: nn.Module | None
     total: int
@@ -147,19 +159,20 @@ class Loop:
             progress.real_compute_max_s = max(progress.real_compute_max_s, self.pacer.real)
             progress.need_max = max(progress.need_max, self.pacer.need)
             late = self.pacer.late / self.args.dilation
+        recorded: float | None = loss
         if self.synthetic is not None:
-            loss = None  # no loss without a forward pass
+            recorded = None  # no loss without a forward pass
         elif not math.isfinite(loss):
             raise ValueError(f"loss is {loss} at iteration {it}; lower --lr")
         if self.it_log:
             tx, rx = self.counters.read() if self.counters else (None, None)
             buffers = getattr(self.state, "buffer_bytes", None)
             self.it_log.write({"rank": self.rank, "iter": it, "epoch": epoch, "time": time.time(), "iter_s": dt,
-                               "compute_s": compute_s, "comm_s": comm_s, "overlap_s": overlap_s, "loss": loss,
+                               "compute_s": compute_s, "comm_s": comm_s, "overlap_s": overlap_s, "loss": recorded,
                                "payload_bytes": payload, "buffer_bytes": buffers[-1] if buffers else None,
                                "tx_bytes": tx, "rx_bytes": rx, "paced_late_s": late})
         if self.rank == 0 and self.args.log_every and it % self.args.log_every == 0:
-            print(f"epoch {epoch} iter {it}/{self.total} loss {loss if loss is None else round(loss, 4)} "
+            print(f"epoch {epoch} iter {it}/{self.total} loss {recorded if recorded is None else round(recorded, 4)} "
                   f"{dt * 1000:.0f} ms "
                   f"payload {payload} B", flush=True)
 

@@ -21,7 +21,9 @@ class DDPTimes:
     def read(self) -> tuple[float | None, float | None, float | None]:
         if not self._ok:
             return None, None, None
-        self._ddp.logger.set_runtime_stats_and_log()
+        logger = self._ddp.logger
+        assert logger is not None  # DDP made it (setting the sample rate above used it)
+        logger.set_runtime_stats_and_log()
         d = self._ddp._get_ddp_logging_data()
         ns = 1e-9
         compute = (d.get("forward_compute_time", 0) + d.get("backward_compute_time", 0)) * ns

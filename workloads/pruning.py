@@ -53,6 +53,8 @@ def _grasp_scores(model: nn.Module, batches, names: list[str]) -> list[torch.Ten
     for x, y in batches:  # second pass: H g = d/dw (grad(loss) . g)
         grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), ws, create_graph=True)
         z = sum((a * b.detach()).sum() for a, b in zip(grads, g))
+        if not isinstance(z, torch.Tensor):  # 0: no parameters to score
+            raise ValueError("GraSP pruning needs at least one prunable parameter")
         for a, b in zip(hg, torch.autograd.grad(z, ws)):
             a.add_(b)
     return [-(w.detach() * h) for w, h in zip(ws, hg)]
@@ -95,10 +97,11 @@ def compute_masks(model: nn.Module, ratio: float, method: str = "magnitude", bat
     if broadcast and dist.is_initialized():  # rank 0's mask for everyone
         dist.broadcast(keep, src=dist.get_global_rank(process_group, 0) if process_group else 0,
                        group=process_group)
-    masks, off = {}, 0
-    for n in names:
-        w = weights[n]
-        masks[n] = keep[off:off + w.numel()].view_as(w).bool()
+    masks: dict[str, torch.Tensor] = {}
+    off = 0
+    for name in names:
+        w = weights[name]
+        masks[name] = keep[off:off + w.numel()].view_as(w).bool()
         off += w.numel()
     return masks
 

@@ -150,7 +150,7 @@ def _model(args, ds, rank, device) -> tuple[nn.Module, dict | None]:
     """The model, with the same initial weights everywhere (seeded; DDP also broadcasts
     rank 0's), from ``--init``'s checkpoint if given; (model, the checkpoint's description)."""
     model = build_model(args.model, ds.num_classes, 3, args.width, args.depth)
-    pretrained = None  # from scratch
+    pretrained: dict | None = None  # from scratch
     if args.init:
         pretrained = {}
         for note in load_into(model, args.init, args.model, pretrained):

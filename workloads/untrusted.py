@@ -134,7 +134,8 @@ def _admitted() -> dict[tuple[str, str], object]:
             raise Refused(f"it holds an array of dtype {dt}, which a CIFAR batch never does")
         return dt
 
-    admitted = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): dtype, ("_codecs", "encode"): _latin1}
+    admitted: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): dtype,
+                                               ("_codecs", "encode"): _latin1}
     for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
         admitted[(mod, "_reconstruct")] = reconstruct
         admitted[(mod, "scalar")] = scalar

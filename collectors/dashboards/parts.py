@@ -17,6 +17,9 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+# The SDK's enums are enum.StrEnum, new in Python 3.11; mypy checks this code as 3.10, where
+# their members read as plain str, so the builders' enum parameters need a type: ignore below.
+
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 LEGEND_CALCS = ["mean", "max", "lastNotNull"]
@@ -52,7 +55,7 @@ def target(expr: str, legend: str, ref: int, instant: bool = False, table: bool 
 
 def steps(*pairs: tuple[float | None, str]) -> db.ThresholdsConfig:
     """Threshold steps: (value, colour); the first value is None (the base)."""
-    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(  # type: ignore[arg-type]  # SDK StrEnum, see above
         [dm.Threshold(value=v, color=c) for v, c in pairs])
 
 
@@ -65,18 +68,18 @@ def timeseries(title: str, targets: list[tuple[str, str]], unit: str, *, descrip
                stacked: bool = False, width: int = 12, height: int = 8) -> ts.Panel:
     p = (ts.Panel().title(title).description(description).datasource(DS).unit(unit).thresholds(thresholds)
          .span(width).height(height).fill_opacity(10 if not stacked else 60)
-         .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
+         .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)  # type: ignore[arg-type]  # SDK StrEnum, see above
                  .placement(cm.LegendPlacement.BOTTOM).show_legend(True).calcs(LEGEND_CALCS))
-         .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
+         .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))  # type: ignore[arg-type]  # SDK StrEnum, see above
          .targets([target(e, leg, i) for i, (e, leg) in enumerate(targets)]))
     if thresholds is not GREEN:
-        p = p.thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
+        p = p.thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))  # type: ignore[arg-type]  # SDK StrEnum, see above
     if min_val is not None:
         p = p.min(min_val)
     if max_val is not None:
         p = p.max(max_val)
     if stacked:
-        p = p.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+        p = p.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))  # type: ignore[arg-type]  # SDK StrEnum, see above
     return p
 
 

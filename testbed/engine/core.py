@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, cast
 
 from testbed.common.version import __version__
 from testbed.plan import naming
@@ -163,7 +163,8 @@ class Testbed:
     # ------------------------------------------------------------------ queries
     @property
     def workers(self) -> list[NodeInfo]:
-        return sorted((n for n in self.nodes.values() if n.kind == "worker"), key=lambda n: n.rank)
+        # a worker's rank is always set (planner._node_table), so the key is an int
+        return sorted((n for n in self.nodes.values() if n.kind == "worker"), key=lambda n: cast(int, n.rank))
 
     def node(self, name: str) -> NodeInfo:
         try:

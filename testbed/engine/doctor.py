@@ -91,7 +91,7 @@ def _gpu() -> list[Check]:
     out.append(Check("GPUs", bool(gpus), f"{len(gpus)} GPU(s): " + "; ".join(gpus) if gpus else "none found",
                      None if gpus else "CPU runs use gloo; GPU runs need NVIDIA drivers (nvidia-smi)"))
     try:
-        import torch  # type: ignore
+        import torch
 
         if torch.cuda.is_available():
             v = torch.cuda.nccl.version()

@@ -110,7 +110,7 @@ def apply(name: str, req: dict) -> dict:
     from testbed.plan.ledger import Ledger
     from testbed.common.state import global_lock, state_root
     from testbed.plan.plan import Plan
-    from testbed.engine.teardown import require_root
+    from testbed.engine.teardown import created_namespace, require_root
 
     require_root()
     state = dict_of(req.get("state"), "state")
@@ -126,17 +126,21 @@ def apply(name: str, req: dict) -> dict:
             if isinstance(ns, str) and not naming.owned_namespace(name, ns):
                 raise StateError(f"action {type(a).__name__} names namespace {ns!r}, which '{name}' cannot own")
         fields = {f.name for f in dataclasses.fields(a)}
+        changes: dict[str, str] = {}
         if "tag" in fields:
-            a = dataclasses.replace(a, tag=naming.tag(name))  # this host's state directory owns it
+            changes["tag"] = naming.tag(name)  # this host's state directory owns it
         if "state" in fields:  # a container's label: a lost-ledger `down --all` here finds it
-            a = dataclasses.replace(a, state=str(state_root()))
-        todo.append(a)
+            changes["state"] = str(state_root())
+        todo.append(dataclasses.replace(a, **changes) if changes else a)
     tb = Testbed(state)  # validates the state as the controller's own commands would
+    subnet = ipaddress.ip_network(state["subnet"])
+    if not isinstance(subnet, ipaddress.IPv4Network):
+        raise TestbedError("the request's subnet is not an IPv4 network")
     die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
     with global_lock():
         if Ledger(name).exists():
             raise StateError(f"testbed '{name}' is already up here")
-        check_free(a.ns for a in todo if a.creates_namespace)
+        check_free(created_namespace(a) for a in todo if a.creates_namespace)
         ledger = Ledger(name)
         ledger.create()
         state = {**state, "ready": False, "pid": os.getpid()}
@@ -146,7 +150,7 @@ def apply(name: str, req: dict) -> dict:
             if not isinstance(exporter, str):
                 raise TestbedError("the request's exporter is not HOST:PORT")
             sd.check_listen(exporter, "exporter", "HOST:PORT")
-        apply_plan(Plan(tb.topology, ipaddress.ip_network(state["subnet"]), todo), ledger, state, schedules=False,
+        apply_plan(Plan(tb.topology, subnet, todo), ledger, state, schedules=False,
                    exporter=exporter)
     return {"applied": len(todo), "exporter": state.get("exporter")}
 
@@ -187,11 +191,12 @@ def shape(name: str, req: dict) -> dict:
     for c in changes:
         c = dict_of(c, "change")
         key = (c.get("link"), c.get("direction"))
-        ep = tb.egress.get(key)  # type: ignore[arg-type]
-        if ep is None or ep.host != tb.here:
+        link, direction = key
+        if not (isinstance(link, int) and isinstance(direction, str)) \
+                or (ep := tb.egress.get((link, direction))) is None or ep.host != tb.here:
             raise TestbedError(f"link end {key} is not on this host")
-        old = shape_from_dict(c["old"]) if "old" in c else tb.topology.links[key[0]].shape(key[1])
-        todo.append(ShapeChange(key[0], key[1], f"links[{key[0]}] {key[1]}", ep, shape_from_dict(c.get("shape")), old))
+        old = shape_from_dict(c["old"]) if "old" in c else tb.topology.links[link].shape(direction)
+        todo.append(ShapeChange(link, direction, f"links[{link}] {direction}", ep, shape_from_dict(c.get("shape")), old))
     changer = LinkChanger()
     try:
         tb.site(tb.here).shape(todo, changer)

@@ -91,6 +91,7 @@ def _switches(plan: Plan, ctx: LinkContext) -> None:
         for s in topology.switches:
             if s.host == h:
                 info = plan.nodes[s.name]
+                assert info.iface is not None  # a switch has its bridge (_node_table)
                 plan.add(h, CreateBridge(fabric, info.iface, s.name, s.stp, ctx.alloc(h, fabric)))
 
 
@@ -117,6 +118,7 @@ def _link(plan: Plan, ctx: LinkContext, link, made: set[str]) -> None:
     for node_name in (link.a, link.b):
         info = plan.nodes[node_name]
         if info.kind == "worker" and backend(info.backend).host_address:
+            assert info.address is not None and info.rank is not None  # a worker has both (_node_table)
             plan.add(info.host, AddAddress(info.netns, naming.WORKER_IFACE, info.address, plan.subnet.prefixlen,
                                            naming.worker_mac(plan.topology.name, info.rank)))
     plan.egress[(link.index, "forward")] = Endpoint(a.ns, a.ifname, a.host)

@@ -23,7 +23,7 @@ from testbed.net.probe import netem_missing
 from testbed.net.routes import host_routes, route_source
 from testbed.net.underlay import check_underlay
 from testbed.nodes import BACKENDS
-from testbed.plan.actions import TargetFile
+from testbed.plan.actions import Action, TargetFile
 from testbed.plan.ledger import Ledger
 from testbed.plan.plan import Plan, choose_subnet
 
@@ -37,7 +37,7 @@ def preflight(topology: Topology, exporter: str | None = None) -> Plan:
     check_share(topology, LOCAL)
     underlays = check_hosts(topology) if topology.multi_host else None
     plan = make_plan(topology, choose_subnet(topology, host_routes()), underlays)
-    if topology.multi_host:
+    if underlays is not None:  # multi-host
         probe_hosts(topology, plan, underlays)
     check_free(plan.namespaces)
     return plan
@@ -54,6 +54,7 @@ def check_rootless(topology: Topology) -> None:
                 "leave type: out (or write type: tunnel): an ordinary user's links between hosts are user-space "
                 "tunnels; or run it as root (sudo $(command -v testbed) up ...)")
     for w in topology.workers:
+        assert w.backend is not None  # a worker always has one
         why = BACKENDS[w.backend].needs_root
         if why:
             raise rootless.RootlessError(f"worker {w.name} has backend {w.backend}, which needs root: {why}",
@@ -138,7 +139,7 @@ def local_plan(plan: Plan, state: dict, ctx, exporters: bool = True) -> Plan:
     remote = [h for h in plan.topology.hosts if h.name in plan.hosts]
     if not remote:
         return plan
-    acts = []
+    acts: list[Action] = []
     for h in remote:
         ctx.shares[h.name] = {"state": {**state, "host": h.name},
                               "actions": [a.to_dict() for a in plan.share(h.name)]}

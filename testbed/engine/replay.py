@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 from testbed.common import procs
 from testbed.common.signals import ignore_interrupts, interrupt_on
@@ -41,6 +41,7 @@ from testbed.model.topology import DIRECTIONS, Link, check_shape
 from testbed.plan.actions import StartReplay, recorded
 from testbed.plan.ledger import Ledger
 from testbed.model.trace import MAX_SPAN_S, Step, Trace
+from testbed.model.units import Duration, Loss, Rate
 
 DIRECTION_CHOICES = (*DIRECTIONS, "both")
 """What a change or a replay drives: one direction of each link, or both."""
@@ -66,8 +67,16 @@ class ReplayResult:
                 "restored": self.restored}
 
 
-def _changes(step: Step) -> dict:
-    d = {"rate": step.rate}
+class _Changes(TypedDict, total=False):
+    """A step's keyword changes to a link's shape (:meth:`dataclasses.replace`)."""
+
+    rate: Rate
+    delay: Duration
+    loss: Loss
+
+
+def _changes(step: Step) -> _Changes:
+    d: _Changes = {"rate": step.rate}
     if step.delay is not None:
         d["delay"] = step.delay
     if step.loss is not None:
@@ -205,7 +214,7 @@ def _encoded(tb, links: Sequence[Link], dirs, trace: Trace) -> LinkChanger:
     current = links
     for _ in range(2):  # the second pass from the first's results, as the steps go on
         for step in {s.values(): s for s in trace.steps}.values():
-            new = changer.derived.links(current, _changes(step), dirs)
+            new = changer.derived.links(current, dict(_changes(step)), dirs)
             changer.prepare([(ep, l.shape(d), "") for l in new.values() for d in dirs
                              if (ep := tb.egress[(l.index, d)]).host == tb.here])
             current = list(new.values())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Callable
+from typing import Protocol, cast
 
 from testbed.plan import actions, naming
 from testbed.common import procs
@@ -52,7 +53,17 @@ def require_root() -> None:
                            "testbed.common.rootless.enter() first")
 
 
-def _namespaces_of(action) -> list[str]:
+class _MakesNamespace(Protocol):
+    ns: str
+
+
+def created_namespace(action: actions.Action) -> str:
+    """The namespace an action whose ``creates_namespace`` is true makes: its ``ns`` field
+    (such an action has one, as :class:`testbed.plan.base.Action` says)."""
+    return cast(_MakesNamespace, action).ns
+
+
+def _namespaces_of(action: actions.Action) -> list[str]:
     return [v for k in ("ns", "peer_ns") if isinstance(v := getattr(action, k, None), str)]
 
 
@@ -80,7 +91,7 @@ def teardown(name: str, notes: list[str] | None = None) -> list[str]:
     host = LocalHost()
     if ledger.exists():
         ledger.mark_going()
-    td = actions.Teardown(name, {a.ns for a in todo if a.creates_namespace}, host)
+    td = actions.Teardown(name, {created_namespace(a) for a in todo if a.creates_namespace}, host)
     try:
         for a in reversed(todo):
             _guarded(td, a, a.release)

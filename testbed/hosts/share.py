@@ -107,4 +107,6 @@ class AwaitShares(Action):
                     continue
                 target = testbed_target(ctx.testbed).with_name(f"testbed-{ctx.testbed}@{host}.json")
                 write_target(target, addr, port, {"exporter": "links", "host": host})
-                ctx.results.setdefault("host_exporters", {})[host] = url
+                exporters = ctx.results.setdefault("host_exporters", {})
+                assert isinstance(exporters, dict)  # only set here
+                exporters[host] = url

@@ -18,7 +18,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from testbed.common import procs
 from testbed.common.digits import ascii_int
@@ -31,6 +31,10 @@ from testbed.net.rtnl import Rtnl
 from testbed.net.tcbatch import LinkChanger
 from testbed.nodes import get as get_backend
 from testbed.plan.plan import Endpoint, NodeInfo
+
+if TYPE_CHECKING:
+    from testbed.hosts.session import AgentSession
+    from testbed.hosts.ssh import Remote
 
 WHY_TIMEOUT = 20.0
 """Seconds another host gets to say why a node's process stopped (a VM's probe takes 5)."""
@@ -174,8 +178,8 @@ class SshSite(Site):
                              "run this on the controller (where `testbed up` ran)")
         super().__init__(tb, host)
         self.spec = tb.topology.host(host)
-        self._remote = None
-        self._session = None
+        self._remote: Remote | None = None
+        self._session: AgentSession | None = None
 
     @property
     def remote(self):

@@ -32,6 +32,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -64,18 +65,21 @@ GRAFANA_HINT = ("export GRAFANA_ADMIN_PASSWORD=$(openssl rand -hex 16)  (require
 
 
 def _alive(pid: int | None, marker: str) -> bool:
-    return bool(pid) and marker in procs.argv_of(pid)
+    if not pid:
+        return False
+    return marker in procs.argv_of(pid)
 
 
 def _markers(d: Path) -> dict[str, str]:
     return {"prometheus": f"--config.file={d / 'prometheus.yml'}", "exporter": f"--sd-file={d / 'targets' / 'runs.json'}"}
 
 
-def config(scrape_interval: str, target_dirs: list[Path], rule_files: list[Path] = (),
+def config(scrape_interval: str, target_dirs: list[Path], rule_files: Sequence[Path] = (),
            token_file: Path | None = None) -> dict:
     """prometheus.yml; ``token_file``: the exporters are an ordinary user's and ask for it."""
-    job = {"job_name": JOB,
-           "file_sd_configs": [{"files": [str(t / "*.json") for t in target_dirs], "refresh_interval": "5s"}]}
+    job: dict[str, object] = {
+        "job_name": JOB,
+        "file_sd_configs": [{"files": [str(t / "*.json") for t in target_dirs], "refresh_interval": "5s"}]}
     if token_file is not None:
         job["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
     return {
@@ -152,8 +156,8 @@ def up(d: Path, listen: str = "127.0.0.1:9090", runs: list[Path] | None = None,
     if runs:
         exp_cmd = [*procs.python_argv("collectors"), "--listen", exporter_listen, marks["exporter"],
                    "--sd-label", "exporter=runs", *auth.exporter_args()]
-        for r in runs:
-            exp_cmd += ["--runs", str(Path(r).resolve())]
+        for run in runs:
+            exp_cmd += ["--runs", str(Path(run).resolve())]
     st = {"dir": str(d), "prometheus_url": f"http://{hostport(phost, pport)}", "exporter_url": None,
           "targets": [str(t) for t in sd_dirs], "prometheus_cmd": prom_cmd, "exporter_cmd": exp_cmd,
           "runs": [str(Path(r).resolve()) for r in runs or []],

@@ -63,7 +63,7 @@ def watchers_dir() -> Path:
 
 def watchers() -> list[dict]:
     """The running monitors whose Prometheus reads ``targets_dir()``."""
-    out = []
+    out: list[dict] = []
     try:
         files = list(watchers_dir().glob("*.json"))
     except OSError:

@@ -138,6 +138,7 @@ def _runtime_image(dc, base: Path, wheels: Path, say: Callable[[str], None]) -> 
         shutil.rmtree(work / "tmp" / "wheels")
         say(f"docker import as {tag}")
         tar = subprocess.Popen(["tar", "-C", str(work), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+        assert tar.stdout is not None  # stdout=PIPE
         try:
             img = dc.api.import_image_from_stream(tar.stdout, repository=tag.split(":")[0], tag=tag.split(":")[1],
                                                   changes=[f"ENV PATH={ENV_PATH}", 'ENTRYPOINT ["sleep", "infinity"]'])

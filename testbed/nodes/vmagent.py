@@ -221,6 +221,8 @@ class Agent:
         except (OSError, subprocess.SubprocessError) as e:
             send(conn, ERROR, f"cannot start {req['argv'][0]}: {e}".encode())
             return
+        stdin = proc.stdin
+        assert stdin is not None  # stdin=PIPE
 
         def pump(src, kind):
             try:
@@ -242,10 +244,10 @@ class Agent:
                 while (frame := recv(conn)) is not None:
                     kind, data = frame
                     if kind == STDIN:
-                        proc.stdin.write(data)
-                        proc.stdin.flush()
+                        stdin.write(data)
+                        stdin.flush()
                     elif kind == STDIN_EOF:
-                        proc.stdin.close()
+                        stdin.close()
                     elif kind == SIGNAL:
                         os.killpg(proc.pid, int(data))
             except (OSError, ValueError):

@@ -78,7 +78,7 @@ def run(netns_name: str, vmdir: Path, argv: list[str], mounts: list[str], cwd: s
         return _fail(f"cannot reach the agent of the VM in {netns_name}: {e}", EXIT_LOST)
     sock.settimeout(None)
     env = {k: v for k, v in os.environ.items() if k != "TESTBED_DIE_WITH_PARENT"}
-    req = {"token": token, "op": "exec", "argv": argv, "env": env, "mounts": mounts, "cwd": cwd}
+    req: dict[str, object] = {"token": token, "op": "exec", "argv": argv, "env": env, "mounts": mounts, "cwd": cwd}
     if hang > 0:
         req["heartbeat"] = heartbeat_every(hang)
     wire.send(sock, wire.REQUEST, json.dumps(req).encode())

@@ -19,8 +19,14 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from workloads.schemes.params import PARAMETERS, Choice, Param, Range
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from workloads.placement import Placement
 
 __all__ = ["PLUGIN_GROUP", "SCHEMES", "VARIANT_HELP", "Choice", "Param", "PluginError", "Range", "Scheme",
            "SchemeOptions", "check_values", "get",
@@ -143,7 +149,9 @@ def _read_plugins() -> None:
             why = "already a scheme" if ep.name in SCHEMES else "not NAME = package.module:function"
             PLUGIN_WARNINGS.append(f"plugin scheme {printable(ep.name)!r} of package {dist!r} is skipped: {why}")
             continue
-        summary = printable((ep.dist.metadata.get("Summary") if ep.dist is not None else None) or f"from package {dist}")
+        metadata = ep.dist.metadata if ep.dist is not None else None
+        summary = printable((metadata["Summary"] if metadata is not None and "Summary" in metadata else None)
+                            or f"from package {dist}")
         SCHEMES[ep.name] = Scheme(ep.name, f"{summary} (package {dist})", module.strip(),
                                   function=function.strip(), package=dist)
 
@@ -222,12 +230,12 @@ def summary_values(scheme: str | Scheme, values: Mapping[str, object]) -> dict:
 class _Context:
     """What a scheme is told besides its hyper-parameters."""
 
-    process_group: object = None
+    process_group: ProcessGroup | None = None
     """torch.distributed group (None: the default group)."""
     device: str = "cpu"
     """Where random generators live (the gradients' device)."""
     seed: int = 0
-    placement: object = None
+    placement: Placement | None = None
     """workloads.placement.Placement of all ranks (domains = switches under testbed)."""
     total_iters: int = 1
     """Iterations the run will make (schedules that are fractions of the run)."""
@@ -237,14 +245,23 @@ def _check_options(self) -> None:
     check_values({p.name: getattr(self, p.name) for p in PARAMETERS})
 
 
-SchemeOptions = make_dataclass(
-    "SchemeOptions", [(p.name, p.type, field(default=p.default, metadata={"help": p.help})) for p in PARAMETERS],
-    bases=(_Context,), frozen=True, namespace={
-        "__post_init__": _check_options,
-        "__doc__": "What ``attach(ddp, opts, masks)`` reads: the context (process_group, device, seed, "
-                   "placement, total_iters) and one field per declared hyper-parameter (``parameters()``: "
-                   "name, default, help), each checked on construction (ValueError naming the flag)."})
-SchemeOptions.__module__ = __name__
+if TYPE_CHECKING:
+    class SchemeOptions(_Context):
+        """As the type checker sees the class made below: the context's fields, typed, and
+        the hyper-parameters' fields (made from ``PARAMETERS``) as Any."""
+
+        def __init__(self, **values: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    SchemeOptions = make_dataclass(
+        "SchemeOptions", [(p.name, p.type, field(default=p.default, metadata={"help": p.help})) for p in PARAMETERS],
+        bases=(_Context,), frozen=True, namespace={
+            "__post_init__": _check_options,
+            "__doc__": "What ``attach(ddp, opts, masks)`` reads: the context (process_group, device, seed, "
+                       "placement, total_iters) and one field per declared hyper-parameter (``parameters()``: "
+                       "name, default, help), each checked on construction (ValueError naming the flag)."})
+    SchemeOptions.__module__ = __name__
 
 
 def options(values: Mapping[str, object], **context) -> SchemeOptions:

@@ -61,21 +61,23 @@ class CommThread:
 
     def submit(self, work, device: torch.device | None = None) -> torch.futures.Future:
         """A future of ``work()``'s result, run on the thread after every earlier work."""
-        cuda = device is not None and device.type == "cuda"
-        fut = torch.futures.Future(devices=[device] if cuda else None)
+        cuda_device = device if device is not None and device.type == "cuda" else None
+        fut: torch.futures.Future = torch.futures.Future(devices=[cuda_device] if cuda_device is not None else None)
         ready = None
-        if cuda:  # the bucket's gradients are written on this (autograd's) stream
+        if cuda_device is not None:  # the bucket's gradients are written on this (autograd's) stream
             ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(device))
+            ready.record(torch.cuda.current_stream(cuda_device))
         if self._queue is None:
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._serve, name=self.name, daemon=True).start()
-        self._queue.put((work, fut, device if cuda else None, ready))
+        self._queue.put((work, fut, cuda_device, ready))
         return fut
 
     def _serve(self) -> None:
+        q = self._queue
+        assert q is not None  # made before this thread was started
         while True:
-            work, fut, device, ready = self._queue.get()
+            work, fut, device, ready = q.get()
             result = None
             if self._error is None:
                 try:
@@ -95,7 +97,7 @@ class CommThread:
 
 def done_future(value: torch.Tensor) -> torch.futures.Future:
     """A future already holding ``value`` (a synchronous hook's answer)."""
-    fut = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
+    fut: torch.futures.Future = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
     fut.set_result(value)
     return fut
 
@@ -206,6 +208,7 @@ class MaxExchange:
         while step < n:
             tag = (seq % (1 << 20)) * 32 + rnd
             send = dist.isend(v.clone(), self.ranks[(self.me + step) % n], group=self.group, tag=tag)
+            assert send is not None  # (None only for a rank outside the group)
             dist.recv(other, self.ranks[(self.me - step) % n], group=self.group, tag=tag)
             send.wait()
             torch.maximum(v, other, out=v)
@@ -261,7 +264,7 @@ class TernaryReducer:
             tiled = all(off == end for (off, _), end in zip(segments, ends))
             hit = self._layouts[key] = (torch.tensor([n for _, n in segments], dtype=torch.long, device=device)
                                         if tiled and segments else False)
-        return hit if hit is not False else None
+        return hit if isinstance(hit, torch.Tensor) else None  # False: not tiled
 
     def _layout(self, values: torch.Tensor, segments) -> torch.Tensor | None:
         """The lengths tensor when the whole-buffer path applies to ``values``, else None."""
@@ -321,7 +324,7 @@ class TernaryReducer:
         scales = self._clip_and_scale(values, segments)
         seq = self._calls
         self._calls += 1
-        result = torch.futures.Future(devices=[values.device] if values.is_cuda else None)
+        result: torch.futures.Future = torch.futures.Future(devices=[values.device] if values.is_cuda else None)
 
         def on_scales(agreed, error):
             try:

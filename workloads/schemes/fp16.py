@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ._common import Accounting
@@ -10,12 +11,13 @@ from ._common import Accounting
 
 @dataclass
 class FP16State(Accounting):
-    process_group: object = None
+    process_group: dist.ProcessGroup | None = None
 
 
 def fp16_hook(state: FP16State, bucket) -> torch.futures.Future[torch.Tensor]:
     state.payload_bytes += bucket.buffer().numel() * 2
-    return default_hooks.fp16_compress_hook(state.process_group, bucket)
+    # torch annotates process_group as ProcessGroup, but takes None (the default group)
+    return default_hooks.fp16_compress_hook(state.process_group, bucket)  # type: ignore[arg-type]
 
 
 def attach(ddp, opts, masks=None) -> FP16State:

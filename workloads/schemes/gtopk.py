@@ -35,7 +35,7 @@ from ._common import Accounting, BucketKeys, bucket_residual, done_future
 class GTopKState(Accounting):
     ratio: float = 0.01
     """Fraction of each bucket's elements selected per iteration (locally and globally)."""
-    process_group: object = None
+    process_group: dist.ProcessGroup | None = None
     rank: int = 0
     world: int = 1
     residuals: dict = field(default_factory=dict)

@@ -82,8 +82,9 @@ class HookState:
         return "hook" if callable(getattr(self.user_state, "take_payload_bytes", None)) else "wire"
 
     def take_payload_bytes(self) -> int:
-        if self.payload_source == "hook":
-            return int(self.user_state.take_payload_bytes())
+        take = getattr(self.user_state, "take_payload_bytes", None)
+        if callable(take):  # the user's state counts its own (payload_source "hook")
+            return int(take())
         if self.wire is None:
             return 0
         tx = self.wire.read()[0]

@@ -35,6 +35,7 @@ Pruning fixes a global mask (identical on all ranks). In DDP's communication hoo
 
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -146,7 +147,8 @@ class PacTrainState(Accounting):
         if b is None and (moved := self._moved(key, bucket)) is not None:
             return moved
         flat = torch.cat([self.masks[id(p)].reshape(-1) for p in bucket.parameters()])
-        if b is None or not torch.equal(b.mask, flat):
+        # (a bucket not yet compact, as b is here, still has its mask)
+        if b is None or not torch.equal(cast(torch.Tensor, b.mask), flat):
             b = self._buckets[key] = _Bucket(flat, size=flat.numel())  # new membership (rebuild) or changed mask
             self._claim(key, bucket)
         b.seen += 1
@@ -181,18 +183,20 @@ class PacTrainState(Accounting):
         compact now, its kept positions cut from theirs and shifted (no pass over the masks,
         no collective). None when any parameter is new to compaction."""
         params = list(bucket.parameters())
-        old = [self._where.get(id(p)) for p in params]
-        if not params or any(o is None for o in old):
+        old = [w for p in params if (w := self._where.get(id(p))) is not None]
+        if not params or len(old) < len(params):
             return None
         pieces, counts, off = [], {}, 0
         for p, (okey, ooff, n) in zip(params, old):
             ok = self._buckets[okey].kept
+            assert ok is not None  # _where holds positions in compact buckets only
             lo, hi = torch.searchsorted(ok, torch.tensor([ooff, ooff + n], device=ok.device)).tolist()
             pieces.append(ok[lo:hi] - (ooff - off))
             counts[id(p)] = hi - lo
             off += n
-        b = self._buckets[key] = _Bucket(None, kept=torch.cat(pieces), size=off, seen=1)
-        b.segments = segments_of(bucket, b.kept, counts)
+        kept = torch.cat(pieces)
+        b = self._buckets[key] = _Bucket(None, kept=kept, size=off, seen=1)
+        b.segments = segments_of(bucket, kept, counts)
         self._claim(key, bucket)  # the old buckets' positions live on in the new ones
         self._settle(key, bucket)
         return b
@@ -249,22 +253,24 @@ def _pactrain_reduce(state: PacTrainState, bucket) -> torch.futures.Future[torch
     group = state.process_group
     world = dist.get_world_size(group)
     b = state._track(bucket)
-    if b.kept is None:  # not yet stable: dense all-reduce of the masked gradient
+    kept = b.kept  # (once set, a bucket's kept positions never change)
+    if kept is None:  # not yet stable: dense all-reduce of the masked gradient
         buf.mul_(b.mask)
         state.payload_bytes += buf.numel() * buf.element_size()
         fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
     state._compact_now = True
-    compact = buf.index_select(0, b.kept)
+    compact = buf.index_select(0, kept)
     if state.ternary is not None:
         # two collectives in sequence (the scales, then the int8 sum quantised against them),
         # both launched off this thread: the hook returns at once
+        assert b.segments is not None  # set with kept
         fut, sent = state.ternary.reduce(compact, b.segments)
         state.payload_bytes += sent
-        return fut.then(lambda f: _scatter(buf, b.kept, f.value()))
+        return fut.then(lambda f: _scatter(buf, kept, f.value()))
     state.payload_bytes += compact.numel() * compact.element_size()
     fut = dist.all_reduce(compact, group=group, async_op=True).get_future()
-    return fut.then(lambda f: _scatter(buf, b.kept, f.value()[0].div_(world)))
+    return fut.then(lambda f: _scatter(buf, kept, f.value()[0].div_(world)))
 
 
 def attach(ddp, opts, masks=None) -> PacTrainState:

@@ -97,7 +97,7 @@ class Param:
     """What it does, for the flag's help (the schemes, valid values and default are added)."""
     schemes: tuple[str, ...]
     """The schemes whose results it changes."""
-    check: Range | Choice | None = None
+    check: Range | Choice | ImportPath | None = None
     """The values it accepts (None: any value of its type)."""
     positional: tuple[str, ...] = ()
     """Schemes in whose variant specs a bare value sets it (``topk:0.1``), in declaration order."""

@@ -15,12 +15,14 @@ from ._common import Accounting
 
 @dataclass
 class PowerSGDCounting(Accounting):
-    inner: psgd.PowerSGDState = None
+    inner: psgd.PowerSGDState | None = None
+    """torch's state (attach sets it)."""
     _after: int = 0  # inner.total_numel_after_compression already counted
 
 
 def powersgd_hook(state: PowerSGDCounting, bucket) -> torch.futures.Future[torch.Tensor]:
     inner = state.inner
+    assert inner is not None  # set by attach
     buf = bucket.buffer()
     if inner.iter < inner.start_powerSGD_iter:  # vanilla all-reduce of the whole bucket
         state.payload_bytes += buf.numel() * buf.element_size()

@@ -59,9 +59,9 @@ from ._common import Accounting, BucketKeys, CommThread, done_future
 class HierState(Accounting):
     world: int = 1
     rank: int = 0
-    intra: object = None
+    intra: dist.ProcessGroup | None = None
     """Process group of this rank's domain (None: a domain of one)."""
-    leaders: object = None
+    leaders: dist.ProcessGroup | None = None
     """Process group of the domains' leaders, on leaders only (None: not a leader, or one domain)."""
     leader: int = 0
     """Global rank of this domain's leader."""
@@ -129,7 +129,7 @@ def hier_reduce(state: HierState, buf: torch.Tensor, kept: torch.Tensor | None) 
     return buf.div_(state.world)
 
 
-def hier_groups(placement) -> tuple[object, object, int]:
+def hier_groups(placement) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None, int]:
     """(intra group, leaders group, leader rank) for this rank; every rank creates every group."""
     intra = leaders = None
     for g in placement.groups:  # dist.new_group is collective: same calls, same order, on all ranks
@@ -156,17 +156,18 @@ _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 @dataclass
 class _Layer:
     name: str
-    weight: nn.Parameter
-    bias: nn.Parameter | None
+    weight: torch.Tensor
+    """A parameter (or what a parametrization makes of one)."""
+    bias: torch.Tensor | None
     keep: int
     """Output channels kept."""
     bn: nn.Module | None = None
     """The batch norm applied to its output (masked with it), if any."""
 
-    def params(self) -> list[nn.Parameter]:
+    def params(self) -> list[torch.Tensor]:
         """Parameters whose first dimension is the output channel: weight, bias, the BN's affine pair."""
         ps = [self.weight, self.bias] + ([self.bn.weight, self.bn.bias] if self.bn is not None else [])
-        return [p for p in ps if p is not None]
+        return [p for p in ps if isinstance(p, torch.Tensor)]  # (None: no bias, or a BN without affine)
 
 
 def channel_layers(model: nn.Module, sparsity: float) -> list[_Layer]:

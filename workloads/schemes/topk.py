@@ -27,7 +27,7 @@ from ._common import Accounting, BucketKeys, bucket_residual
 class TopKState(Accounting):
     ratio: float = 0.01
     """Fraction of each bucket's elements sent per iteration."""
-    process_group: object = None
+    process_group: dist.ProcessGroup | None = None
     residuals: dict = field(default_factory=dict)
     """Bucket key (its parameters' identities) -> error-feedback residual."""
     keys: BucketKeys = field(default_factory=BucketKeys)
