@@ -4,12 +4,14 @@ One Typer sub-app or module per command group:
 
     testbeds   up (--dry-run), validate, down, status, exec
     links      link show | set | replay
-    runs       run, sweep             reports  report
+    runs       run                    sweeps   sweep (--slurm), _sweep-element (hidden)
+    reports    report                 graph    graph (--serve)
     images     image build            monitor  monitor up | down | status
     doctor     doctor, version        host     _host (hidden: a controller's request over SSH)
     params     what parameters share: -t/--testbed NAME|FILE, --json, choices from registries
     workload   the training options of run and sweep (scheme flags from workloads.schemes)
     render     output (tables, --json) and exit statuses
+    needs      what each command declares: the user's rootless namespaces, Slurm's ended jobs
 
 Exit codes: 0 ok, 1 failure, 2 usage. With --json, stdout carries exactly one JSON
 object (errors too: {"error": ..., "hint": ...}); progress goes to stderr.
