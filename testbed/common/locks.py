@@ -3,12 +3,16 @@ opened by :func:`open_lock` only (close-on-exec, never through a link) and taken
 :func:`held` (waiting) or :func:`hold_now` (not waiting), released when the block ends or
 the holder dies, so a killed command holds nothing.
 
-    the global lock    <state dir>/.lock         up, down, down --all: names and subnets
-    a testbed's lock   <state dir>/NAME/.lock    its links, ledger and state (link set, trace
-                                                 steps, down after the global lock)
+    the global lock    <state dir>/.lock         up and a host agent's share while they check
+                                                 and reserve a name (its ledger made), down --all
+    a testbed's lock   <state dir>/NAME/.lock    its build (taken before the global lock is
+                                                 let go), down, links, ledger and state copies,
+                                                 trace steps
     a testbed's runs   <state dir>/NAME/run.lock one run at a time (it names its pid)
 
-Always in that order, so no two commands wait on each other.
+Always in that order (a testbed's lock is never held while waiting for the global one), so
+no two commands wait on each other; and the global lock is held only for what concerns every
+testbed, never for a build: a second testbed comes up while a VM testbed boots.
 """
 
 from __future__ import annotations

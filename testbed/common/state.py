@@ -56,10 +56,12 @@ def check_root() -> Path:
 
 @contextlib.contextmanager
 def global_lock(timeout: float = 120.0) -> Iterator[None]:
-    """Serialise what concerns every testbed of this state directory across processes: up
-    (names, subnets), down, down --all. A change to one testbed's links or ledger takes that
-    testbed's lock only (:meth:`testbed.plan.ledger.Ledger.lock`), which down takes after
-    this one: always in this order, so no two commands wait on each other."""
+    """Serialise what concerns every testbed of this state directory across processes: an
+    up's check and reservation of its name (its ledger made; the build then holds the
+    testbed's own lock, :meth:`testbed.plan.ledger.Ledger.lock`), a host agent's the same, and
+    down --all. A testbed's down, link changes and trace steps take its own lock only, so a
+    VM testbed booting holds up no other testbed. Whoever holds this lock takes a testbed's
+    after it, never the other way round (testbed.common.locks)."""
     root = state_root()
     try:
         private_dir(root)

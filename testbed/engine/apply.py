@@ -25,6 +25,7 @@ from testbed.plan.plan import Plan
 
 Progress = Callable[[int, int, str], None]
 FAULT_ENV = "TESTBED_FAULT_STEP"  # test hook: SIGKILL ourselves before executing plan step N
+FAULT_SIGNAL_ENV = "TESTBED_FAULT_SIGNAL"  # ... or SIGSTOP (a build stopped halfway, its locks held)
 LEDGER_CHUNK = 64  # actions recorded per fsync; down treats recorded-but-never-made as already gone
 
 
@@ -53,7 +54,8 @@ def apply_plan(plan: Plan, ledger: Ledger, state: dict, progress: Progress | Non
                     recorded = min(total, i + LEDGER_CHUNK)
                     ledger.record(*(a.to_dict() for a in plan.actions[i:recorded]))
                 if i == fault:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    os.kill(os.getpid(), signal.SIGSTOP if os.environ.get(FAULT_SIGNAL_ENV) == "SIGSTOP"
+                            else signal.SIGKILL)
                 action.apply(ctx)
                 if progress:
                     progress(i + 1, total, action.describe())

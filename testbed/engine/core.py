@@ -12,6 +12,7 @@ another process, also after ``kill -9``) reads the ledger and removes exactly th
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -116,12 +117,14 @@ class Testbed:
         ``exporter``: HOST:PORT (port 0: any free one) for this testbed's link exporter, a
         host process announced to Prometheus through a file-SD target; None starts none."""
         require_root()  # an ordinary user's program: into their rootless namespaces first (their state is there)
-        with global_lock():
-            plan = cls.preflight(topology, exporter)
-            ledger = Ledger(topology.name)
-            ledger.create()
-            state = _initial_state(plan)
-            ledger.write_state(state)
+        with contextlib.ExitStack() as building:
+            with global_lock():  # only while the name is checked and reserved (its ledger made)
+                plan = cls.preflight(topology, exporter)
+                ledger = Ledger(topology.name)
+                ledger.create()
+                state = _initial_state(plan)
+                ledger.write_state(state)
+                building.enter_context(ledger.lock())  # the build holds its own: `down NAME` waits for it
             ctx = ApplyContext(topology.name, LocalHost())
             apply_plan(local_plan(plan, state, ctx, exporter is not None), ledger, state, progress, exporter,
                        ctx=ctx)

@@ -26,6 +26,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
 
 from __future__ import annotations
 
+import contextlib
+
 import ipaddress
 import json
 import os
@@ -136,20 +138,22 @@ def apply(name: str, req: dict) -> dict:
     subnet = ipaddress.ip_network(state["subnet"])
     if not isinstance(subnet, ipaddress.IPv4Network):
         raise TestbedError("the request's subnet is not an IPv4 network")
+    exporter = req.get("exporter")
+    if exporter is not None:  # checked before anything is recorded
+        if not isinstance(exporter, str):
+            raise TestbedError("the request's exporter is not HOST:PORT")
+        sd.check_listen(exporter, "exporter", "HOST:PORT")
     die_with_connection(signal.SIGTERM)  # a dead controller: the share removes itself
-    with global_lock():
-        if Ledger(name).exists():
-            raise StateError(f"testbed '{name}' is already up here")
-        check_free(created_namespace(a) for a in todo if a.creates_namespace)
-        ledger = Ledger(name)
-        ledger.create()
-        state = {**state, "ready": False, "pid": os.getpid()}
-        ledger.write_state(state)
-        exporter = req.get("exporter")
-        if exporter is not None:
-            if not isinstance(exporter, str):
-                raise TestbedError("the request's exporter is not HOST:PORT")
-            sd.check_listen(exporter, "exporter", "HOST:PORT")
+    with contextlib.ExitStack() as building:
+        with global_lock():  # only while the name is checked and reserved here
+            if Ledger(name).exists():
+                raise StateError(f"testbed '{name}' is already up here")
+            check_free(created_namespace(a) for a in todo if a.creates_namespace)
+            ledger = Ledger(name)
+            ledger.create()
+            state = {**state, "ready": False, "pid": os.getpid()}
+            ledger.write_state(state)
+            building.enter_context(ledger.lock())  # the share's build holds its own
         apply_plan(Plan(tb.topology, subnet, todo), ledger, state, schedules=False,
                    exporter=exporter)
     return {"applied": len(todo), "exporter": state.get("exporter")}
@@ -227,11 +231,10 @@ def _keep_copies(tb, copies: dict) -> None:
     `testbed status` typed here shows them (each shape checked as a topology's would be)."""
     from dataclasses import replace
 
-    from testbed.common.state import global_lock
     from testbed.model.topology import DIRECTIONS, load_topology_dict, shape_from_dict
     from testbed.plan.ledger import Ledger
 
-    with global_lock():
+    with Ledger(tb.name).lock():  # this testbed's: a trace step here never waits for another's up
         ledger = Ledger(tb.name)
         state = ledger.read_state()
         if state is None:

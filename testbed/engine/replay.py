@@ -332,7 +332,7 @@ def start_background(name: str, trace_path: Path | None, *, link: str | None = N
     ``ready`` line in its log). ``while_pid``: it ends, putting the shapes back, when that
     process is gone (a run that was killed). ``start_on``: the trace's 0 s is when this
     file appears (else at once). ``trace_path`` None: ``link``'s schedule in the topology.
-    ``locked``: the caller holds the global lock (``up``, building the testbed)."""
+    ``locked``: the caller holds the testbed's lock (``up``, building the testbed)."""
 
     rid = secrets.token_hex(16)
     marker = f"--replay-id={rid}"

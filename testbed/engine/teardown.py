@@ -132,11 +132,16 @@ def down(name: str, say: Callable[[str], None] | None = None) -> bool:
     warnings (a damaged ledger line, leftovers it did not list)."""
     require_root()
     notes: list[str] = []
-    with global_lock():
+    if not Ledger(name).exists():
+        return False
+    try:
+        lock = Ledger(name).lock()  # its own lock only: other testbeds' up and down go on meanwhile
+    except StateError:
+        return False  # removed meanwhile
+    with lock:  # a build or link change in flight ends first
         if not Ledger(name).exists():
-            return False
-        with Ledger(name).lock():  # a link change in flight ends first, and finds it gone after
-            problems = teardown(name, notes)
+            return False  # another down removed it meanwhile
+        problems = teardown(name, notes)
     for note in notes:
         if say is not None:
             say(f"warning: {note}")
@@ -150,7 +155,9 @@ def down(name: str, say: Callable[[str], None] | None = None) -> bool:
 
 
 def down_all() -> list[str]:
-    """Tear down every testbed in the state dir, then whatever a lost ledger left behind."""
+    """Tear down every testbed in the state dir, then whatever a lost ledger left behind. It
+    holds the global lock throughout: no testbed is reserved meanwhile, so what it recovers
+    by tags is only what lost its ledger (it waits for a build in flight to end first)."""
     require_root()
     removed: list[str] = []
     problems: list[str] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 
 from testbed.common.errors import StateError
@@ -152,5 +153,13 @@ class Ledger:
         write_json(self.state_path, state, indent=None, durable=durable)
 
     def remove(self) -> None:
+        """The testbed's directory gone: renamed away at once (the name is free from that
+        moment: an `up` of the same name, which the global lock does not keep out any more,
+        makes its directory afresh), then removed."""
         self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        trash = self.dir.with_name(f".{self.name}.removed-{secrets.token_hex(4)}")  # no testbed's name
+        try:
+            os.rename(self.dir, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
