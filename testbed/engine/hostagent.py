@@ -27,6 +27,8 @@ Operations (payloads are JSON on stdin, read as untrusted input):
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import ipaddress
 import json
@@ -357,6 +359,49 @@ def _same_version(controller: str, op: str) -> None:
                          "meanwhile)")
 
 
+def _guard(args: list[str]) -> int:
+    from testbed.hosts.agentns import hold
+
+    return hold(args[0], on_end=lambda: down(args[0]))
+
+
+def _serve(args: list[str]) -> int:
+    from testbed.engine.hostserve import serve
+
+    die_with_connection(signal.SIGTERM)
+    return serve(args[0], SERVED)
+
+
+def _sftp(args: list[str]) -> int:
+    from testbed.hosts.agentns import sftp
+
+    return sftp()
+
+
+@dataclass(frozen=True)
+class Operation:
+    args: int
+    """How many arguments it takes."""
+    run: Callable[[list[str]], "dict | int"]
+    """Its answer (printed as one JSON line), or the exit status of one that speaks for itself."""
+
+
+OPERATIONS: dict[str, Operation] = {
+    "probe": Operation(0, lambda a: probe(dict_of(_payload(), "request"))),
+    "apply": Operation(1, lambda a: apply(a[0], dict_of(_payload(), "request"))),
+    "down": Operation(1, lambda a: down(a[0])),
+    "down-all": Operation(0, lambda a: down_all()),
+    "counters": Operation(1, lambda a: counters(a[0])),
+    "rundir": Operation(2, lambda a: rundir(a[0], a[1])),
+    "shape": Operation(1, lambda a: shape(a[0], dict_of(_payload(), "request"))),
+    "guard": Operation(1, _guard),  # the controller's own part on its node (slurmjob.guard_here)
+    "serve": Operation(1, _serve),  # the long-lived agent: SERVED's requests, one line each way
+    "sftp": Operation(0, _sftp),
+}
+"""``testbed _host OP ARGS`` (besides ``exec``, which relays a command): one request per
+SSH session or Slurm step, its payload on stdin."""
+
+
 def main(op: str, args: list[str]) -> int:
     """Dispatch ``testbed _host [--controller=VERSION] OP ARGS``; prints the JSON answer
     (``exec``: relays the command); the exit status."""
@@ -380,35 +425,12 @@ def main(op: str, args: list[str]) -> int:
                 return 1
         if controller is not None:
             _same_version(controller, op)
-        if op == "guard" and len(args) == 1:  # the controller's own part on its node (slurmjob.guard_here)
-            from testbed.hosts.agentns import hold
-
-            return hold(args[0], on_end=lambda: down(args[0]))
-        if op == "serve" and len(args) == 1:
-            from testbed.engine.hostserve import serve
-
-            die_with_connection(signal.SIGTERM)
-            return serve(args[0], SERVED)
-        if op == "probe" and not args:
-            answer = probe(dict_of(_payload(), "request"))
-        elif op == "apply" and len(args) == 1:
-            answer = apply(args[0], dict_of(_payload(), "request"))
-        elif op == "down" and len(args) == 1:
-            answer = down(args[0])
-        elif op == "down-all" and not args:
-            answer = down_all()
-        elif op == "counters" and len(args) == 1:
-            answer = counters(args[0])
-        elif op == "sftp" and not args:
-            from testbed.hosts.agentns import sftp
-
-            return sftp()
-        elif op == "rundir" and len(args) == 2:
-            answer = rundir(args[0], args[1])
-        elif op == "shape" and len(args) == 1:
-            answer = shape(args[0], dict_of(_payload(), "request"))
-        else:
+        found = OPERATIONS.get(op)
+        if found is None or len(args) != found.args:
             raise TestbedError(f"unknown operation {op!r} or wrong arguments {args!r}")
+        answer = found.run(args)
+        if isinstance(answer, int):  # an operation that spoke for itself (serve, sftp, guard)
+            return answer
     except TestbedError as e:
         sys.stdout.write(json.dumps(e.to_dict()) + "\n")
         return 1
