@@ -27,7 +27,7 @@ whole: give every DIR of a table in one command. The size of NAME and of all rec
 is printed, as files and compressed (as git stores them): the budget for every page's
 records together is a few MB compressed (docs/results/records/README.md).
 
-Records are read back by :func:`runs_of`, through ``testbed.runs.report.find_runs``, as
+Records are read back by :func:`runs_of`, through ``testbed.runs.reports.report.find_runs``, as
 ``testbed report`` reads run directories.
 """
 
@@ -52,7 +52,7 @@ from benchmarks.paper_scale import timed_window
 from testbed.common.errors import TestbedError
 from testbed.common.files import LIMITS
 from testbed.common.outdir import OutDir
-from testbed.runs.report import RunData, find_runs
+from testbed.runs.reports.report import RunData, find_runs
 from testbed.runs.rundir import code_version
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results" / "records"

@@ -31,7 +31,7 @@ from benchmarks.claims_tables import (
 )
 from benchmarks import strong_scaling
 from testbed.common.errors import TestbedError
-from testbed.runs.stats import K_SUSTAINED, MIN_PAIRS_95, sustained_tta
+from testbed.runs.reports.stats import K_SUSTAINED, MIN_PAIRS_95, sustained_tta
 
 RHO = 0.1
 """PruneX's default ADMM penalty; the ablation sets it against rho = 0."""

@@ -2,7 +2,7 @@
 
 Each generator (registered in ``benchmarks.regenerate``) reads one records folder, picks
 the sweep of its section by what the sweep ran (``section``), and writes markdown. Every
-comparison is paired by repeat (``testbed.runs.stats``): the median of the per-repeat
+comparison is paired by repeat (``testbed.runs.reports.stats``): the median of the per-repeat
 ratios (or differences) with its interval (the distribution-free 95 % one from 6 pairs, else
 the min-max, marked so: it holds the median only with probability 1 - 2/2^n), the number of
 pairs, and, for a paper's claim, a verdict by the rule of ``verdict``:
@@ -41,9 +41,9 @@ from pathlib import Path
 
 from benchmarks.archive import runs_of
 from testbed.common.errors import TestbedError
-from testbed.runs.rundata import RunData
-from testbed.runs.stats import K_SUSTAINED, MIN_PAIRS_95, compare, pair, pair_key
-from testbed.runs.tables import tta_or_never
+from testbed.runs.reports.rundata import RunData
+from testbed.runs.reports.stats import K_SUSTAINED, MIN_PAIRS_95, compare, pair, pair_key
+from testbed.runs.reports.tables import tta_or_never
 
 RATES = ("100mbit", "500mbit", "1gbit")
 RATE_NAMES = {"100mbit": "100 Mbit", "500mbit": "500 Mbit", "1gbit": "1 Gbit", "10gbit": "10 Gbit"}

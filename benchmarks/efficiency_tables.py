@@ -11,7 +11,7 @@ are rank 0's medians (after the same warm-up), then the median over the cell's r
 
 ``ternary_table`` pairs ternary and exact PacTrain by repeat (same checkpoint, back to back):
 the median ratio of their steady iteration times with its interval (95 % from 6 pairs, else
-the min-max, marked so: ``testbed.runs.stats``).
+the min-max, marked so: ``testbed.runs.reports.stats``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from benchmarks.claims_tables import RATE_NAMES, cell, paired
 from benchmarks.paper_sweep import busiest_bytes_per_iter, median_of, steady, steady_iter_s
 from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
-from testbed.runs.rundata import RunData
+from testbed.runs.reports.rundata import RunData
 
 FREE = "10gbit"
 PACTRAIN = ("allreduce", "fp16", "topk 0.01", "pactrain 0.5 exact", "pactrain 0.5 ternary")

@@ -44,7 +44,7 @@ import yaml
 from benchmarks import bounds
 from benchmarks.paper_sweep import THREE, busiest_bytes_per_iter, median_of, run_sweep, testbed_argv
 from testbed.common.files import read_jsonl
-from testbed.runs.report import RunData, find_runs
+from testbed.runs.reports.report import RunData, find_runs
 from testbed.model.units import Rate
 
 MODELS = ("resnet18", "resnet152", "vgg19", "vit_b16")

@@ -63,7 +63,7 @@ import yaml
 
 from benchmarks import bounds
 from testbed.common.files import read_jsonl
-from testbed.runs.report import RunData, find_runs, table
+from testbed.runs.reports.report import RunData, find_runs, table
 from testbed.model.units import Rate
 
 SHAPED = ("100mbit", "500mbit", "1gbit")

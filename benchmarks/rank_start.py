@@ -1,4 +1,4 @@
-"""Rank start-up with and without the run's zygote (testbed.nodes.zygote): wall and CPU time
+"""Rank start-up with and without the run's zygote (testbed.nodes.zygote.launcher): wall and CPU time
 of short ``testbed run`` commands whose cost is mostly their ranks' start.
 
     sudo python -m benchmarks.rank_start [--ranks 8,16] [--repeats 2] [--iters 3]

@@ -23,7 +23,7 @@ generator, a missing records folder or an option other than ``records``, or a ma
 without its end, is a one-line error (exit 1).
 
 The records are read as ``testbed report`` reads run directories
-(``testbed.runs.report.find_runs``, through ``benchmarks.archive.runs_of``).
+(``testbed.runs.reports.report.find_runs``, through ``benchmarks.archive.runs_of``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from benchmarks.archive import RECORDS, read_results, reading_once, runs_of
 from benchmarks.machine import line as describe_machine
 from testbed.common.errors import TestbedError
 from testbed.common.files import InputError, atomic_write, read_json, read_jsonl
-from testbed.runs.report import RunData
+from testbed.runs.reports.report import RunData
 
 DOCS = RECORDS.parents[1]
 OPEN = re.compile(r"^<!-- regenerate: (?P<spec>.*?) -->[ \t]*$", re.M)

@@ -48,7 +48,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.paper_scale import testbed_argv, run_sweep, steady_iter_s, steady_wire
-from testbed.runs.report import RunData, find_runs
+from testbed.runs.reports.report import RunData, find_runs
 
 CONFIGS = "4x2,8x2,8x4,16x4"
 SCHEMES = ("allreduce", "hier-allreduce", "prunex:0.5", "topk:0.01")

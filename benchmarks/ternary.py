@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.paper_sweep import _group, median_of, _spread, busiest_bytes_per_iter, steady, steady_iter_s, sweep
 from testbed.model.units import Rate
-from testbed.runs.report import RunData, find_runs
+from testbed.runs.reports.report import RunData, find_runs
 
 VARIANTS = ("pactrain 0.5 exact", "pactrain 0.5 ternary")
 

@@ -119,8 +119,8 @@ def testbed_times(n: int) -> tuple[float, float]:
 
 def docker_floor(n: int) -> tuple[float, float]:
     """The same containers as `up` makes (image, network none, init, shm, labels), SDK only."""
-    from testbed.nodes.docker import DEFAULT_IMAGE, DEFAULT_SHM
-    from testbed.nodes.dockerapi import client
+    from testbed.nodes.docker.backend import DEFAULT_IMAGE, DEFAULT_SHM
+    from testbed.nodes.docker.api import client
 
     dc = client()
     t0 = time.perf_counter()
@@ -150,8 +150,8 @@ def docker_times(n: int) -> tuple[float, float]:
 
 def vm_floor(accel: str) -> float:
     """The guest kernel booting to its initramfs and powering off (no overlay, no agent)."""
-    from testbed.nodes import vmimage
-    from testbed.nodes.qemu import QEMU, TCG_CPU, tcg_clock_args
+    from testbed.nodes.vm import image as vmimage
+    from testbed.nodes.vm.accel import QEMU, TCG_CPU, tcg_clock_args
 
     img = vmimage.current()
     cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg", "-cpu", TCG_CPU]
@@ -165,8 +165,8 @@ def vm_floor(accel: str) -> float:
 
 
 def vm_times(n: int) -> tuple[float, float, str]:
-    from testbed.nodes import vmimage
-    from testbed.nodes.qemu import choose_accel
+    from testbed.nodes.vm import image as vmimage
+    from testbed.nodes.vm.accel import choose_accel
 
     img = vmimage.current()
     accel, _ = choose_accel("auto", img["kernel"], img["initrd"])

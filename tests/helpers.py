@@ -240,7 +240,7 @@ class Frozen:
 def agent_frames(sock, thread, idle: float | None = None) -> list:
     """The frames a VM guest agent answered on ``sock`` up to its EXIT or ERROR; then the
     socket is closed and the agent's ``thread`` joined."""
-    from testbed.nodes import vmagent as wire
+    from testbed.nodes.vm import agent as wire
 
     frames = []
     while (f := wire.recv(sock, **({} if idle is None else {"idle": idle}))) is not None:

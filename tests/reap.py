@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from testbed.plan import naming
-from testbed.nodes.vm import forget_vms
+from testbed.nodes.vm.backend import forget_vms
 from testbed.common.errors import TestbedError
 from testbed.net import netns
 from testbed.net.rtnl import Rtnl

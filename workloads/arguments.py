@@ -210,7 +210,7 @@ def _expand_variant(p: argparse.ArgumentParser, args: argparse.Namespace, given:
 
 
 _PRETRAIN_SEED = re.compile(r"-s\d+(?=-e[^-/]*\.pt$)")
-"""The seed in a sweep's checkpoint name (testbed.runs.sweep.Pretraining.key + .pt)."""
+"""The seed in a sweep's checkpoint name (testbed.runs.sweeps.sweep.Pretraining.key + .pt)."""
 
 
 def hyper_params(args: argparse.Namespace, scheme, pretrain_dataset: str | None = None) -> dict:

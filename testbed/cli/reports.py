@@ -34,7 +34,7 @@ def compose(
     """Time-to-accuracy in a GPU's regime: the accuracy of a real run against the emulated
     time of a paper-scale run, iteration by iteration (docs/dilation.md)."""
     with guard(as_json):
-        from testbed.runs.compose import compose as composed
+        from testbed.runs.reports.compose import compose as composed
 
         if target_acc is not None and not 0 < target_acc <= 1:
             raise TestbedError(f"--target-acc is a fraction in (0, 1], got {target_acc}")
@@ -78,8 +78,8 @@ def report(
 ):
     """Tables and plots comparing schemes by time-to-accuracy, per bandwidth (proven runs only)."""
     with guard(as_json):
-        from testbed.runs import tensorboard as events
-        from testbed.runs.report import find_runs, write
+        from testbed.runs.reports import tensorboard as events
+        from testbed.runs.reports.report import find_runs, write
 
         if tensorboard is not None:
             events.require()

@@ -111,7 +111,7 @@ def run(
     with guard(as_json):
         from testbed.model.flows import parse_spec
         from testbed.runs import dilation as dilations
-        from testbed.runs import tensorboard as events
+        from testbed.runs.reports import tensorboard as events
         from testbed.runs.experiment import RunRequest
         from testbed.runs.preflight import preflight
 
@@ -171,7 +171,7 @@ def _rates(text: str) -> list[Rate]:
 
 def _checkpoint(out_dir: Path, pre, as_json: bool) -> Path:
     from testbed.runs.experiment import check_out
-    from testbed.runs.sweep import checkpoint
+    from testbed.runs.sweeps.sweep import checkpoint
 
     check_out(out_dir)
     return checkpoint(out_dir, pre, sayer(as_json))

@@ -116,9 +116,9 @@ def sweep(
         if slurm and testbed:
             raise usage("--slurm brings up a testbed per element: give --topology FILE, not --testbed")
         options = _sbatch_options(sbatch) if slurm else []
-        from testbed.runs import grid
-        from testbed.runs import tensorboard as events
-        from testbed.runs.sweep import SweepRequest
+        from testbed.runs.sweeps import grid
+        from testbed.runs.reports import tensorboard as events
+        from testbed.runs.sweeps.sweep import SweepRequest
 
         code = own_code(ctx, script, module)
         params = grid.parse(param or [])
@@ -163,8 +163,8 @@ def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dat
                    shared: _Shared):
     """The SweepRequest of built-in schemes: every scheme at every grid point it runs typed
     and checked once (the sweep's runs reuse them), and the shared checkpoint."""
-    from testbed.runs import grid
-    from testbed.runs.sweep import SweepRequest
+    from testbed.runs.sweeps import grid
+    from testbed.runs.sweeps.sweep import SweepRequest
 
     names = split_list(schemes)
     if prune_ratios is not None:
@@ -184,7 +184,7 @@ def _builtin_sweep(ctx, schemes: str, prune_ratios, workload: dict, pretrain_dat
 
 
 def _sweep_all(req, on_status, on_message):
-    from testbed.runs.sweep import sweep as run_sweep
+    from testbed.runs.sweeps.sweep import sweep as run_sweep
 
     return run_sweep(req, on_status=on_status, on_message=on_message)
 
@@ -192,7 +192,7 @@ def _sweep_all(req, on_status, on_message):
 def _sbatch_options(sbatch: Optional[str]) -> list[str]:
     """``--sbatch '...'``: sbatch's options, split as a shell would split them (no shell runs
     them), those testbed sets refused."""
-    from testbed.runs import slurmsweep
+    from testbed.runs.sweeps import slurm as slurmsweep
 
     try:
         return slurmsweep.check_sbatch(shlex.split(sbatch or ""))
@@ -202,7 +202,7 @@ def _sbatch_options(sbatch: Optional[str]) -> list[str]:
 
 def _submit(req, topology: Optional[Path], options: list[str], limit: Optional[int], wait: bool,
             as_json: bool) -> None:
-    from testbed.runs import slurmsweep
+    from testbed.runs.sweeps import slurm as slurmsweep
 
     st, job = slurmsweep.submit(req, _topology_document(topology), options, limit, sayer(as_json))
     if wait and st.live:
@@ -219,7 +219,7 @@ def _submit(req, topology: Optional[Path], options: list[str], limit: Optional[i
 def _topology_document(path: Optional[Path]) -> dict:
     """The topology the elements bring up, as its checked document (hosts, if it places nodes
     on some, become each element's job's nodes)."""
-    from testbed.hosts import slurmjob
+    from testbed.hosts.slurm import job as slurmjob
     from testbed.model.topology import load_topology_dict, read_topology_file
     from testbed.runs.testbeds import DEFAULT_TOPOLOGY
 
@@ -235,7 +235,7 @@ def _topology_document(path: Optional[Path]) -> dict:
 
 
 def _look(status: Optional[Path], cancel: Optional[Path], wait: bool, as_json: bool) -> None:
-    from testbed.runs import slurmsweep
+    from testbed.runs.sweeps import slurm as slurmsweep
 
     if status is not None and cancel is not None:
         raise usage("--status and --cancel: give one")
@@ -271,7 +271,7 @@ def _follow(d: Path, as_json: bool):
     """``--wait``: the array followed with a progress bar (stderr) until every element ended."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from testbed.runs import slurmsweep
+    from testbed.runs.sweeps import slurm as slurmsweep
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json or not err.is_terminal, transient=True) as bar:
@@ -297,7 +297,7 @@ def _ended(st, as_json: bool) -> None:
 def sweep_element(directory: Path = typer.Argument(..., metavar="DIR", help="The sweep's directory.")):
     """One element of a Slurm sweep (the array's batch script runs it)."""
     with guard(False):
-        from testbed.runs.sweepelement import element
+        from testbed.runs.sweeps.element import element
 
         result = element(directory, sayer(False))
         plain(f"element {result['run_id']}: {result['status']}")

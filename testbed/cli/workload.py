@@ -184,9 +184,9 @@ def check_timeout(timeout: float) -> None:
 
 
 def pretraining(spec, dataset: Optional[str], epochs: float):
-    """The shared checkpoint's description (testbed.runs.sweep.Pretraining) for the runs of
+    """The shared checkpoint's description (testbed.runs.sweeps.sweep.Pretraining) for the runs of
     ``spec`` (a WorkloadSpec), checked."""
-    from testbed.runs.sweep import Pretraining
+    from testbed.runs.sweeps.sweep import Pretraining
 
     if not (math.isfinite(epochs) and epochs > 0):
         raise TestbedError(f"--pretrain-epochs must be a number > 0, got {epochs}")

@@ -3,7 +3,7 @@
 A request is one line in, its answer one line out; the same framing, bound and error shape
 for every pair that speaks it: a host's agent and its controller (``testbed _host serve``,
 :mod:`testbed.engine.hostserve`, over SSH or a Slurm step) and a Slurm node's file step
-(:mod:`testbed.hosts.slurmfiles`).
+(:mod:`testbed.hosts.slurm.files`).
 
 * A line holds at most :data:`MAX_LINE` bytes, its newline included. A server that reads a
   longer request answers an error and ends the session (exit 1): it cannot tell where the

@@ -13,7 +13,7 @@ the spawner ends the process (SIGTERM), unless it was started ``detach``-ed (a S
 that holds a host's share until ``down``). The spawner ends with the command that entered,
 ending what it started that is not detached.
 
-Only what the Slurm transport runs goes through it (:mod:`testbed.hosts.slurmstep`); it
+Only what the Slurm transport runs goes through it (:mod:`testbed.hosts.slurm.step`); it
 gives nothing the user does not have outside (their own uid, no capability).
 """
 

@@ -1,7 +1,7 @@
 """``testbed _host serve NAME``: one long-lived agent per host for the requests a controller
 repeats (link counters at 1 Hz, each step of a trace on a cross-host link), so that each
 costs one line each way on an SSH channel kept open, not a new session and a Python start
-on that host (:meth:`testbed.hosts.ssh.Remote.ask`).
+on that host (:meth:`testbed.hosts.ssh.client.Remote.ask`).
 
 Requests and answers are the one protocol's lines (:mod:`testbed.common.lines`: its bound
 and error shape): ``{"op": "counters"}`` or ``{"op": "shape", "payload": {...}}`` in; the

@@ -1,1 +1,2 @@
-"""Hosts, where kernel calls happen: this machine (LocalHost), others over SSH, and other hosts' shares of a plan as actions."""
+"""Hosts, where kernel calls happen: this machine (LocalHost), others over SSH (``ssh``)
+or as the nodes of a Slurm job (``slurm``), and other hosts' shares of a plan as actions."""

@@ -1,7 +1,7 @@
 """How another host of a testbed is reached, by its kind (``Host.kind``): the registry.
 
-``ssh`` (:mod:`testbed.hosts.ssh`, :class:`testbed.hosts.site.SshSite`) and ``slurm`` (a node
-of the Slurm job, :mod:`testbed.hosts.slurm`). Each kind gives a *remote* (``testbed _host``
+``ssh`` (:mod:`testbed.hosts.ssh.client`, :class:`testbed.hosts.site.SshSite`) and ``slurm`` (a node
+of the Slurm job, :mod:`testbed.hosts.slurm.host`). Each kind gives a *remote* (``testbed _host``
 commands on that host: ``call``, ``failure``, ``require_root``, ``open_sftp()``,
 ``close``) and a *Site* (:class:`testbed.hosts.site.Site`). The engine asks this registry,
 never which kind a host is: registering a kind is one line here, its module imported on
@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 
 _REGISTERED: dict[str, tuple[str, str]] = {
-    "ssh": ("testbed.hosts.ssh:Remote", "testbed.hosts.site:SshSite"),
-    "slurm": ("testbed.hosts.slurm:SlurmRemote", "testbed.hosts.slurm:SlurmSite"),
+    "ssh": ("testbed.hosts.ssh.client:Remote", "testbed.hosts.site:SshSite"),
+    "slurm": ("testbed.hosts.slurm.host:SlurmRemote", "testbed.hosts.slurm.host:SlurmSite"),
 }
 """Kind -> (``module:class`` of its remote, ``module:class`` of its Site)."""
 

@@ -3,7 +3,7 @@
 Actions reach the kernel exclusively through the host they run on, so they never assume
 where they run. Another host of a multi-host testbed runs its share of the plan with the
 testbed package on its side (``testbed _host apply`` over SSH, :mod:`testbed.engine.hostagent`),
-through its own LocalHost; the controller only talks to it (:mod:`testbed.hosts.ssh`).
+through its own LocalHost; the controller only talks to it (:mod:`testbed.hosts.ssh.client`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class LocalHost:
     def docker(self):
         """The local Docker engine (docker SDK client), connected on first use."""
         if self._docker is None:
-            from testbed.nodes.dockerapi import client
+            from testbed.nodes.docker.api import client
 
             self._docker = client()
         return self._docker

@@ -13,7 +13,7 @@ from testbed.hosts.answer import parse_answer
 from testbed.common import lines
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
-from testbed.hosts.ssh import Remote, remote_line
+from testbed.hosts.ssh.client import Remote, remote_line
 
 
 class AgentSession:

@@ -2,7 +2,7 @@
 
 One interface, two implementations: :class:`LocalSite` (this machine: the node's backend
 starts commands, netlink reads counters and changes shapes) and :class:`SshSite` (another
-host of a multi-host testbed: commands are relayed by :mod:`testbed.hosts.sshexec`, counters
+host of a multi-host testbed: commands are relayed by :mod:`testbed.hosts.ssh.relay`, counters
 and shapes are asked of its ``testbed _host`` over SSH). ``Testbed.site(host)`` picks one;
 the engine and the launcher never ask whether a host is remote.
 
@@ -34,7 +34,7 @@ from testbed.plan.plan import Endpoint, NodeInfo
 
 if TYPE_CHECKING:
     from testbed.hosts.session import AgentSession
-    from testbed.hosts.ssh import Remote
+    from testbed.hosts.ssh.client import Remote
 
 WHY_TIMEOUT = 20.0
 """Seconds another host gets to say why a node's process stopped (a VM's probe takes 5)."""
@@ -184,7 +184,7 @@ class SshSite(Site):
     @property
     def remote(self):
         """The SSH link to the host, opened on first use."""
-        from testbed.hosts.ssh import Remote
+        from testbed.hosts.ssh.client import Remote
 
         if self._remote is None:
             self._remote = Remote(self.spec)
@@ -207,13 +207,13 @@ class SshSite(Site):
     def relay(self, node: str, argv: Sequence[str], *, python: bool = False, run: str | None = None,
               env: dict[str, str] | None = None, mounts: Sequence[Path] = ()) -> list[str]:
         """Argv that runs ``argv`` in ``node`` there, relayed over SSH by
-        :mod:`testbed.hosts.sshexec`. ``python``: ``argv`` is MODULE ARGS for the node's Python
+        :mod:`testbed.hosts.ssh.relay`. ``python``: ``argv`` is MODULE ARGS for the node's Python
         there; ``run``: start in that host's directory of the run; ``env``: variables set on
         top of the node's own environment there; ``mounts``: directories that exist on that
         host too (a container sees them)."""
         opts = (["--python"] if python else []) + ([f"--run={run}"] if run else [])
         opts += [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--mount={m}" for m in mounts]
-        return procs.python_argv("testbed.hosts.sshexec", "--host", json.dumps(self.spec.to_dict()),
+        return procs.python_argv("testbed.hosts.ssh.relay", "--host", json.dumps(self.spec.to_dict()),
                                  "--testbed", self.tb.name, "--node", node,
                                  *(f"--remote-opt={o}" for o in opts), "--", *argv)
 

@@ -1,6 +1,6 @@
 """Where ``testbed up --hosts SOURCE`` takes a topology's hosts from: the registry.
 
-``slurm`` (:mod:`testbed.hosts.slurmjob`): the nodes of the Slurm job the command runs in.
+``slurm`` (:mod:`testbed.hosts.slurm.job`): the nodes of the Slurm job the command runs in.
 A source's module gives ``assign_hosts(data)``, the topology document with its hosts filled
 in before it is loaded, and ``after_up(name, topology)``, what it does once the testbed is
 up (the Slurm source starts the step that removes this node's part at the job's end). The
@@ -14,7 +14,7 @@ import importlib
 from types import ModuleType
 
 _REGISTERED: dict[str, str] = {
-    "slurm": "testbed.hosts.slurmjob",
+    "slurm": "testbed.hosts.slurm.job",
 }
 """``--hosts`` value -> the module that implements it."""
 

@@ -39,7 +39,7 @@ TUNNEL_KEYS = ("port",)
 @dataclass(frozen=True)
 class Host:
     """A machine that runs its share of the testbed (``hosts:``): reached over SSH, or (with
-    ``slurm``) a node of a Slurm job reached through ``srun`` (:mod:`testbed.hosts.slurm`)."""
+    ``slurm``) a node of a Slurm job reached through ``srun`` (:mod:`testbed.hosts.slurm.host`)."""
 
     name: str
     address: str

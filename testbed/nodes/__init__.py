@@ -1,7 +1,9 @@
 """Worker backends: what a worker node is made of, behind one small interface
 (:class:`testbed.nodes.base.Backend`), in a registry by name.
 
-``netns`` (the embedded default), ``docker`` and ``vm`` exist; the topology validates ``backend:``
+``netns`` (the embedded default, a module), ``docker`` and ``vm`` (packages: a backend and
+its parts) exist, and ``zygote`` is how ranks of netns workers start (docs/zygote.md); the
+topology validates ``backend:``
 against this registry, so a new backend appears in errors and docs by registering here.
 
 A backend's module is imported when the backend is first used (``get``; importing
@@ -21,8 +23,8 @@ if TYPE_CHECKING:
 
 _REGISTERED: dict[str, str] = {
     "netns": "testbed.nodes.netns:NetnsBackend",
-    "docker": "testbed.nodes.docker:DockerBackend",
-    "vm": "testbed.nodes.vm:VmBackend",
+    "docker": "testbed.nodes.docker.backend:DockerBackend",
+    "vm": "testbed.nodes.vm.backend:VmBackend",
 }
 """Backend name -> ``module:class``: registering a backend is one line here."""
 

@@ -33,7 +33,7 @@ from typing import Callable
 from testbed.common.errors import TestbedError
 from testbed.common.owners import make_dirs
 from testbed.common.procs import run_tool
-from testbed.nodes.dockerapi import client, docker_sdk
+from testbed.nodes.docker.api import client, docker_sdk
 
 DEFAULT_TAG = "testbed/worker:cpu"
 BASE_REPO = "testbed/worker-base"

@@ -51,9 +51,9 @@ from testbed.runs.rundir import bottleneck_shapes, request_record, write_run_fil
 from testbed.runs.sampling import LinkSampler, Progress, TrainStart, train_start
 from testbed.runs.proof import TrafficBypassed, TrafficUnproven, apply, prove, refuse
 from testbed.runs.summary import mark, rank_tx_bytes, summarise
-from testbed.runs.tensorboard import RunEvents
+from testbed.runs.reports.tensorboard import RunEvents
 from testbed.runs.testbeds import DEFAULT_TOPOLOGY, obtain_testbed, run_lock
-from testbed.runs.timeline import RateTimeline, annotate_rates, trace_summary
+from testbed.runs.reports.timeline import RateTimeline, annotate_rates, trace_summary
 from testbed.runs.userrecords import summary_from_records, write_config
 
 if TYPE_CHECKING:

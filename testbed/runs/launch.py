@@ -17,7 +17,7 @@ TESTBED_SWITCH, TESTBED_HOST and TESTBED_PLACEMENT (the run's placement.json).
 ``workloads.placement`` reads them.
 
 Ranks of built-in workloads on netns workers of this host are forked from the run's zygote
-(:mod:`testbed.nodes.zygote`: torch imported once per run, not once per rank), each through
+(:mod:`testbed.nodes.zygote.launcher`: torch imported once per run, not once per rank), each through
 a client that stands for its rank in the node; ``TESTBED_ZYGOTE=0`` turns that off, and a
 rank the zygote cannot take starts as before.
 
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.hosts.runplace import LocalRun, RunPlace
-from testbed.nodes import zygote as zygotes
+from testbed.nodes.zygote import launcher as zygotes
 from testbed.nodes.nsexec import DIE_WITH_PARENT
-from testbed.nodes.zygote import Zygote
-from testbed.nodes.zygote_client import SOCKET_ENV
+from testbed.nodes.zygote.launcher import Zygote
+from testbed.nodes.zygote.client import SOCKET_ENV
 from testbed.plan.ledger import Ledger
 from testbed.common.errors import TestbedError
 from testbed.common.files import tail_text, write_json
@@ -191,7 +191,7 @@ class Launcher:
     """One process per worker of ``tb``, running ``argv`` (the same for every rank)."""
 
     zygote: Zygote | None = None
-    """The run's fork server for its local netns ranks, once started (testbed.nodes.zygote)."""
+    """The run's fork server for its local netns ranks, once started (testbed.nodes.zygote.launcher)."""
 
     def __init__(self, tb, argv: Sequence[str], run_dir: Path, *, timeout: float = 300.0,
                  extra_env: dict[str, str] | None = None, mounts: Sequence[Path] = (),
@@ -241,7 +241,7 @@ class Launcher:
             cmd, env = place.command(backend, w, argv, env)
             starts.append((w, place, cmd, env))
         # a rank dies with this process, even after kill -9 (testbed.nodes.nsexec; over SSH,
-        # testbed.hosts.sshexec dies and the connection with it); so does the zygote
+        # testbed.hosts.ssh.relay dies and the connection with it); so does the zygote
         die_with = {DIE_WITH_PARENT: str(os.getpid())}
         with OutDir(self.run_dir) as held:  # the run directory itself, whatever its path names meanwhile
             if zygote is not None:
@@ -270,7 +270,7 @@ class Launcher:
         return env
 
     def _zygote(self, forkable: Sequence) -> Zygote | None:
-        """The run's zygote (testbed.nodes.zygote) when it serves this workload and enough
+        """The run's zygote (testbed.nodes.zygote.launcher) when it serves this workload and enough
         ranks (TESTBED_ZYGOTE=0: never)."""
         if not zygotes.enabled() or not self.argv or not zygotes.serves(self.argv[0]) \
                 or len(forkable) < zygotes.MIN_RANKS:

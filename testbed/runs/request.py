@@ -18,7 +18,7 @@ from pathlib import Path
 
 from testbed.hosts.runplace import CodeTree
 from testbed.model.units import Rate
-from testbed.runs import grid
+from testbed.runs.sweeps import grid
 from testbed.runs.spec import WorkloadSpec
 
 
@@ -96,7 +96,7 @@ class RunRequest:
     """The user's own script or module instead of a built-in scheme (``scheme`` is its label;
     ``workload_args`` are its arguments)."""
     params: dict[str, str] = field(default_factory=dict)
-    """A sweep's grid point (:mod:`testbed.runs.grid`): passed as ``--KEY VALUE`` after
+    """A sweep's grid point (:mod:`testbed.runs.sweeps.grid`): passed as ``--KEY VALUE`` after
     ``workload_args``, kept in the summary's ``params`` and grouped by in reports."""
     exporter: bool = True
     """Serve the run's training metrics (and a testbed brought up here, its link metrics) to
@@ -106,7 +106,7 @@ class RunRequest:
     times slower, every recorded duration divided by K."""
     tensorboard: bool = False
     """Write TensorBoard event files from the records into ``<run>/tensorboard/`` as they grow
-    (:mod:`testbed.runs.tensorboard`)."""
+    (:mod:`testbed.runs.reports.tensorboard`)."""
     spec: WorkloadSpec | None = None
     """workloads.train's options, typed (the grid point's included); when not given, parsed
     once from ``scheme``, ``workload_args`` and ``params`` on first use (:attr:`workload`)."""

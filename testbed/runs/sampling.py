@@ -138,7 +138,7 @@ class LocalMarker:
 
 class _Files(Protocol):
     """What :class:`RemoteMarker` uses of a host's files: paramiko's SFTPClient, or on a
-    Slurm host the file step's :class:`~testbed.hosts.slurmfiles.FilesClient`."""
+    Slurm host the file step's :class:`~testbed.hosts.slurm.files.FilesClient`."""
 
     def get_channel(self) -> Any: ...
 

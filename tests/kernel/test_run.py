@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.runs import tensorboard as events
+from testbed.runs.reports import tensorboard as events
 from tests.helpers import dumbbell, records_as_scalars, tensorboard_scalars, three_switch
 from tests.kernel.conftest import cli, cli_json, pids_of_this_session, run
 
@@ -140,7 +140,7 @@ def _rank_pid(ns: str) -> int:
     """The rank's process in node ``ns`` (a rank forked by the run's zygote has its client beside it)."""
     from testbed.common.procs import argv_of
     from testbed.net.netns import pids_in
-    pids = [p for p in pids_in([ns]) if "testbed.nodes.zygote_client" not in argv_of(p)]
+    pids = [p for p in pids_in([ns]) if "testbed.nodes.zygote.client" not in argv_of(p)]
     assert len(pids) == 1, pids
     return pids[0]
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", autouse=True)
 def guest():
-    from testbed.nodes import vmimage
+    from testbed.nodes.vm import image as vmimage
 
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 missing (apt-get install qemu-system-x86)")
@@ -53,7 +53,7 @@ def _write(tmp_path, d: dict) -> Path:
 
 
 def _qemus(testbed: str) -> list[int]:
-    from testbed.nodes.vm import qemu_pids
+    from testbed.nodes.vm.backend import qemu_pids
 
     return [p for w in ("w0", "w1") for p in qemu_pids(f"{testbed}.{w}")]
 
@@ -76,7 +76,7 @@ def _wait_for_rank_in_guest(testbed: str, node: str, run: subprocess.Popen, time
 def test_two_vm_workers_ping_and_goodput_follows_the_shaped_rate(clean_kernel, tmp_path):
     from testbed import Testbed, load_topology_dict
 
-    from testbed.nodes import vmimage
+    from testbed.nodes.vm import image as vmimage
 
     d = _vm_dumbbell("vmg", sysctls={"net.ipv4.tcp_congestion_control": "reno"})
     # w1 names its kernel (a directory as an unpacked kernel package leaves it): the default's here
@@ -124,7 +124,7 @@ def test_runs_on_vm_workers_cross_the_bottleneck_and_a_killed_vm_ends_the_run(cl
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _wait_for_rank_in_guest("vmr", "w1", p)
-            from testbed.nodes.vm import qemu_pids
+            from testbed.nodes.vm.backend import qemu_pids
 
             os.kill(qemu_pids("vmr.w1")[0], signal.SIGKILL)
             t0 = time.monotonic()

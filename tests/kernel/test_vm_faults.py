@@ -33,7 +33,7 @@ def _cli_argv() -> list[str]:
 
 def _pid_of(ns: str, p: subprocess.Popen, timeout: float = 60) -> int:
     """The pid of the QEMU of namespace ``ns`` once it exists (``p`` is the `up` making it)."""
-    from testbed.nodes.vm import qemu_pids
+    from testbed.nodes.vm.backend import qemu_pids
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and p.poll() is None:
@@ -60,7 +60,7 @@ def test_a_hung_guest_ends_the_run_naming_its_node_then_down_removes_it(clean_ke
     """QEMU of w1 stopped (SIGSTOP) while the run's rank runs there: its guest, agent and
     all, stops answering. The run ends with one line naming w1 and why, and down removes the
     stopped QEMU (it needs SIGCONT or SIGKILL to act on anything)."""
-    from testbed.nodes.vm import qemu_pids
+    from testbed.nodes.vm.backend import qemu_pids
 
     cli_json("up", str(_write(tmp_path, _vm_dumbbell("vmh", rate="1gbit"))), "--no-exporter")
     runs = tmp_path / "runs"
@@ -151,7 +151,7 @@ def test_down_names_a_qemu_that_does_not_exit_and_a_second_down_finishes(clean_k
     if not has_freezer():
         pytest.skip(f"no cgroup-v1 freezer at {FREEZER}: cannot make a process that SIGKILL does not end")
     cli_json("up", str(_write(tmp_path, _vm_dumbbell("vmz"))), "--no-exporter")
-    from testbed.nodes.vm import qemu_pids
+    from testbed.nodes.vm.backend import qemu_pids
 
     frozen, other = qemu_pids("vmz.w0")[0], qemu_pids("vmz.w1")[0]
     ice = Frozen(frozen)

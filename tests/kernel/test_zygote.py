@@ -30,7 +30,7 @@ users = test_rootless.users  # the ordinary users it makes (a fixture)
 
 pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[2]
-SERVER, CLIENT = "testbed.nodes.zygote_server", "testbed.nodes.zygote_client"
+SERVER, CLIENT = "testbed.nodes.zygote.server", "testbed.nodes.zygote.client"
 
 
 def _topology(tmp_path: Path, name: str) -> Path:

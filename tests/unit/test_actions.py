@@ -11,7 +11,7 @@ import pytest
 from testbed.hosts import share
 from testbed.plan import actions
 from testbed.nodes import BACKENDS
-from testbed.nodes.docker import DEFAULT_IMAGE, StartContainer
+from testbed.nodes.docker.backend import DEFAULT_IMAGE, StartContainer
 from testbed.common.errors import StateError, TopologyError
 from testbed.engine.planner import make_plan
 from testbed.model.topology import load_topology_dict
@@ -56,7 +56,7 @@ def test_every_registered_action_round_trips_through_the_ledger():
     samples["TargetFile"] = actions.TargetFile("/x/run.json")
     samples["StartReplay"] = actions.StartReplay("--replay-id=" + "ab" * 16, "/x/replay.jsonl")
     samples["StartTraffic"] = actions.StartTraffic("--logfile=/runs/r1/traffic-0-server.log")
-    from testbed.nodes.vm import AwaitVMs, CreateVmNic, StartVM
+    from testbed.nodes.vm.backend import AwaitVMs, CreateVmNic, StartVM
 
     samples["CreateVmNic"] = CreateVmNic("mix.w2")
     samples["StartVM"] = StartVM("mix.w2", "w2", "/run/testbed/vm/mix.w2", "10.77.0.3/24", "/k/vmlinuz", "/k/initrd",

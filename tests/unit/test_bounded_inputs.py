@@ -125,8 +125,9 @@ FUNCTIONS = textwrap.dedent('''
     from testbed.common.files import JsonlTail, read_jsonl, tail_text
     from testbed.monitor import prometheus, sd
     from testbed.runs.userrecords import rank_records
-    from testbed.nodes import qemu, vmexec
-    from testbed.hosts import ssh
+    from testbed.nodes.vm import accel as qemu
+    from testbed.nodes.vm import relay as vmexec
+    from testbed.hosts.ssh import client as ssh
     from testbed.model.hosts import Host
     import collectors.training as training
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import claims_seeds, claims_tables as ct
-from testbed.runs.rundata import RunData
+from testbed.runs.reports.rundata import RunData
 
 
 def _run(scheme: str, rep: int, *, bw: str = "100mbit", acc: float = 0.96, tta_iter: int = 10,

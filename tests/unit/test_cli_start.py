@@ -39,8 +39,8 @@ def test_backends_load_on_first_use():
     """The backend registry names every backend without importing one; asking for one
     imports that one."""
     probe = ("import sys, testbed.nodes as n\n"
-             "before = [m for m in ('testbed.nodes.netns', 'testbed.nodes.docker', 'testbed.nodes.vm') if m in sys.modules]\n"
+             "before = [m for m in ('testbed.nodes.netns', 'testbed.nodes.docker.backend', 'testbed.nodes.vm.backend') if m in sys.modules]\n"
              "names = n.names(); b = n.get('netns')\n"
-             "print(before, names, b.name, 'testbed.nodes.docker' in sys.modules)")
+             "print(before, names, b.name, 'testbed.nodes.docker.backend' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert r.stdout.split("\n")[0] == "[] ('netns', 'docker', 'vm') netns False"

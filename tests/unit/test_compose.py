@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.common.errors import TestbedError
-from testbed.runs.compose import compose, seconds_at
+from testbed.runs.reports.compose import compose, seconds_at
 
 HYPER = {"model": "cnn", "batch_size": 32, "lr": 0.05, "max_iters": 8}
 

@@ -18,7 +18,7 @@ from testbed.runs.dilation_auto import agree, run_auto
 from testbed.runs.request import RunRequest, UserCode
 from testbed.runs.spec import WorkloadSpec
 from testbed.runs.summary import _bottleneck
-from testbed.runs.timeline import RateTimeline
+from testbed.runs.reports.timeline import RateTimeline
 
 SYNTHETIC = ["--compute-time", "0.2", "--max-iters", "5"]
 
@@ -123,7 +123,7 @@ def test_a_dilated_trace_timeline_reads_emulated_rates(tmp_path):
     assert rates.at(101.0) == 100e6 and rates.k == 4
     # an iteration of 1 emulated second that ended at t=101 ran 4 wall-clock seconds
     (tmp_path / "rank0.jsonl").write_text(json.dumps({"time": 101.0, "iter_s": 1.0}) + "\n")
-    from testbed.runs.timeline import annotate_rates
+    from testbed.runs.reports.timeline import annotate_rates
 
     annotate_rates(tmp_path, 1, rates)
     rec = json.loads((tmp_path / "rank0.jsonl").read_text())
@@ -235,7 +235,7 @@ def test_refusals_from_the_command_line_are_one_line_and_leave_no_out(tmp_path, 
 
 
 def test_every_run_of_a_dilated_sweep_is_dilated(tmp_path):
-    from testbed.runs.sweep import SweepRequest, _request
+    from testbed.runs.sweeps.sweep import SweepRequest, _request
 
     req = SweepRequest(schemes=["allreduce", "topk:0.01"], bws=[], workload_args=SYNTHETIC, dilation=8)
     req.check()

@@ -1,4 +1,4 @@
-"""Why a container worker cannot take a rank: the reasons testbed.nodes.docker_health gives,
+"""Why a container worker cannot take a rank: the reasons testbed.nodes.docker.health gives,
 from containers as the engine reports them (faked here; tests/kernel/test_docker_faults.py
 makes each fault for real)."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.nodes import docker_health as health
+from testbed.nodes.docker import health
 
 
 def _container(status: str, running: bool, pid: int = 4242, exit_code: int = 0,

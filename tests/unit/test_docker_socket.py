@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 
-from testbed.nodes import dockerapi
+from testbed.nodes.docker import api as dockerapi
 
 
 def _engine(path: str, body: bytes, status: str = "200 OK") -> threading.Thread:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import efficiency_tables as et
-from testbed.runs.rundata import RunData
+from testbed.runs.reports.rundata import RunData
 
 ITERS = 20
 

@@ -15,8 +15,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("mod, code, extra", [
-    ("docker", "from testbed.nodes.dockerapi import client\nclient()", "testbed[docker]"),
-    ("paramiko", "from testbed.model.topology import Host\nfrom testbed.hosts.ssh import connect\n"
+    ("docker", "from testbed.nodes.docker.api import client\nclient()", "testbed[docker]"),
+    ("paramiko", "from testbed.model.topology import Host\nfrom testbed.hosts.ssh.client import connect\n"
                  "connect(Host('h1', '192.0.2.1', '192.0.2.1'))", "testbed[ssh]"),
 ])
 def test_a_missing_extra_names_what_to_install(mod, code, extra):

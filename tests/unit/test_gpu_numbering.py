@@ -9,9 +9,9 @@ import ipaddress
 from testbed import load_topology_dict
 from testbed.engine.planner import make_plan
 from testbed.hosts.runplace import LocalRun, RemoteRun
-from testbed.nodes.docker import DockerBackend
+from testbed.nodes.docker.backend import DockerBackend
 from testbed.nodes.netns import NetnsBackend
-from testbed.nodes.vm import VmBackend
+from testbed.nodes.vm.backend import VmBackend
 from testbed.plan.plan import NodeInfo
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from testbed.common.errors import TestbedError
-from testbed.runs import grid
+from testbed.runs.sweeps import grid
 from testbed.runs.request import RunRequest, UserCode
 
 from .test_cli import cli

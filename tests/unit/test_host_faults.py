@@ -12,7 +12,7 @@ import pytest
 from testbed.common.errors import TestbedError
 from testbed.common.version import __version__
 from testbed.engine import hostagent
-from testbed.hosts import ssh
+from testbed.hosts.ssh import client as ssh
 from testbed.model.topology import Host
 
 

@@ -1,6 +1,6 @@
 """The one protocol between testbed's processes (testbed.common.lines), as the host agent's
 request loop (testbed.engine.hostserve) and a Slurm node's file step
-(testbed.hosts.slurmfiles) speak it: one JSON answer per line, errors as answers in one
+(testbed.hosts.slurm.files) speak it: one JSON answer per line, errors as answers in one
 shape, a bounded line both ways (the real sessions: tests/kernel/test_multihost.py and
 test_slurm.py)."""
 
@@ -16,7 +16,7 @@ import pytest
 from testbed.common import lines
 from testbed.common.errors import TestbedError
 from testbed.engine import hostserve
-from testbed.hosts import slurmfiles
+from testbed.hosts.slurm import files as slurmfiles
 
 
 def _fail(name, payload):

@@ -13,7 +13,7 @@ from testbed.plan import actions
 from testbed.common.errors import StateError, TopologyError
 from testbed.engine.planner import make_plan
 from testbed.plan.plan import vni_base
-from testbed.hosts.ssh import remote_line
+from testbed.hosts.ssh.client import remote_line
 from testbed.model.topology import load_topology_dict
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks import bounds
 from benchmarks.paper_sweep import efficiency_section
-from testbed.runs.rundata import RunData
+from testbed.runs.reports.rundata import RunData
 
 
 def test_a_scheme_at_its_perfect_overlap_bound_has_efficiency_1_and_hides_everything():

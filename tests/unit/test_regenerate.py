@@ -158,7 +158,7 @@ def test_the_table_takes_each_configurations_main_k_and_the_validation_shows_eve
     table reads the K = 2 runs only; the validation table shows each K and whether it agrees
     with the one before it within 5 %."""
     from benchmarks import strong_scaling
-    from testbed.runs.report import find_runs
+    from testbed.runs.reports.report import find_runs
 
     for r, t in enumerate((0.20, 0.21)):
         _run(tmp_path / f"ar-r{r}", "ss4x2", "allreduce", [0.9, t, t], uplink_bytes=4e6, k=2.0)
@@ -176,7 +176,7 @@ def test_archive_keeps_the_link_samples_that_bound_the_timed_iterations(tmp_path
     """thin_links keeps, per direction, the first and last samples and those around the
     timed window (wall clock, iter_s x K): steady_wire gives the same bytes from them."""
     from benchmarks.paper_scale import steady_wire
-    from testbed.runs.rundata import RunData
+    from testbed.runs.reports.rundata import RunData
 
     k, wall = 8.0, 2.0
     iters = "".join(json.dumps({"time": 1000.0 + i * wall, "iter_s": wall / k}) + "\n" for i in range(1, 5))

@@ -3,7 +3,7 @@ run `testbed report` on real runs)."""
 
 from pathlib import Path
 
-from testbed.runs.report import RunData, table
+from testbed.runs.reports.report import RunData, table
 
 
 def _run(scheme, world, iter_s, **kw):
@@ -102,7 +102,7 @@ def test_write_makes_the_table_files_and_one_figure_each(tmp_path):
     import csv
     import json
 
-    from testbed.runs.report import find_runs, write
+    from testbed.runs.reports.report import find_runs, write
 
     runs = tmp_path / "sweep"
     _write_run(runs / "a", "allreduce", "100mbit", 2.0, {})
@@ -159,7 +159,7 @@ def test_hostile_run_directories_are_reported_without_the_values_of_the_wrong_ty
     a list, an evaluation without train_s, a link sample without a time)."""
     import json
 
-    from testbed.runs.report import find_runs, write
+    from testbed.runs.reports.report import find_runs, write
 
     runs = tmp_path / "sweep"
     _write_run(runs / "a", "allreduce", "100mbit", 2.0, {})
@@ -195,7 +195,7 @@ def test_only_proven_runs_are_ranked_unless_unproven_ones_are_asked_for():
 def test_proof_csv_has_a_row_per_run_link_and_direction(tmp_path):
     import csv
 
-    from testbed.runs.report import find_runs, write
+    from testbed.runs.reports.report import find_runs, write
 
     links = {"s1-s0 forward": {"bound_bytes": 100, "shared_bound_bytes": 0, "measured_bytes": 190},
              "s1-s0 reverse": {"bound_bytes": 100, "shared_bound_bytes": 0, "measured_bytes": "lots"}}
@@ -211,7 +211,7 @@ def test_proof_csv_has_a_row_per_run_link_and_direction(tmp_path):
 
 def test_a_nested_oversized_or_foreign_run_is_skipped_naming_its_file_and_the_rest_is_written(tmp_path):
     from testbed.common.files import LIMITS
-    from testbed.runs.report import find_runs, write
+    from testbed.runs.reports.report import find_runs, write
 
     runs = tmp_path / "sweep"
     _write_run(runs / "a", "allreduce", "100mbit", 2.0, {})

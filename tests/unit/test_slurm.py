@@ -13,10 +13,11 @@ import sys
 import pytest
 
 from testbed.common.errors import StateError, TopologyError
-from testbed.hosts import kinds, slurmfiles, slurmjob, slurmstep
+from testbed.hosts import kinds
+from testbed.hosts.slurm import files as slurmfiles, job as slurmjob, step as slurmstep
 from testbed.common.hostlist import expand as expand_hostlist
-from testbed.hosts.slurmjob import assign, from_job, guard_here, host_names
-from testbed.hosts.slurmstep import step_argv
+from testbed.hosts.slurm.job import assign, from_job, guard_here, host_names
+from testbed.hosts.slurm.step import step_argv
 from testbed.model.hosts import host_from_json, parse_hosts
 from testbed.model.topology import load_topology_dict
 
@@ -98,8 +99,8 @@ def test_slurm_entries_are_checked():
 
 def test_the_registry_gives_each_kind_its_remote_and_site():
     from testbed.hosts.site import SshSite
-    from testbed.hosts.slurm import SlurmRemote, SlurmSite
-    from testbed.hosts.ssh import Remote
+    from testbed.hosts.slurm.host import SlurmRemote, SlurmSite
+    from testbed.hosts.ssh.client import Remote
 
     slurm = parse_hosts([{"name": "h1", "address": "192.0.2.1", "slurm": "gpu1"}])[0]
     ssh = parse_hosts([{"name": "h2", "address": "192.0.2.2"}])[0]

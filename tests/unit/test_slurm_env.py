@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from testbed.common import hostbase, hostlist, slurmenv
 from testbed.common.errors import StateError, TopologyError
 from testbed.engine import doctor
-from testbed.hosts import slurmjob, slurmstep
+from testbed.hosts.slurm import job as slurmjob, step as slurmstep
 from testbed.model.hosts import Host, parse_hosts
 from tests.hostile_slurm import (MAX_JOB_ID, MAX_NODES, job_ids, node_lists, node_names, products, valid_job_id,
                                  valid_node_name)

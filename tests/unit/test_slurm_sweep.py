@@ -15,10 +15,10 @@ import pytest
 
 from testbed.common.errors import TestbedError
 from testbed.model.units import Rate
-from testbed.runs import slurmsweep, sweepfile
+from testbed.runs.sweeps import slurm as slurmsweep, request as sweepfile
 from testbed.runs.request import UserCode
-from testbed.runs.sweep import Pretraining, SweepRequest
-from testbed.runs.sweepelement import element_name
+from testbed.runs.sweeps.sweep import Pretraining, SweepRequest
+from testbed.runs.sweeps.element import element_name
 
 TOPOLOGY = {"name": "t", "nodes": {"s1": {"kind": "switch"}, "w0": {"kind": "worker"}, "w1": {"kind": "worker"}},
             "links": [{"endpoints": ["w0", "s1"]}, {"endpoints": ["w1", "s1"]}]}

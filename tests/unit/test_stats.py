@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.runs.rundata import RunData
-from testbed.runs.stats import K_SUSTAINED, compare, median_ci, pair, sustained_tta
-from testbed.runs.tables import table
+from testbed.runs.reports.rundata import RunData
+from testbed.runs.reports.stats import K_SUSTAINED, compare, median_ci, pair, sustained_tta
+from testbed.runs.reports.tables import table
 
 
 @pytest.mark.parametrize("n", [3, 5])

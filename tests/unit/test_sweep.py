@@ -5,7 +5,7 @@ import pytest
 
 from testbed.cli.workload import with_prune_ratios as _with_prune_ratios
 from testbed.common.errors import TestbedError
-from testbed.runs.sweep import Pretraining, SweepRequest, _request
+from testbed.runs.sweeps.sweep import Pretraining, SweepRequest, _request
 from workloads.schemes import parse_variant
 from workloads.train import hyper_params, parse_args
 
@@ -93,7 +93,7 @@ def test_a_variant_sets_the_train_arguments_and_lands_in_hyper():
 def test_a_cached_checkpoint_that_is_a_link_or_someone_elses_is_refused(tmp_path):
     import os
 
-    from testbed.runs.sweep import checkpoint
+    from testbed.runs.sweeps.sweep import checkpoint
 
     pre = Pretraining("cnn", "digits", 2.0)
     (tmp_path / "checkpoints").mkdir(mode=0o700)
@@ -117,7 +117,7 @@ def test_each_repeat_starts_from_its_own_pretrained_checkpoint(tmp_path, monkeyp
     is every repeat's start instead; without pre-training there is none."""
     from pathlib import Path
 
-    from testbed.runs import sweep as sw
+    from testbed.runs.sweeps import sweep as sw
 
     made = []
 

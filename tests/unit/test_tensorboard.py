@@ -1,4 +1,4 @@
-"""TensorBoard event files from records (testbed.runs.tensorboard), read back by TensorBoard's
+"""TensorBoard event files from records (testbed.runs.reports.tensorboard), read back by TensorBoard's
 own reader: every record's value at its step, the new ones only as the records grow, and what
 is not a finite number (a hostile or torn records file) left out rather than written."""
 
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from testbed.runs import tensorboard as events  # noqa: E402
+from testbed.runs.reports import tensorboard as events  # noqa: E402
 from tests.helpers import records_as_scalars, tensorboard_scalars  # noqa: E402
 
 

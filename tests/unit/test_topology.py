@@ -277,7 +277,7 @@ def test_schedule_and_traffic_errors_name_the_path(edit, words):
 
 def test_gpu_runs_spread_unpinned_workers_over_the_host_gpus_and_containers_count_from_zero():
     from testbed.nodes.base import Backend
-    from testbed.nodes.docker import DockerBackend
+    from testbed.nodes.docker.backend import DockerBackend
     from testbed.runs.experiment import RunRequest
     from testbed.runs.launch import gpu_for, rank_env
 

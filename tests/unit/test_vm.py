@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from testbed.nodes import vmagent as wire
+from testbed.nodes.vm import agent as wire
 from testbed.common.errors import TopologyError
 from tests.helpers import agent_frames
 
@@ -35,7 +35,7 @@ def _ko(name: str, depends: str) -> bytes:
 
 
 def test_module_order_puts_dependencies_first_and_skips_built_ins(tmp_path):
-    from testbed.nodes.vmimage import module_order
+    from testbed.nodes.vm.image import module_order
 
     (tmp_path / "kernel").mkdir()
     for name, deps in (("virtio_net", "net_failover,virtio"), ("net_failover", "failover"), ("failover", ""),
@@ -48,7 +48,7 @@ def test_module_order_puts_dependencies_first_and_skips_built_ins(tmp_path):
 
 
 def test_cpio_is_a_newc_archive_the_kernel_can_read(tmp_path):
-    from testbed.nodes.vmimage import _cpio
+    from testbed.nodes.vm.image import _cpio
 
     data = _cpio([("bin", stat.S_IFDIR | 0o755, b""), ("bin/x", stat.S_IFREG | 0o755, b"hello")])
     assert data.startswith(b"070701") and b"TRAILER!!!" in data and len(data) % 4 == 0
@@ -121,9 +121,9 @@ def test_the_agent_refuses_a_wrong_token_and_runs_a_command_with_a_right_one(tmp
 
 def test_a_vm_worker_is_planned_behind_its_bridge_with_the_address_in_the_guest(monkeypatch):
     from testbed.engine import planner as plan
-    from testbed.nodes import vmimage
+    from testbed.nodes.vm import image as vmimage
     from testbed.plan.actions import AddAddress, CreateVeth, SetSysctl
-    from testbed.nodes.vm import AwaitVMs, CreateVmNic, StartVM
+    from testbed.nodes.vm.backend import AwaitVMs, CreateVmNic, StartVM
     from testbed.model.topology import load_topology_dict
     import ipaddress
 
@@ -149,7 +149,7 @@ def test_a_vm_worker_is_planned_behind_its_bridge_with_the_address_in_the_guest(
 def test_a_vm_state_directory_outside_the_testbeds_is_left_alone(tmp_path, monkeypatch):
     from testbed.hosts.local import LocalHost
     from testbed.plan.actions import Teardown
-    from testbed.nodes.vm import StartVM
+    from testbed.nodes.vm.backend import StartVM
 
     monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path))
     victim = tmp_path / "precious"

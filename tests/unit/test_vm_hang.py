@@ -16,8 +16,8 @@ import time
 import pytest
 
 from testbed.common.errors import TestbedError
-from testbed.nodes import vmagent as wire
-from testbed.nodes import vmexec, vmproc, vmqemu
+from testbed.nodes.vm import agent as wire
+from testbed.nodes.vm import relay as vmexec, proc as vmproc, qemu as vmqemu
 from tests.helpers import agent_frames
 
 

@@ -1,4 +1,4 @@
-"""The run's zygote (testbed.nodes.zygote*): the protocol between a rank's client and the
+"""The run's zygote (testbed.nodes.zygote.launcher*): the protocol between a rank's client and the
 fork server, with a real server preloading nothing (no torch, no namespaces: the client is
 in the server's own namespaces, which the rank then skips entering), and the pure parts."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.nodes import zygote as zygotes
-from testbed.nodes.zygote_child import cgroup_moves, exit_code
-from testbed.nodes.zygote_client import SOCKET_ENV, address, connect, recv, request, send
-from testbed.nodes.zygote_server import load_time_differences, refusal
+from testbed.nodes.zygote import launcher as zygotes
+from testbed.nodes.zygote.child import cgroup_moves, exit_code
+from testbed.nodes.zygote.client import SOCKET_ENV, address, connect, recv, request, send
+from testbed.nodes.zygote.server import load_time_differences, refusal
 
 PROBE = '''
 import json, os, sys, time
@@ -52,7 +52,7 @@ def server(tmp_path):
     listener.listen(16)
     log = tmp_path / "zygote.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "testbed.nodes.zygote_server", "--fd",
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "testbed.nodes.zygote.server", "--fd",
                                  str(listener.fileno()), "--preload", "", "zprobe"], env=_env(tmp_path),
                                 pass_fds=[listener.fileno()], stdout=f, stderr=subprocess.STDOUT)
     listener.close()
@@ -65,7 +65,7 @@ def _client(tmp_path: Path, path: str | None, *args: str, popen: bool = False, u
     e = _env(tmp_path, **env)
     if path is not None:
         e[SOCKET_ENV] = path
-    argv = [sys.executable, "-P", "-m", "testbed.nodes.zygote_client", "zprobe", *args]
+    argv = [sys.executable, "-P", "-m", "testbed.nodes.zygote.client", "zprobe", *args]
     if popen:
         return subprocess.Popen(argv, env=e, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 umask=umask)
@@ -223,7 +223,7 @@ def test_a_long_socket_path_is_reached_through_its_directory(tmp_path):
 
 
 def test_the_client_imports_nothing_heavy():
-    code = ("import sys, testbed.nodes.zygote_client; "
+    code = ("import sys, testbed.nodes.zygote.client; "
             "print(sorted(m for m in ('torch', 'numpy', 'pyroute2', 'yaml', 'subprocess') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -48,7 +48,7 @@ def _listen(path: str, uid: int | None) -> tuple[int, int]:
 
 def _client(path: str, run_pid: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, TESTBED_ZYGOTE_SOCKET=path, TESTBED_DIE_WITH_PARENT=str(run_pid))
-    return subprocess.run(python_argv("testbed.nodes.zygote_client", "platform"), env=env, capture_output=True,
+    return subprocess.run(python_argv("testbed.nodes.zygote.client", "platform"), env=env, capture_output=True,
                           text=True, timeout=60)
 
 

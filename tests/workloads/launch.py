@@ -1,6 +1,6 @@
 """Start N ``python -m workloads.train`` processes with torchrun's environment (for tests).
 
-Two or more ranks are forked from a zygote (:mod:`testbed.nodes.zygote`), as `testbed run`
+Two or more ranks are forked from a zygote (:mod:`testbed.nodes.zygote.launcher`), as `testbed run`
 starts the ranks of netns workers: torch, dynamo and the workload imported once, not once
 per rank (about 2 s of CPU each). ``TESTBED_ZYGOTE=0`` starts each as a plain process."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.common.procs import python_argv
-from testbed.nodes import zygote as zygotes
+from testbed.nodes.zygote import launcher as zygotes
 from testbed.nodes.nsexec import DIE_WITH_PARENT
 from workloads.records import read_jsonl
 
