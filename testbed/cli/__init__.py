@@ -20,6 +20,7 @@ object (errors too: {"error": ..., "hint": ...}); progress goes to stderr.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import signal
@@ -83,10 +84,16 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in _own(argv)
 
 
+@functools.lru_cache(maxsize=1)
+def _click_app():
+    """The click command Typer makes of ``app`` (made once: the parse below and the run share it)."""
+    return typer.main.get_command(app)
+
+
 def _parsed(argv: Sequence[str]) -> needs.Parsed | None:
     """What the command line asks, as click parses it (nothing runs); None for --help or a
     line click will refuse."""
-    return needs.parse(typer.main.get_command(app), argv)
+    return needs.parse(_click_app(), argv)
 
 
 def _testbeds_up() -> bool:
@@ -158,7 +165,7 @@ def _main(argv: Optional[Sequence[str]]) -> None:
         _plugins()  # after entering: a plugin's import may start a thread, and setns needs one
         if parsed is not None and parsed.state:
             check_root()  # one line with a hint, before anything is made
-        code = typer.main.get_command(app).main(args=argv, prog_name="testbed", standalone_mode=False)
+        code = _click_app().main(args=argv, prog_name="testbed", standalone_mode=False)
     except Fail as f:
         code = failure(f.error, f.as_json)
     except TestbedError as e:  # entering the rootless namespaces failed
