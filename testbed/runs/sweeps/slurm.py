@@ -230,8 +230,7 @@ def _fill(d: Path, doc: dict) -> None:
     (s / "element.sh").write_text("#!/bin/sh\n# One element of a testbed sweep (testbed sweep --slurm): its "
                                   "directory is $1, its element SLURM_ARRAY_TASK_ID.\n"
                                   f"exec {shlex.quote(own_program())} _sweep-element \"$1\"\n")
-    (s / "element.sh").chmod(0o700)
-    write_json(d / "sweep.json", {**index_head(_request_of(d)), "slurm": {"jobs": []}})
+    (s / "element.sh").chmod(0o700)  # (sweep.json: written by status, which the submission asks next)
 
 
 def _request_of(d: Path) -> SweepRequest:
